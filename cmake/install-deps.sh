@@ -1,0 +1,16 @@
+#!/bin/sh
+# Installs the Debian 12 packages flashattn builds with (uses sudo when not root).
+# CUDA is optional: with nvcc installed (e.g. /usr/local/cuda) the CUDA backends are built too.
+set -e
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+PACKAGES="cmake g++ make libeigen3-dev catch2 libcli11-dev nlohmann-json3-dev python3-matplotlib"
+missing=""
+for p in $PACKAGES; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "installing:$missing"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+fi

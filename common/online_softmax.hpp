@@ -1,0 +1,82 @@
+// common/online_softmax.hpp — the online-softmax rule, written once for every form.
+//
+// Paper §3.1 (the seeds' eqs. 9–23): for a row split into blocks x1, x2 with block maxima m(x1),
+// m(x2) and block sums l(x) = sum_k exp(x_k - m(x)),
+//     m  = max(m(x1), m(x2))
+//     l  = exp(m(x1) - m) l(x1) + exp(m(x2) - m) l(x2)                          (eqs. 17/18)
+// and softmax(x) = f(x) / l with each block's f rescaled by the same exp(m(xk) - m).
+//
+// Algorithm 1 lines 10–12 apply this with (m_i, l_i) = the rows seen so far and
+// (m_tilde, l_tilde) = the current tile. FlashAttention-2 applies the same rule but shifts the
+// tile's exponentials by m_new directly, so l_tilde needs no separate rescale.
+//
+// Edge cases that every form inherits from here:
+//   * masked scores are -inf; a row whose keys are all masked so far has m = -inf and l = 0, and
+//     exp_shifted(-inf, -inf) is 0 (not exp(NaN)), so nothing becomes NaN;
+//   * a NaN score makes m NaN (nan_max never drops it), so the row's output becomes NaN;
+//   * huge finite logits (|s| ~ 1e4) are safe: every exponent is s - m <= 0.
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "common/config.hpp"
+
+namespace flashattn {
+
+FA_HOST_DEVICE inline float neg_infinity() { return -INFINITY; }
+
+// max that propagates NaN (fmaxf and std::max would silently drop it and hide a bad input).
+FA_HOST_DEVICE inline float nan_max(float a, float b) {
+    if (a != a || b != b) return a + b;  // NaN + anything is NaN
+    return a > b ? a : b;
+}
+
+// exp(x - m) for x <= m, with exp(-inf - m) = 0 even when m is -inf too (a fully masked row).
+FA_HOST_DEVICE inline float exp_shifted(float x, float m) {
+    return x == -INFINITY ? 0.0f : expf(x - m);
+}
+
+// (m, l) of one row: the running maximum and the running sum of exp(s - m).
+struct SoftmaxState {
+    float m = -INFINITY;
+    float l = 0.0f;
+};
+
+// Result of merging a row's state with a new block's state (eqs. 17/18; Algorithm 1 line 11).
+struct SoftmaxMerge {
+    float m_new;        // max(m_i, m_tilde)
+    float l_new;        // exp(m_i - m_new) l_i + exp(m_tilde - m_new) l_tilde
+    float old_scale;    // exp(m_i - m_new): rescales everything accumulated before this block
+    float block_scale;  // exp(m_tilde - m_new): rescales this block's P_tilde
+};
+
+FA_HOST_DEVICE inline SoftmaxMerge merge_softmax(SoftmaxState running, SoftmaxState block) {
+    SoftmaxMerge r;
+    r.m_new = nan_max(running.m, block.m);
+    r.old_scale = exp_shifted(running.m, r.m_new);
+    r.block_scale = exp_shifted(block.m, r.m_new);
+    r.l_new = r.old_scale * running.l + r.block_scale * block.l;
+    return r;
+}
+
+// Algorithm 1 line 12 for one output element: the new, normalized O_i entry from the old one
+// (normalized by l_i), and this tile's unnormalized (P_tilde V_j) entry.
+FA_HOST_DEVICE inline float fa1_output_update(float o_old, float l_old, float pv,
+                                              const SoftmaxMerge& r) {
+    if (r.l_new == 0.0f) return 0.0f;  // every key so far masked: O stays 0
+    return (l_old * r.old_scale * o_old + r.block_scale * pv) / r.l_new;
+}
+
+// FlashAttention-2 keeps O unnormalized; the final division by l (and O = 0 for a row with no
+// visible key) happens once, at the end.
+FA_HOST_DEVICE inline float normalize_output(float o_unnormalized, float l) {
+    return l == 0.0f ? 0.0f : o_unnormalized / l;
+}
+
+// LSE = m + log(l), natural log; -inf for a row with no visible key.
+FA_HOST_DEVICE inline float log_sum_exp(SoftmaxState s) {
+    return s.l == 0.0f ? -INFINITY : s.m + logf(s.l);
+}
+
+}  // namespace flashattn

@@ -1,0 +1,152 @@
+// common/problem.hpp — what an attention call computes: shapes, options and the masking rules.
+//
+// Shapes (all contiguous, row-major):
+//   Q   (batch, heads,    seq_q,  dim)      O   (batch, heads, seq_q, dim)
+//   K,V (batch, heads_kv, seq_kv, dim)      LSE (batch, heads, seq_q)
+// heads % heads_kv == 0 (MQA/GQA): query head h reads K/V head h / (heads / heads_kv).
+//
+// Masking (DESIGN.md):
+//   * causal is bottom-right aligned: query row i may attend key j iff j <= i + (seq_kv - seq_q);
+//   * an optional (Tr, Tc) block mask (paper Algorithm 5) of 0/1 bytes with its own block sizes;
+//     a key is visible only if both masks allow it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "common/config.hpp"
+
+namespace flashattn {
+
+// Block-sparsity mask of paper Algorithm 5: entry (bi, bj) of a row-major (Tr, Tc) byte array
+// says whether query block bi may attend key block bj. Blocks are block_q x block_kv elements;
+// Tr = ceil(seq_q / block_q), Tc = ceil(seq_kv / block_kv). One mask serves every batch and head.
+struct BlockMask {
+    const std::uint8_t* data = nullptr;  // nullptr: no block mask
+    std::int64_t block_q = 0;
+    std::int64_t block_kv = 0;
+
+    FA_HOST_DEVICE bool active() const { return data != nullptr; }
+};
+
+struct AttentionProblem {
+    std::int64_t batch = 1;
+    std::int64_t heads = 1;
+    std::int64_t heads_kv = 1;
+    std::int64_t seq_q = 0;
+    std::int64_t seq_kv = 0;
+    std::int64_t dim = 0;
+
+    // Softmax scale; NaN means "use the default 1/sqrt(dim)" (see softmax_scale()).
+    float scale = std::numeric_limits<float>::quiet_NaN();
+    bool causal = false;
+
+    // Tile sizes for the forms that take them (scalar, and the block size of a block mask).
+    // 0 = derive them from sram_floats as Algorithm 1 line 1 does.
+    std::int64_t block_q = 0;
+    std::int64_t block_kv = 0;
+    // M of Algorithm 1, counted in floats (the CLI's --sram-bytes / 4). 0 = the form's default.
+    std::int64_t sram_floats = 0;
+
+    BlockMask block_mask;
+
+    FA_HOST_DEVICE float softmax_scale() const {
+        return scale == scale ? scale : 1.0f / sqrtf(static_cast<float>(dim));
+    }
+    FA_HOST_DEVICE std::int64_t group_size() const { return heads / heads_kv; }
+    FA_HOST_DEVICE std::int64_t kv_head(std::int64_t h) const { return h / group_size(); }
+    // Bottom-right alignment of the causal mask: the diagonal ends at the last key.
+    FA_HOST_DEVICE std::int64_t causal_offset() const { return seq_kv - seq_q; }
+
+    FA_HOST_DEVICE std::int64_t q_elements() const { return batch * heads * seq_q * dim; }
+    FA_HOST_DEVICE std::int64_t kv_elements() const { return batch * heads_kv * seq_kv * dim; }
+    FA_HOST_DEVICE std::int64_t lse_elements() const { return batch * heads * seq_q; }
+
+    // Offsets of the (seq, dim) matrix of one (batch, head) pair.
+    FA_HOST_DEVICE std::int64_t q_offset(std::int64_t b, std::int64_t h) const {
+        return (b * heads + h) * seq_q * dim;
+    }
+    FA_HOST_DEVICE std::int64_t kv_offset(std::int64_t b, std::int64_t h) const {
+        return (b * heads_kv + kv_head(h)) * seq_kv * dim;
+    }
+    FA_HOST_DEVICE std::int64_t lse_offset(std::int64_t b, std::int64_t h) const {
+        return (b * heads + h) * seq_q;
+    }
+
+    FA_HOST_DEVICE bool causal_visible(std::int64_t i, std::int64_t j) const {
+        return !causal || j <= i + causal_offset();
+    }
+    FA_HOST_DEVICE bool block_visible(std::int64_t i, std::int64_t j) const {
+        if (!block_mask.active()) return true;
+        const std::int64_t tc = (seq_kv + block_mask.block_kv - 1) / block_mask.block_kv;
+        return block_mask.data[(i / block_mask.block_q) * tc + j / block_mask.block_kv] != 0;
+    }
+    // May query row i attend key j? Both masks must allow it.
+    FA_HOST_DEVICE bool key_visible(std::int64_t i, std::int64_t j) const {
+        return causal_visible(i, j) && block_visible(i, j);
+    }
+};
+
+// Largest sizes we accept: every element count must fit comfortably in int64 and size_t.
+inline constexpr std::int64_t kMaxDim = 256;
+inline constexpr std::int64_t kMaxElements = std::int64_t{1} << 40;
+
+namespace detail {
+inline void require(bool ok, const std::string& field, const std::string& value,
+                    const std::string& why) {
+    if (!ok) throw std::invalid_argument(field + " = " + value + ": " + why);
+}
+inline std::string str(std::int64_t v) { return std::to_string(v); }
+}  // namespace detail
+
+// Throws std::invalid_argument naming the field and its value for any problem no form can run.
+inline void validate(const AttentionProblem& p) {
+    using detail::require;
+    using detail::str;
+    require(p.batch >= 1, "batch", str(p.batch), "must be at least 1");
+    require(p.heads >= 1, "heads", str(p.heads), "must be at least 1");
+    require(p.heads_kv >= 1, "heads_kv", str(p.heads_kv), "must be at least 1");
+    require(p.heads % p.heads_kv == 0, "heads_kv", str(p.heads_kv),
+            "must divide heads (" + str(p.heads) + ") for MQA/GQA");
+    require(p.seq_q >= 1, "seq_q", str(p.seq_q), "must be at least 1");
+    require(p.seq_kv >= 1, "seq_kv", str(p.seq_kv), "must be at least 1");
+    require(p.dim >= 1 && p.dim <= kMaxDim, "dim", str(p.dim),
+            "must be in [1, " + str(kMaxDim) + "]");
+    // Overflow-safe size checks: divide instead of multiplying.
+    const auto fits = [](std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+        std::int64_t limit = kMaxElements;
+        for (std::int64_t f : {a, b, c, d}) {
+            if (f > limit) return false;
+            limit /= f;
+        }
+        return true;
+    };
+    require(fits(p.batch, p.heads, p.seq_q, p.dim), "Q elements",
+            str(p.batch) + "x" + str(p.heads) + "x" + str(p.seq_q) + "x" + str(p.dim),
+            "exceed the supported 2^40");
+    require(fits(p.batch, p.heads_kv, p.seq_kv, p.dim), "K/V elements",
+            str(p.batch) + "x" + str(p.heads_kv) + "x" + str(p.seq_kv) + "x" + str(p.dim),
+            "exceed the supported 2^40");
+    require(std::isfinite(p.scale) || std::isnan(p.scale), "scale", std::to_string(p.scale),
+            "must be finite");
+    require(p.block_q >= 0, "block_q", str(p.block_q), "must be positive (or 0 for automatic)");
+    require(p.block_kv >= 0, "block_kv", str(p.block_kv), "must be positive (or 0 for automatic)");
+    require((p.block_q == 0) == (p.block_kv == 0), "block_q/block_kv",
+            str(p.block_q) + "/" + str(p.block_kv), "give both block sizes or neither");
+    require(p.sram_floats >= 0, "sram_floats", str(p.sram_floats), "must not be negative");
+    if (p.sram_floats > 0)
+        require(p.sram_floats >= 4 * p.dim, "sram_floats", str(p.sram_floats),
+                "must hold at least 4*dim = " + str(4 * p.dim) +
+                    " floats (Algorithm 1 line 1 needs M >= 4d)");
+    if (p.block_mask.active()) {
+        require(p.block_mask.block_q >= 1, "block mask block_q", str(p.block_mask.block_q),
+                "must be at least 1");
+        require(p.block_mask.block_kv >= 1, "block mask block_kv", str(p.block_mask.block_kv),
+                "must be at least 1");
+    }
+}
+
+}  // namespace flashattn

@@ -1,0 +1,106 @@
+// common/tiling.hpp — how the sequence dimensions are cut into tiles (paper Algorithm 1, lines 1–4).
+//
+// Tiles have a fixed size except the last one, which holds whatever is left: N is almost never a
+// multiple of the block size, and every form must treat that ragged tail as the normal case.
+#pragma once
+
+#include <cstdint>
+
+#include "common/config.hpp"
+#include "common/problem.hpp"
+
+namespace flashattn {
+
+FA_HOST_DEVICE inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+    return (a + b - 1) / b;
+}
+
+// Block sizes of Algorithm 1: Br rows of Q per tile, Bc rows of K/V per tile.
+struct BlockSizes {
+    std::int64_t Br = 0;
+    std::int64_t Bc = 0;
+};
+
+// Algorithm 1 line 1: Bc = ceil(M / 4d), Br = min(ceil(M / 4d), d), with M counted in floats.
+// The 4 is the paper's budget: K_j, V_j, Q_i and O_i must share the M floats of SRAM.
+FA_HOST_DEVICE inline BlockSizes block_sizes_from_sram(std::int64_t M, std::int64_t d) {
+    const std::int64_t Bc = ceil_div(M, 4 * d);
+    const std::int64_t Br = Bc < d ? Bc : d;
+    return {Br, Bc};
+}
+
+// The default SRAM budget of the CPU forms: 64 KiB, the order of an SM's shared memory the paper
+// assumes (~100 KB) and of a CPU core's L1/L2 working set. For d = 64 it gives Br = Bc = 64.
+inline constexpr std::int64_t kDefaultSramFloats = 16384;
+
+// Block sizes a problem asks for: explicit ones win, else Algorithm 1 line 1 on its M.
+FA_HOST_DEVICE inline BlockSizes block_sizes_for(const AttentionProblem& p) {
+    if (p.block_q > 0 && p.block_kv > 0) return {p.block_q, p.block_kv};
+    return block_sizes_from_sram(p.sram_floats > 0 ? p.sram_floats : kDefaultSramFloats, p.dim);
+}
+
+// Half-open index range [begin, end) of one tile.
+struct TileRange {
+    std::int64_t begin = 0;
+    std::int64_t end = 0;
+    FA_HOST_DEVICE std::int64_t size() const { return end - begin; }
+};
+
+// Algorithm 1 line 3: T = ceil(N / B) tiles.
+FA_HOST_DEVICE inline std::int64_t tile_count(std::int64_t n, std::int64_t block) {
+    return ceil_div(n, block);
+}
+
+// Tile t of a length-n dimension cut into blocks of `block` (the last one may be shorter).
+FA_HOST_DEVICE inline TileRange tile_range(std::int64_t t, std::int64_t block, std::int64_t n) {
+    const std::int64_t begin = t * block;
+    const std::int64_t end = begin + block < n ? begin + block : n;
+    return {begin, end};
+}
+
+// How much of a (query tile) x (key tile) block the masks let through. Flash forms skip `none`
+// tiles without loading them, skip per-element masking on `full` tiles, and mask `partial` ones.
+enum class TileVisibility { none, partial, full };
+
+// The causal mask alone on a rectangle of rows x cols.
+FA_HOST_DEVICE inline TileVisibility classify_causal(const AttentionProblem& p, TileRange rows,
+                                                     TileRange cols) {
+    if (!p.causal) return TileVisibility::full;
+    const std::int64_t off = p.causal_offset();
+    // First column beyond the last row's diagonal: nothing visible.
+    if (cols.begin > rows.end - 1 + off) return TileVisibility::none;
+    // Last column at or before the first row's diagonal: everything visible.
+    if (cols.end - 1 <= rows.begin + off) return TileVisibility::full;
+    return TileVisibility::partial;
+}
+
+FA_HOST_DEVICE inline TileVisibility classify_tile(const AttentionProblem& p, TileRange rows,
+                                                   TileRange cols) {
+    if (!p.block_mask.active()) return classify_causal(p, rows, cols);
+    // With a block mask, look at each mask block the tile overlaps: the causal mask decides
+    // inside the blocks that are on, nothing is visible inside the blocks that are off.
+    const BlockMask& mask = p.block_mask;
+    const std::int64_t tc = ceil_div(p.seq_kv, mask.block_kv);
+    bool any = false;
+    bool all = true;
+    for (std::int64_t bi = rows.begin / mask.block_q; bi <= (rows.end - 1) / mask.block_q; ++bi) {
+        const TileRange sub_rows = {bi * mask.block_q > rows.begin ? bi * mask.block_q : rows.begin,
+                                    (bi + 1) * mask.block_q < rows.end ? (bi + 1) * mask.block_q
+                                                                       : rows.end};
+        for (std::int64_t bj = cols.begin / mask.block_kv; bj <= (cols.end - 1) / mask.block_kv;
+             ++bj) {
+            const TileRange sub_cols = {
+                bj * mask.block_kv > cols.begin ? bj * mask.block_kv : cols.begin,
+                (bj + 1) * mask.block_kv < cols.end ? (bj + 1) * mask.block_kv : cols.end};
+            const TileVisibility v = mask.data[bi * tc + bj] != 0
+                                         ? classify_causal(p, sub_rows, sub_cols)
+                                         : TileVisibility::none;
+            any = any || v != TileVisibility::none;
+            all = all && v == TileVisibility::full;
+        }
+    }
+    if (!any) return TileVisibility::none;
+    return all ? TileVisibility::full : TileVisibility::partial;
+}
+
+}  // namespace flashattn

@@ -1,0 +1,151 @@
+// cpu/scalar.cpp — Algorithm 1 line by line; see scalar.hpp and docs/algorithm1_walkthrough.md.
+//
+// Each statement that implements a line of the paper's Algorithm 1 carries a tag "Alg1 Ln:"; the
+// block-sparse variant's extra test carries "Alg5". The tags are checked against the docs by a
+// test, so they move with the code.
+#include "cpu/scalar.hpp"
+
+#include <vector>
+
+#include "common/online_softmax.hpp"
+#include "cpu/workspace.hpp"
+
+namespace flashattn {
+
+ScalarPlan scalar_plan(const AttentionProblem& p) {
+    validate(p);
+    ScalarPlan plan;
+    const bool explicit_blocks = p.block_q > 0;
+    plan.M = explicit_blocks ? 0 : (p.sram_floats > 0 ? p.sram_floats : kDefaultSramFloats);
+    plan.blocks = block_sizes_for(p);  // Alg1 L1: Bc = ceil(M/4d), Br = min(ceil(M/4d), d)
+    plan.Tr = tile_count(p.seq_q, plan.blocks.Br);
+    plan.Tc = tile_count(p.seq_kv, plan.blocks.Bc);
+    const std::int64_t Br = plan.blocks.Br, Bc = plan.blocks.Bc, d = p.dim;
+    plan.sram_floats = 2 * Bc * d + 2 * Br * d + 2 * Br + Br * Bc;
+    return plan;
+}
+
+namespace {
+
+// Algorithm 1 for one (batch, head) pair. Q, K, V, O point at that pair's matrices; l and m are
+// its seq_q-long "HBM" vectors.
+void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* Q, const float* K,
+                const float* V, float* O, float* l, float* m, IoCounter& io) {
+    const std::int64_t N_q = p.seq_q, N_kv = p.seq_kv, d = p.dim;
+    const std::int64_t Br = plan.blocks.Br, Bc = plan.blocks.Bc;
+    const float scale = p.softmax_scale();
+
+    // The "SRAM": fixed-size buffers, allocated once. Tiles at a ragged tail use a prefix.
+    WorkBuffer<float> K_j(Bc * d), V_j(Bc * d), Q_i(Br * d), O_i(Br * d);
+    WorkBuffer<float> l_i(Br), m_i(Br), S_ij(Br * Bc);
+    WorkBuffer<float> m_tilde(Br), l_tilde(Br);
+
+    // Alg1 L2: initialize O = 0, l = 0, m = -inf in HBM
+    for (std::int64_t r = 0; r < N_q * d; ++r) O[r] = 0.0f;
+    for (std::int64_t r = 0; r < N_q; ++r) { l[r] = 0.0f; m[r] = neg_infinity(); }
+    io.writes += N_q * d + 2 * N_q;
+
+    // Alg1 L3: Q in Tr blocks of Br rows, K and V in Tc blocks of Bc rows (tile_range)
+    // Alg1 L4: O, l, m in Tr blocks like Q (the same tile_range(i, Br, N_q))
+    for (std::int64_t j = 0; j < plan.Tc; ++j) {  // Alg1 L5: for 1 <= j <= Tc
+        const TileRange cols = tile_range(j, Bc, N_kv);
+        const std::int64_t bc = cols.size();
+
+        // Alg1 L6: load K_j, V_j from HBM to on-chip SRAM
+        for (std::int64_t r = 0; r < bc * d; ++r) {
+            K_j[r] = K[cols.begin * d + r];
+            V_j[r] = V[cols.begin * d + r];
+        }
+        io.reads += 2 * bc * d;
+
+        for (std::int64_t i = 0; i < plan.Tr; ++i) {  // Alg1 L7: for 1 <= i <= Tr
+            const TileRange rows = tile_range(i, Br, N_q);
+            const std::int64_t br = rows.size();
+            const TileVisibility visibility = classify_tile(p, rows, cols);
+            if (visibility == TileVisibility::none) continue;  // Alg5 L8: skip a zero block
+
+            // Alg1 L8: load Q_i, O_i, l_i, m_i from HBM to on-chip SRAM
+            for (std::int64_t r = 0; r < br * d; ++r) {
+                Q_i[r] = Q[rows.begin * d + r];
+                O_i[r] = O[rows.begin * d + r];
+            }
+            for (std::int64_t r = 0; r < br; ++r) {
+                l_i[r] = l[rows.begin + r];
+                m_i[r] = m[rows.begin + r];
+            }
+            io.reads += 2 * br * d + 2 * br;
+
+            // Alg1 L9: S_ij = Q_i K_j^T (scaled; masked keys get -inf)
+            for (std::int64_t r = 0; r < br; ++r)
+                for (std::int64_t c = 0; c < bc; ++c) {
+                    float s = 0.0f;
+                    for (std::int64_t k = 0; k < d; ++k) s += Q_i[r * d + k] * K_j[c * d + k];
+                    const bool visible = visibility == TileVisibility::full ||
+                                         p.key_visible(rows.begin + r, cols.begin + c);
+                    S_ij[r * Bc + c] = visible ? scale * s : neg_infinity();
+                }
+
+            // Alg1 L10: m_tilde = rowmax(S_ij), P_tilde = exp(S_ij - m_tilde), l_tilde = rowsum(P_tilde)
+            for (std::int64_t r = 0; r < br; ++r) {
+                float row_max = neg_infinity();
+                for (std::int64_t c = 0; c < bc; ++c) row_max = nan_max(row_max, S_ij[r * Bc + c]);
+                float row_sum = 0.0f;
+                for (std::int64_t c = 0; c < bc; ++c) {
+                    S_ij[r * Bc + c] = exp_shifted(S_ij[r * Bc + c], row_max);  // now P_tilde
+                    row_sum += S_ij[r * Bc + c];
+                }
+                m_tilde[r] = row_max;
+                l_tilde[r] = row_sum;
+            }
+
+            for (std::int64_t r = 0; r < br; ++r) {
+                // Alg1 L11: m_new = max(m_i, m_tilde), l_new = e^(m_i - m_new) l_i + e^(m_tilde - m_new) l_tilde
+                const SoftmaxMerge merged = merge_softmax({m_i[r], l_i[r]}, {m_tilde[r], l_tilde[r]});
+
+                // Alg1 L12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m_tilde - m_new) P_tilde V_j)
+                for (std::int64_t k = 0; k < d; ++k) {
+                    float pv = 0.0f;
+                    for (std::int64_t c = 0; c < bc; ++c) {
+                        // A masked key is absent, not 0 * V_j: a NaN in V_j must not leak.
+                        if (visibility == TileVisibility::partial &&
+                            !p.key_visible(rows.begin + r, cols.begin + c))
+                            continue;
+                        pv += S_ij[r * Bc + c] * V_j[c * d + k];
+                    }
+                    O_i[r * d + k] = fa1_output_update(O_i[r * d + k], l_i[r], pv, merged);
+                }
+                l_i[r] = merged.l_new;
+                m_i[r] = merged.m_new;
+            }
+            for (std::int64_t r = 0; r < br * d; ++r) O[rows.begin * d + r] = O_i[r];  // (write of L12)
+
+            // Alg1 L13: write l_i = l_new, m_i = m_new to HBM
+            for (std::int64_t r = 0; r < br; ++r) {
+                l[rows.begin + r] = l_i[r];
+                m[rows.begin + r] = m_i[r];
+            }
+            io.writes += br * d + 2 * br;
+        }
+    }
+    // Alg1 L16: return O (already in HBM; normalized at every step by line 12)
+}
+
+}  // namespace
+
+void scalar_attention(const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                      float* O, float* lse, IoCounter* io) {
+    const ScalarPlan plan = scalar_plan(p);  // validates
+    IoCounter local;
+    IoCounter& counter = io ? *io : local;
+    WorkBuffer<float> l(p.seq_q), m(p.seq_q);  // the "HBM" statistics of one (batch, head)
+    for (std::int64_t b = 0; b < p.batch; ++b)
+        for (std::int64_t h = 0; h < p.heads; ++h) {
+            algorithm1(p, plan, Q + p.q_offset(b, h), K + p.kv_offset(b, h),
+                       V + p.kv_offset(b, h), O + p.q_offset(b, h), l.data(), m.data(), counter);
+            if (lse)
+                for (std::int64_t r = 0; r < p.seq_q; ++r)
+                    lse[p.lse_offset(b, h) + r] = log_sum_exp({m[r], l[r]});
+        }
+}
+
+}  // namespace flashattn

@@ -1,0 +1,28 @@
+// examples/flashattn/backends_command.cpp — `flashattn backends`: one available backend per line.
+#include <iostream>
+
+#include "commands.hpp"
+#include "cpu/registry.hpp"
+
+namespace flashattn::cli {
+
+Command add_backends_command(CLI::App& app) {
+    auto* cmd = app.add_subcommand("backends", "List the backends available in this build, one per line");
+    auto verbose = std::make_shared<bool>(false);
+    cmd->add_flag("-v,--verbose", *verbose, "Also print each backend's device, dtypes and summary");
+    return {cmd, [verbose] {
+        for (const Backend& b : available_backends()) {
+            std::cout << b.name;
+            if (*verbose) {
+                std::cout << "\t" << b.device << "\t";
+                for (std::size_t i = 0; i < b.dtypes.size(); ++i)
+                    std::cout << (i ? "," : "") << to_string(b.dtypes[i]);
+                std::cout << "\t" << b.summary;
+            }
+            std::cout << "\n";
+        }
+        return 0;
+    }};
+}
+
+}  // namespace flashattn::cli

@@ -1,0 +1,164 @@
+// examples/flashattn/run_command.cpp — `flashattn run`: one backend on .npy inputs.
+//
+// Everything is read and checked, and the result computed, before any output is written; the
+// outputs are then written atomically (npy::AtomicWriter), so a failure leaves no partial file.
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "commands.hpp"
+#include "common/tiling.hpp"
+#include "cpu/registry.hpp"
+#include "cpu/scalar.hpp"
+#include "npy.hpp"
+
+namespace flashattn::cli {
+namespace {
+
+struct RunOptions {
+    std::string backend, q, k, v, out, lse, block_mask, dtype = "f32";
+    std::optional<double> scale;
+    bool causal = false;
+    std::optional<std::int64_t> block_q, block_kv, sram_bytes;
+};
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+    std::string r = "(";
+    for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + ")";
+}
+
+// (N, d) means B = H = 1; otherwise (B, H, N, d).
+void read_shape(const npy::Array& a, const std::string& what, std::int64_t& B, std::int64_t& H,
+                std::int64_t& N, std::int64_t& d) {
+    if (a.shape.size() == 2) {
+        B = 1, H = 1, N = a.shape[0], d = a.shape[1];
+    } else if (a.shape.size() == 4) {
+        B = a.shape[0], H = a.shape[1], N = a.shape[2], d = a.shape[3];
+    } else {
+        throw std::invalid_argument(what + " shape " + shape_str(a.shape) +
+                                    ": must be (B, H, N, d) or (N, d)");
+    }
+}
+
+int run(const RunOptions& o) {
+    const Backend& backend = find_backend(o.backend);
+    const DType dtype = parse_dtype(o.dtype);
+    if (!backend.supports(dtype))
+        throw std::invalid_argument("dtype = " + o.dtype + ": backend " + backend.name +
+                                    " does not support it");
+
+    const npy::Array q = npy::load_float32(o.q, "--q");
+    const npy::Array k = npy::load_float32(o.k, "--k");
+    const npy::Array v = npy::load_float32(o.v, "--v");
+    if (q.shape.size() != k.shape.size() || k.shape != v.shape)
+        throw std::invalid_argument("shapes Q " + shape_str(q.shape) + ", K " + shape_str(k.shape) +
+                                    ", V " + shape_str(v.shape) +
+                                    ": K and V must have equal shapes, of the same rank as Q");
+    AttentionProblem p;
+    std::int64_t Bk = 0, dk = 0;
+    read_shape(q, "--q", p.batch, p.heads, p.seq_q, p.dim);
+    read_shape(k, "--k", Bk, p.heads_kv, p.seq_kv, dk);
+    if (Bk != p.batch)
+        throw std::invalid_argument("batch of K/V = " + std::to_string(Bk) +
+                                    ": must equal batch of Q = " + std::to_string(p.batch));
+    if (dk != p.dim)
+        throw std::invalid_argument("head dim of K/V = " + std::to_string(dk) +
+                                    ": must equal head dim of Q = " + std::to_string(p.dim));
+    if (o.scale) {
+        if (!std::isfinite(*o.scale))
+            throw std::invalid_argument("--scale = " + std::to_string(*o.scale) + ": must be finite");
+        p.scale = static_cast<float>(*o.scale);
+    }
+    p.causal = o.causal;
+    if (o.block_q.has_value() != o.block_kv.has_value())
+        throw std::invalid_argument("--block-q and --block-kv must be given together");
+    if (o.block_q) {
+        if (*o.block_q < 1 || *o.block_kv < 1)
+            throw std::invalid_argument("--block-q/--block-kv = " + std::to_string(*o.block_q) +
+                                        "/" + std::to_string(*o.block_kv) + ": must be at least 1");
+        p.block_q = *o.block_q;
+        p.block_kv = *o.block_kv;
+    }
+    if (o.sram_bytes) {
+        if (*o.sram_bytes < 16 * p.dim)
+            throw std::invalid_argument("--sram-bytes = " + std::to_string(*o.sram_bytes) +
+                                        ": must be at least 16*d = " + std::to_string(16 * p.dim) +
+                                        " bytes (Algorithm 1 line 1 needs M >= 4d floats)");
+        p.sram_floats = *o.sram_bytes / 4;
+    }
+    npy::Array mask;
+    if (!o.block_mask.empty()) {
+        if (!o.block_q)
+            throw std::invalid_argument("--block-mask needs --block-q and --block-kv (its block sizes)");
+        mask = npy::load(o.block_mask);
+        if (mask.type == npy::ElementType::float32)
+            throw std::invalid_argument("--block-mask " + o.block_mask + ": must be uint8 or bool");
+        const std::int64_t Tr = tile_count(p.seq_q, p.block_q), Tc = tile_count(p.seq_kv, p.block_kv);
+        if (mask.shape != std::vector<std::int64_t>{Tr, Tc})
+            throw std::invalid_argument("--block-mask shape " + shape_str(mask.shape) +
+                                        ": must be (Tr, Tc) = (" + std::to_string(Tr) + ", " +
+                                        std::to_string(Tc) + ") for these block sizes");
+        for (std::uint8_t b : mask.bytes)
+            if (b > 1)
+                throw std::invalid_argument("--block-mask " + o.block_mask +
+                                            ": entries must be 0 or 1, found " + std::to_string(b));
+        p.block_mask = {mask.bytes.data(), p.block_q, p.block_kv};
+    }
+    validate(p);
+
+    if (backend.name == "scalar") {
+        const ScalarPlan plan = scalar_plan(p);
+        std::cerr << "scalar: " << (plan.M ? "M = " + std::to_string(plan.M) + " floats -> " : "")
+                  << "Br = " << plan.blocks.Br << ", Bc = " << plan.blocks.Bc << ", Tr = " << plan.Tr
+                  << ", Tc = " << plan.Tc << "; SRAM buffers hold " << plan.sram_floats
+                  << " floats\n";
+    }
+
+    std::vector<float> O(static_cast<std::size_t>(p.q_elements()));
+    std::vector<float> lse(static_cast<std::size_t>(p.lse_elements()));
+    run_backend(backend, p, q.floats.data(), k.floats.data(), v.floats.data(), O.data(),
+                lse.data(), dtype);
+
+    npy::AtomicWriter writer;
+    std::vector<std::int64_t> lse_shape = q.shape;
+    lse_shape.pop_back();
+    writer.add(o.out, npy::serialize_float32(q.shape, O.data()));
+    if (!o.lse.empty()) writer.add(o.lse, npy::serialize_float32(lse_shape, lse.data()));
+    writer.commit();
+    return 0;
+}
+
+}  // namespace
+
+Command add_run_command(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "run", "Run one backend on Q, K, V .npy files and write O (and LSE) as .npy.\n"
+               "Inputs: float32, C order, (B, H, N, d) or (N, d); K and V may have fewer heads\n"
+               "than Q (MQA/GQA). Outputs are written only when everything succeeded.");
+    auto o = std::make_shared<RunOptions>();
+    cmd->add_option("--backend", o->backend, "Backend name (see `flashattn backends`)")->required();
+    cmd->add_option("--q", o->q, "Query .npy, float32 (B, H, N_q, d) or (N_q, d)")->required();
+    cmd->add_option("--k", o->k, "Key .npy, float32 (B, H_kv, N_kv, d) or (N_kv, d)")->required();
+    cmd->add_option("--v", o->v, "Value .npy, same shape as --k")->required();
+    cmd->add_option("--out", o->out, "Output O .npy (float32, shape of Q)")->required();
+    cmd->add_option("--lse", o->lse, "Also write the log-sum-exp of each row (B, H, N_q), natural log");
+    cmd->add_option("--scale", o->scale, "Softmax scale (default 1/sqrt(d))");
+    cmd->add_flag("--causal", o->causal,
+                  "Causal mask, bottom-right aligned: row i attends key j iff j <= i + N_kv - N_q");
+    auto* bq = cmd->add_option("--block-q", o->block_q, "Query block size Br (with --block-kv)");
+    auto* bkv = cmd->add_option("--block-kv", o->block_kv, "Key/value block size Bc (with --block-q)");
+    auto* sram = cmd->add_option("--sram-bytes", o->sram_bytes,
+                                 "SRAM size M in bytes; Algorithm 1 line 1 derives Br and Bc from it");
+    sram->excludes(bq)->excludes(bkv);
+    cmd->add_option("--block-mask", o->block_mask,
+                    "Block-sparse mask (Algorithm 5): (Tr, Tc) uint8/bool .npy of 0/1 over blocks of\n"
+                    "--block-q x --block-kv; 0 blocks are skipped");
+    cmd->add_option("--dtype", o->dtype, "Precision the backend computes in: f32, f16 or bf16 "
+                                         "(inputs are rounded to it; outputs stay float32)")
+        ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+    return {cmd, [o] { return run(*o); }};
+}
+
+}  // namespace flashattn::cli

@@ -1,0 +1,61 @@
+// examples/flashattn/verify.cpp — see verify.hpp.
+#include "verify.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "cpu/standard.hpp"
+
+namespace flashattn {
+
+std::vector<float> random_normal(std::int64_t count, std::uint64_t seed, float stddev) {
+    std::mt19937_64 gen(seed);
+    std::normal_distribution<float> dist(0.0f, stddev);
+    std::vector<float> v(static_cast<std::size_t>(count));
+    for (float& x : v) x = dist(gen);
+    return v;
+}
+
+ProblemData random_problem_data(const AttentionProblem& p, std::uint64_t seed) {
+    return {random_normal(p.q_elements(), seed), random_normal(p.kv_elements(), seed + 1),
+            random_normal(p.kv_elements(), seed + 2)};
+}
+
+namespace {
+template <class T>
+double max_abs_error_impl(const T* out, const double* ref, std::int64_t count) {
+    double worst = 0;
+    for (std::int64_t i = 0; i < count; ++i) {
+        const double a = static_cast<double>(out[i]);
+        const double r = ref[i];
+        if (std::isnan(a) || std::isnan(r)) {
+            if (std::isnan(a) != std::isnan(r)) return std::numeric_limits<double>::infinity();
+            continue;
+        }
+        if (std::isinf(a) || std::isinf(r)) {
+            if (a != r) return std::numeric_limits<double>::infinity();
+            continue;
+        }
+        worst = std::max(worst, std::fabs(a - r));
+    }
+    return worst;
+}
+}  // namespace
+
+double max_abs_error(const float* out, const double* ref, std::int64_t count) {
+    return max_abs_error_impl(out, ref, count);
+}
+double max_abs_error(const double* out, const double* ref, std::int64_t count) {
+    return max_abs_error_impl(out, ref, count);
+}
+
+Reference reference_attention(const AttentionProblem& p, const float* Q, const float* K,
+                              const float* V) {
+    Reference r;
+    r.O.assign(static_cast<std::size_t>(p.q_elements()), 0.0);
+    r.lse.assign(static_cast<std::size_t>(p.lse_elements()), 0.0);
+    standard_attention<double>(p, Q, K, V, r.O.data(), r.lse.data());
+    return r;
+}
+
+}  // namespace flashattn

@@ -1,0 +1,74 @@
+// tests/helpers.hpp — what every backend test does: fresh random inputs, poisoned outputs, the
+// float64 reference and the 2x rule (DESIGN.md "Correctness rule used by the tests").
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "cpu/backend.hpp"
+#include "cpu/registry.hpp"
+#include "verify.hpp"
+
+namespace flashattn::test {
+
+inline std::string describe(const AttentionProblem& p) {
+    return "B=" + std::to_string(p.batch) + " H=" + std::to_string(p.heads) +
+           " Hkv=" + std::to_string(p.heads_kv) + " Nq=" + std::to_string(p.seq_q) +
+           " Nkv=" + std::to_string(p.seq_kv) + " d=" + std::to_string(p.dim) +
+           (p.causal ? " causal" : "") + (p.block_q ? " Br=" + std::to_string(p.block_q) +
+                                                      " Bc=" + std::to_string(p.block_kv)
+                                                : "") +
+           (p.block_mask.active() ? " block-mask" : "");
+}
+
+// A fresh seed per call, so no two checks share inputs (reported on failure).
+inline std::uint64_t next_seed() {
+    static std::uint64_t seed = 0x5eed0000 + static_cast<std::uint64_t>(Catch::rngSeed());
+    return seed += 7919;
+}
+
+struct Outputs {
+    std::vector<float> O, lse;
+};
+
+// Runs a backend with output buffers poisoned (NaN) beforehand.
+inline Outputs run_poisoned(const Backend& backend, const AttentionProblem& p, const ProblemData& in,
+                            DType dtype = DType::f32) {
+    Outputs out;
+    out.O.assign(p.q_elements(), std::numeric_limits<float>::quiet_NaN());
+    out.lse.assign(p.lse_elements(), std::numeric_limits<float>::quiet_NaN());
+    run_backend(backend, p, in.Q.data(), in.K.data(), in.V.data(), out.O.data(), out.lse.data(),
+                dtype);
+    return out;
+}
+
+// Checks one backend on one problem against float64 standard attention by the 2x rule, for O
+// and LSE. The yardstick is standard attention in float32 (on dtype-rounded inputs).
+inline void check_against_reference(const Backend& backend, const AttentionProblem& p,
+                                    DType dtype = DType::f32) {
+    const std::uint64_t seed = next_seed();
+    INFO(backend.name << " " << describe(p) << " dtype=" << to_string(dtype) << " seed=" << seed);
+    const ProblemData in = random_problem_data(p, seed);
+    const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
+    const Outputs yard = run_poisoned(find_backend("standard"), p, in, dtype);
+    const Outputs out = run_poisoned(backend, p, in, dtype);
+    const double eps = 1e-6;
+    const double bound_o = 2 * max_abs_error(yard.O.data(), ref.O.data(), p.q_elements()) + eps;
+    const double bound_lse = 2 * max_abs_error(yard.lse.data(), ref.lse.data(), p.lse_elements()) + eps;
+    const double err_o = max_abs_error(out.O.data(), ref.O.data(), p.q_elements());
+    const double err_lse = max_abs_error(out.lse.data(), ref.lse.data(), p.lse_elements());
+    INFO("O error " << err_o << " (bound " << bound_o << "), LSE error " << err_lse << " (bound "
+                    << bound_lse << ")");
+    CHECK(err_o <= bound_o);
+    CHECK(err_lse <= bound_lse);
+    // The reference has no NaN for finite inputs; a NaN left in the output is an unwritten
+    // (poisoned) element. max_abs_error already counts a NaN mismatch as infinite error.
+    bool any_nan = false;
+    for (float x : out.O) any_nan = any_nan || std::isnan(x);
+    CHECK_FALSE(any_nan);
+}
+
+}  // namespace flashattn::test

@@ -1,0 +1,116 @@
+// tests/test_online_softmax.cpp — the rule of common/online_softmax.hpp against a direct softmax.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "catch.hpp"
+#include "common/online_softmax.hpp"
+
+using namespace flashattn;
+
+namespace {
+
+// Softmax state of one block, computed directly: m = max, l = sum exp(x - m).
+SoftmaxState block_state(const std::vector<float>& x, std::size_t begin, std::size_t end) {
+    float m = -INFINITY;
+    for (std::size_t k = begin; k < end; ++k) m = nan_max(m, x[k]);
+    float l = 0;
+    for (std::size_t k = begin; k < end; ++k) l += exp_shifted(x[k], m);
+    return {m, l};
+}
+
+}  // namespace
+
+TEST_CASE("merging a row's blocks in any split and order gives the softmax of the whole row") {
+    std::mt19937 gen(Catch::rngSeed() + 17);
+    for (int trial = 0; trial < 200; ++trial) {
+        const std::size_t n = 1 + gen() % 300;
+        std::normal_distribution<float> dist(0.0f, 1.0f + trial % 7 * 10.0f);  // up to |x| ~ 200
+        std::vector<float> x(n);
+        for (float& v : x) v = dist(gen);
+
+        // Independent reference in double: log-sum-exp and softmax of the whole row.
+        double m_ref = -INFINITY;
+        for (float v : x) m_ref = std::max(m_ref, double(v));
+        double l_ref = 0;
+        for (float v : x) l_ref += std::exp(double(v) - m_ref);
+        const double lse_ref = m_ref + std::log(l_ref);
+
+        // Random split points, blocks merged in a random order.
+        std::vector<std::size_t> cuts = {0, n};
+        for (int c = 0; c < int(gen() % 6); ++c) cuts.push_back(gen() % (n + 1));
+        std::sort(cuts.begin(), cuts.end());
+        std::vector<std::pair<std::size_t, std::size_t>> blocks;
+        for (std::size_t c = 0; c + 1 < cuts.size(); ++c)
+            if (cuts[c] < cuts[c + 1]) blocks.push_back({cuts[c], cuts[c + 1]});
+        std::shuffle(blocks.begin(), blocks.end(), gen);
+
+        SoftmaxState running;  // empty: m = -inf, l = 0
+        for (auto [b, e] : blocks) {
+            const SoftmaxMerge r = merge_softmax(running, block_state(x, b, e));
+            running = {r.m_new, r.l_new};
+        }
+        INFO("n=" << n << " blocks=" << blocks.size() << " trial=" << trial);
+        CHECK(running.m == Approx(m_ref).epsilon(0));
+        CHECK(log_sum_exp(running) == Approx(lse_ref).epsilon(1e-5).margin(1e-5));
+        // Each softmax entry from the merged state: exp(x_k - m) / l.
+        for (std::size_t k = 0; k < n; ++k) {
+            const double p = exp_shifted(x[k], running.m) / running.l;
+            CHECK(p == Approx(std::exp(double(x[k]) - lse_ref)).margin(1e-6).epsilon(1e-4));
+        }
+    }
+}
+
+TEST_CASE("the FlashAttention-1 output update equals a one-shot weighted average") {
+    // Two blocks with one value each per key; O after both blocks must be sum p_k v_k.
+    std::mt19937 gen(Catch::rngSeed() + 3);
+    std::normal_distribution<float> dist(0.0f, 3.0f);
+    for (int trial = 0; trial < 100; ++trial) {
+        std::vector<float> s(8), v(8);
+        for (int k = 0; k < 8; ++k) s[k] = dist(gen), v[k] = dist(gen);
+        const std::size_t cut = 1 + gen() % 7;
+        SoftmaxState running;
+        float o = 0;
+        for (auto [b, e] : {std::pair<std::size_t, std::size_t>{0, cut}, {cut, 8}}) {
+            const SoftmaxState blk = block_state(s, b, e);
+            float pv = 0;
+            for (std::size_t k = b; k < e; ++k) pv += exp_shifted(s[k], blk.m) * v[k];
+            const SoftmaxMerge r = merge_softmax(running, blk);
+            o = fa1_output_update(o, running.l, pv, r);
+            running = {r.m_new, r.l_new};
+        }
+        double m = -INFINITY, l = 0, ref = 0;
+        for (float x : s) m = std::max(m, double(x));
+        for (int k = 0; k < 8; ++k) l += std::exp(s[k] - m), ref += std::exp(s[k] - m) * v[k];
+        CHECK(o == Approx(ref / l).margin(1e-5).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("fully masked rows stay finite and NaN is never dropped") {
+    SoftmaxState empty;
+    const SoftmaxMerge both_empty = merge_softmax(empty, empty);
+    CHECK(both_empty.l_new == 0.0f);
+    CHECK_FALSE(std::isnan(both_empty.old_scale));
+    CHECK_FALSE(std::isnan(both_empty.block_scale));
+    CHECK(fa1_output_update(0.0f, 0.0f, 0.0f, both_empty) == 0.0f);
+    CHECK(normalize_output(0.0f, 0.0f) == 0.0f);
+    CHECK(log_sum_exp(empty) == -INFINITY);
+    CHECK(exp_shifted(-INFINITY, -INFINITY) == 0.0f);
+
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    CHECK(std::isnan(nan_max(nan, 1.0f)));
+    CHECK(std::isnan(nan_max(1.0f, nan)));
+    CHECK(std::isnan(nan_max(-INFINITY, nan)));
+    const SoftmaxMerge poisoned = merge_softmax({1.0f, 1.0f}, {nan, 1.0f});
+    CHECK(std::isnan(poisoned.l_new));
+    CHECK(std::isnan(log_sum_exp({poisoned.m_new, poisoned.l_new})));
+}
+
+TEST_CASE("huge finite logits stay finite and exact") {
+    const SoftmaxMerge r = merge_softmax({1e4f, 1.0f}, {-1e4f, 1.0f});
+    CHECK(r.m_new == 1e4f);
+    CHECK(r.l_new == 1.0f);  // exp(-2e4) underflows to 0 exactly
+    CHECK(log_sum_exp({r.m_new, r.l_new}) == 1e4f);
+}

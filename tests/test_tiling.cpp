@@ -1,0 +1,88 @@
+// tests/test_tiling.cpp — tiles cover every index once; Algorithm 1 line 1; tile classification.
+#include <random>
+#include <vector>
+
+#include "catch.hpp"
+#include "common/tiling.hpp"
+
+using namespace flashattn;
+
+TEST_CASE("tile ranges cover every index exactly once, with a ragged tail") {
+    for (std::int64_t n : {1, 2, 7, 64, 113, 203, 1023, 1024})
+        for (std::int64_t block : {1, 3, 16, 64, 100, 2000}) {
+            std::vector<int> hits(n, 0);
+            const std::int64_t T = tile_count(n, block);
+            for (std::int64_t t = 0; t < T; ++t) {
+                const TileRange r = tile_range(t, block, n);
+                REQUIRE(r.size() >= 1);
+                REQUIRE(r.size() <= block);
+                for (std::int64_t i = r.begin; i < r.end; ++i) ++hits[i];
+            }
+            for (std::int64_t i = 0; i < n; ++i) REQUIRE(hits[i] == 1);
+        }
+}
+
+TEST_CASE("Algorithm 1 line 1: Bc = ceil(M/4d), Br = min(ceil(M/4d), d)") {
+    CHECK(block_sizes_from_sram(16384, 64).Bc == 64);
+    CHECK(block_sizes_from_sram(16384, 64).Br == 64);
+    CHECK(block_sizes_from_sram(16384, 32).Bc == 128);
+    CHECK(block_sizes_from_sram(16384, 32).Br == 32);  // capped by d
+    CHECK(block_sizes_from_sram(100, 3).Bc == 9);      // ceil(100 / 12)
+    CHECK(block_sizes_from_sram(100, 3).Br == 3);
+    CHECK(block_sizes_from_sram(4 * 59, 59).Bc == 1);  // the smallest M allowed
+    CHECK(block_sizes_from_sram(4 * 59, 59).Br == 1);
+}
+
+TEST_CASE("tile classification agrees with the element-wise masks") {
+    std::mt19937 gen(Catch::rngSeed() + 11);
+    for (int trial = 0; trial < 300; ++trial) {
+        AttentionProblem p;
+        p.seq_q = 1 + gen() % 40;
+        p.seq_kv = 1 + gen() % 40;
+        p.dim = 4;
+        p.causal = gen() % 2;
+        std::vector<std::uint8_t> mask;
+        if (gen() % 2) {
+            p.block_mask.block_q = 1 + gen() % 6;
+            p.block_mask.block_kv = 1 + gen() % 6;
+            mask.resize(tile_count(p.seq_q, p.block_mask.block_q) *
+                        tile_count(p.seq_kv, p.block_mask.block_kv));
+            for (auto& m : mask) m = gen() % 3 != 0;
+            p.block_mask.data = mask.data();
+        }
+        const std::int64_t Br = 1 + gen() % 9, Bc = 1 + gen() % 9;
+        for (std::int64_t i = 0; i < tile_count(p.seq_q, Br); ++i)
+            for (std::int64_t j = 0; j < tile_count(p.seq_kv, Bc); ++j) {
+                const TileRange rows = tile_range(i, Br, p.seq_q), cols = tile_range(j, Bc, p.seq_kv);
+                int visible = 0;
+                for (std::int64_t r = rows.begin; r < rows.end; ++r)
+                    for (std::int64_t c = cols.begin; c < cols.end; ++c) visible += p.key_visible(r, c);
+                const TileVisibility v = classify_tile(p, rows, cols);
+                INFO("trial " << trial << " tile " << i << "," << j);
+                if (visible == 0) CHECK(v == TileVisibility::none);
+                else if (visible == rows.size() * cols.size()) CHECK(v == TileVisibility::full);
+                else CHECK(v == TileVisibility::partial);
+            }
+    }
+}
+
+TEST_CASE("problem validation names the field and the value") {
+    AttentionProblem p;
+    p.seq_q = 4, p.seq_kv = 4, p.dim = 8;
+    CHECK_NOTHROW(validate(p));
+    auto bad = p;
+    bad.heads = 6, bad.heads_kv = 4;
+    CHECK_THROWS_WITH(validate(bad), Catch::Contains("heads_kv = 4"));
+    bad = p;
+    bad.dim = 257;
+    CHECK_THROWS_WITH(validate(bad), Catch::Contains("dim = 257"));
+    bad = p;
+    bad.seq_q = 0;
+    CHECK_THROWS_WITH(validate(bad), Catch::Contains("seq_q = 0"));
+    bad = p;
+    bad.scale = INFINITY;
+    CHECK_THROWS_AS(validate(bad), std::invalid_argument);
+    bad = p;
+    bad.batch = std::int64_t{1} << 30, bad.heads = 1 << 20, bad.seq_q = 1 << 20;
+    CHECK_THROWS_WITH(validate(bad), Catch::Contains("Q elements"));
+}
