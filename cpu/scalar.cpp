@@ -28,9 +28,10 @@ ScalarPlan scalar_plan(const AttentionProblem& p) {
 namespace {
 
 // Algorithm 1 for one (batch, head) pair. Q, K, V, O point at that pair's matrices; l and m are
-// its seq_q-long "HBM" vectors.
+// its seq_q-long "HBM" vectors. `trace` (may be null) observes each step of the pair (b, h).
 void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* Q, const float* K,
-                const float* V, float* O, float* l, float* m, IoCounter& io) {
+                const float* V, float* O, float* l, float* m, IoCounter& io, ScalarTrace* trace,
+                std::int64_t b, std::int64_t h) {
     const std::int64_t N_q = p.seq_q, N_kv = p.seq_kv, d = p.dim;
     const std::int64_t Br = plan.blocks.Br, Bc = plan.blocks.Bc;
     const float scale = p.softmax_scale();
@@ -39,6 +40,16 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
     WorkBuffer<float> K_j(Bc * d), V_j(Bc * d), Q_i(Br * d), O_i(Br * d);
     WorkBuffer<float> l_i(Br), m_i(Br), S_ij(Br * Bc);
     WorkBuffer<float> m_tilde(Br), l_tilde(Br);
+    // What an observer sees of step (j, i): the SRAM buffers above.
+    const auto step = [&](std::int64_t j, std::int64_t i, TileRange rows, TileRange cols) {
+        ScalarStep seen;
+        seen.batch = b, seen.head = h, seen.j = j, seen.i = i, seen.rows = rows, seen.cols = cols;
+        seen.d = d, seen.Bc = Bc;
+        seen.Q_i = Q_i.data(), seen.K_j = K_j.data(), seen.V_j = V_j.data(), seen.S_ij = S_ij.data();
+        seen.m_tilde = m_tilde.data(), seen.l_tilde = l_tilde.data();
+        seen.m_i = m_i.data(), seen.l_i = l_i.data(), seen.O_i = O_i.data();
+        return seen;
+    };
 
     // Alg1 L2: initialize O = 0, l = 0, m = -inf in HBM
     for (std::int64_t r = 0; r < N_q * d; ++r) O[r] = 0.0f;
@@ -84,6 +95,7 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
                                          p.key_visible(rows.begin + r, cols.begin + c);
                     S_ij[r * Bc + c] = visible ? scale * s : neg_infinity();
                 }
+            if (trace) trace->after_scores(step(j, i, rows, cols));
 
             // Alg1 L10: m_tilde = rowmax(S_ij), P_tilde = exp(S_ij - m_tilde), l_tilde = rowsum(P_tilde)
             for (std::int64_t r = 0; r < br; ++r) {
@@ -125,6 +137,7 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
                 m[rows.begin + r] = m_i[r];
             }
             io.writes += br * d + 2 * br;
+            if (trace) trace->after_update(step(j, i, rows, cols));
         }
     }
     // Alg1 L16: return O (already in HBM; normalized at every step by line 12)
@@ -133,7 +146,7 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
 }  // namespace
 
 void scalar_attention(const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                      float* O, float* lse, IoCounter* io) {
+                      float* O, float* lse, IoCounter* io, ScalarTrace* trace) {
     const ScalarPlan plan = scalar_plan(p);  // validates
     IoCounter local;
     IoCounter& counter = io ? *io : local;
@@ -141,7 +154,8 @@ void scalar_attention(const AttentionProblem& p, const float* Q, const float* K,
     for (std::int64_t b = 0; b < p.batch; ++b)
         for (std::int64_t h = 0; h < p.heads; ++h) {
             algorithm1(p, plan, Q + p.q_offset(b, h), K + p.kv_offset(b, h),
-                       V + p.kv_offset(b, h), O + p.q_offset(b, h), l.data(), m.data(), counter);
+                       V + p.kv_offset(b, h), O + p.q_offset(b, h), l.data(), m.data(), counter,
+                       trace, b, h);
             if (lse)
                 for (std::int64_t r = 0; r < p.seq_q; ++r)
                     lse[p.lse_offset(b, h) + r] = log_sum_exp({m[r], l[r]});

@@ -29,8 +29,38 @@ struct IoCounter {
     std::int64_t writes = 0;
 };
 
-// O: (batch, heads, seq_q, dim); lse: (batch, heads, seq_q) or nullptr; io: nullptr or a counter.
+// One (j, i) step of Algorithm 1 as an observer sees it: which tiles, and the "SRAM" buffers.
+// Tile indices are 0-based (the paper counts from 1). The buffers are sized for full tiles: rows
+// r < rows.size() and columns c < cols.size() are valid; row r of S_ij starts at r * Bc, row r
+// of Q_i and O_i at r * d, row c of K_j and V_j at c * d.
+struct ScalarStep {
+    std::int64_t batch = 0, head = 0;
+    std::int64_t j = 0, i = 0;   // K/V tile j (outer loop, line 5), Q tile i (inner loop, line 7)
+    TileRange rows, cols;        // query rows of Q_i, O_i, l_i, m_i; key rows of K_j, V_j
+    std::int64_t d = 0, Bc = 0;  // row lengths of Q_i/O_i and of S_ij
+    const float *Q_i = nullptr, *K_j = nullptr, *V_j = nullptr, *S_ij = nullptr;
+    const float *m_tilde = nullptr, *l_tilde = nullptr, *m_i = nullptr, *l_i = nullptr;
+    const float* O_i = nullptr;
+};
+
+// Optional observer of scalar_attention, for step-through examples (examples/02_algorithm1_trace).
+// Each hook is called once per visited (j, i) tile; without an observer the cost is one pointer
+// test per tile.
+class ScalarTrace {
+public:
+    virtual ~ScalarTrace() = default;
+    // After line 9: S_ij holds the scaled scores (masked keys -inf); m_i, l_i, O_i are the values
+    // loaded at line 8, i.e. from before this step.
+    virtual void after_scores(const ScalarStep&) {}
+    // After line 13: S_ij now holds P_tilde (line 10 overwrites it in place), m_tilde and l_tilde
+    // are set, m_i and l_i hold m_new and l_new, and O_i is the new O_i just written to HBM.
+    virtual void after_update(const ScalarStep&) {}
+};
+
+// O: (batch, heads, seq_q, dim); lse: (batch, heads, seq_q) or nullptr; io: nullptr or a counter;
+// trace: nullptr or an observer.
 void scalar_attention(const AttentionProblem& problem, const float* Q, const float* K,
-                      const float* V, float* O, float* lse, IoCounter* io = nullptr);
+                      const float* V, float* O, float* lse, IoCounter* io = nullptr,
+                      ScalarTrace* trace = nullptr);
 
 }  // namespace flashattn

@@ -1,0 +1,69 @@
+// examples/flashattn/demo.cpp — every available backend on one problem; see demo.hpp.
+#include "demo.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "cpu/registry.hpp"
+#include "format.hpp"
+#include "verify.hpp"
+
+namespace flashattn::cli {
+
+int run_demo(const DemoOptions& o, std::ostream& out) {
+    AttentionProblem p;
+    p.batch = o.batch, p.heads = o.heads, p.heads_kv = o.heads, p.seq_q = o.seq, p.seq_kv = o.seq;
+    p.dim = o.dim;
+    p.causal = o.causal;
+    validate(p);
+    out << "flashattn demo: B=" << p.batch << " H=" << p.heads << " N=" << p.seq_q << " d=" << p.dim
+        << (p.causal ? " causal" : "") << ", random normal inputs (seed " << o.seed << ")\n";
+    const ProblemData data = random_problem_data(p, o.seed);
+    std::fprintf(stderr, "computing the float64 reference...\n");
+    const Reference ref = reference_attention(p, data.Q.data(), data.K.data(), data.V.data());
+
+    // Per precision: the error of standard attention in that precision (the 2x rule's yardstick).
+    std::map<DType, double> yardstick;
+    const auto bound_for = [&](DType t) {
+        if (!yardstick.count(t)) {
+            std::vector<float> O(p.q_elements());
+            run_backend(find_backend("standard"), p, data.Q.data(), data.K.data(), data.V.data(),
+                        O.data(), nullptr, t);
+            yardstick[t] = max_abs_error(O.data(), ref.O.data(), p.q_elements());
+        }
+        return 2 * yardstick[t] + 1e-6;
+    };
+
+    const double flops = attention_flops(p);
+    Table table({"backend", "device", "dtype", "time ms", "GFLOP/s", "working mem", "max |err|",
+                 "2x bound", "check"});
+    int failures = 0;
+    for (const Backend& b : available_backends()) {
+        const DType t = b.supports(DType::f32) ? DType::f32 : b.dtypes.front();
+        std::fprintf(stderr, "running %s...\n", b.name.c_str());
+        auto prepared = b.prepare(p, data.Q.data(), data.K.data(), data.V.data(), t);
+        const auto start = std::chrono::steady_clock::now();
+        prepared->execute();
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        std::vector<float> O(p.q_elements());
+        prepared->fetch(O.data(), nullptr);
+        const double err = max_abs_error(O.data(), ref.O.data(), p.q_elements());
+        const double bound = bound_for(t);
+        const bool ok = err <= bound;
+        failures += ok ? 0 : 1;
+        table.add({b.name, b.device, to_string(t), fixed(ms, 1), fixed(flops / ms / 1e6, 1),
+                   human_bytes(prepared->extra_bytes()), scientific(err), scientific(bound),
+                   ok ? "ok" : "FAIL"});
+    }
+    table.print(out);
+    out << "FLOPs = 4*B*H*N_q*N_kv*d" << (p.causal ? " / 2 (causal)" : "")
+        << "; working mem = measured peak beyond inputs and outputs;\n"
+           "check: max|out - ref64| <= 2*max|standard_p - ref64| + 1e-6 (one run each, no warm-up)\n";
+    return failures;
+}
+
+}  // namespace flashattn::cli

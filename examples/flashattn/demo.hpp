@@ -1,0 +1,22 @@
+// examples/flashattn/demo.hpp — the cross-check behind `flashattn demo` and
+// examples/05_cross_check.cpp: every available backend on one random problem, timed once, and
+// checked against float64 standard attention by the 2x rule (verify.hpp).
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+
+namespace flashattn::cli {
+
+struct DemoOptions {
+    std::int64_t batch = 1, heads = 4, seq = 1024, dim = 64;
+    bool causal = false;
+    std::uint64_t seed = 2022;
+};
+
+// Prints the problem, a table (backend, time, GFLOP/s, working memory, error, bound, check) and
+// its legend to `out`, progress to stderr. Returns how many backends failed the 2x rule.
+// Throws std::invalid_argument for an invalid problem.
+int run_demo(const DemoOptions& options, std::ostream& out);
+
+}  // namespace flashattn::cli

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""tests/test_docs_drift.py — keeps the docs' links to code lines true as the code moves.
+
+The walkthroughs link paper lines to code lines, e.g. [Alg1 L9](../cpu/scalar.cpp#L97). A line
+inserted above line 97 would silently make that link point at the wrong statement; this check
+makes it fail instead. Rules:
+
+  1. Every markdown link `file#L<n>` in docs/**/*.md and README.md points at an existing file and
+     line, and its text names what is on that line: each tag `AlgN Lk` in the link text must be on
+     the line (as a tag, so `Alg1 L1` does not match `Alg1 L10`), and so must each `code span`.
+     A line link whose text names nothing is an error: nothing could be checked.
+  2. Every `Alg1 Lk` tag in cpu/scalar.cpp is linked from docs/algorithm1_walkthrough.md, and the
+     tags stand in the order of the paper's lines.
+
+Usage:
+  test_docs_drift.py [--root DIR]              check (exit 1 on any problem)
+  test_docs_drift.py [--root DIR] --self-test  show that the check catches a line inserted above
+                                               a tag (exit 1 if it does not)
+  test_docs_drift.py [--root DIR] --fix        rewrite the line numbers of drifted links: to the
+                                               one line with the named tag, or to the nearest
+                                               non-comment line with the named `code`
+
+Standard library only (CI runs it with Debian's python3).
+"""
+import argparse
+import os
+import re
+import sys
+
+LINK = re.compile(r"\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^)\s]+?)#L(\d+)\)")
+TAG = re.compile(r"\bAlg(\d+) L(\d+)(?!\d)")
+CODE = re.compile(r"`([^`]+)`")
+SCALAR = "cpu/scalar.cpp"
+WALKTHROUGH = "docs/algorithm1_walkthrough.md"
+
+
+class Tree:
+    """Files under root, read as lists of lines; `overlay` replaces some (for the self-test)."""
+
+    def __init__(self, root, overlay=None):
+        self.root = os.path.abspath(root)
+        self.overlay = overlay or {}
+
+    def lines(self, rel):
+        if rel in self.overlay:
+            return self.overlay[rel]
+        with open(os.path.join(self.root, rel), encoding="utf-8") as f:
+            return f.read().split("\n")
+
+    def exists(self, rel):
+        return rel in self.overlay or os.path.isfile(os.path.join(self.root, rel))
+
+    def markdown_files(self):
+        found = []
+        if os.path.isfile(os.path.join(self.root, "README.md")):
+            found.append("README.md")
+        for folder, _, files in os.walk(os.path.join(self.root, "docs")):
+            for name in sorted(files):
+                if name.endswith(".md"):
+                    found.append(os.path.relpath(os.path.join(folder, name), self.root))
+        return sorted(found)
+
+
+def tag_pattern(alg, line):
+    return re.compile(r"\bAlg%s L%s(?!\d)" % (alg, line))
+
+
+def names_in(text):
+    """What a link's text promises is on the target line: its tags and code spans."""
+    tags = [tag_pattern(a, l) for a, l in TAG.findall(text)]
+    spans = CODE.findall(text)
+    # A code span that is itself a tag is checked as a tag only.
+    spans = [s for s in spans if not TAG.fullmatch(s.strip())]
+    return tags, spans
+
+
+def line_has(line, tags, spans):
+    return all(t.search(line) for t in tags) and all(s in line for s in spans)
+
+
+def links(tree, md):
+    """(line number in md, link text, target file relative to root, target line) per line link."""
+    base = os.path.dirname(md)
+    for number, text in enumerate(tree.lines(md), start=1):
+        for m in LINK.finditer(text):
+            target = os.path.normpath(os.path.join(base, m.group(2)))
+            yield number, m.group(1), target, int(m.group(3)), m
+
+
+def check(tree):
+    errors = []
+    linked_scalar_lines = set()
+    for md in tree.markdown_files():
+        for number, text, target, line, _ in links(tree, md):
+            where = "%s:%d: link [%s](...%s#L%d)" % (md, number, text, target, line)
+            if target.startswith(".."):
+                errors.append(where + ": points outside the repository")
+                continue
+            if not tree.exists(target):
+                errors.append(where + ": no such file")
+                continue
+            lines = tree.lines(target)
+            if not 1 <= line <= len(lines):
+                errors.append(where + ": %s has %d lines" % (target, len(lines)))
+                continue
+            tags, spans = names_in(text)
+            if not tags and not spans:
+                errors.append(where + ": the link text names no tag (AlgN Lk) or `code` to check")
+                continue
+            if not line_has(lines[line - 1], tags, spans):
+                errors.append(where + ": line %d is now %r" % (line, lines[line - 1].strip()))
+                continue
+            if target == SCALAR and md == WALKTHROUGH:
+                linked_scalar_lines.add(line)
+
+    # Rule 2: every Alg1 tag of the scalar form is in the walkthrough, and in paper order.
+    previous = 0
+    for number, text in enumerate(tree.lines(SCALAR), start=1):
+        for alg, paper_line in TAG.findall(text):
+            if alg != "1":
+                continue
+            where = "%s:%d: tag Alg1 L%s" % (SCALAR, number, paper_line)
+            if number not in linked_scalar_lines:
+                errors.append(where + ": not linked from " + WALKTHROUGH)
+            if int(paper_line) < previous:
+                errors.append(where + ": out of order (after Alg1 L%d)" % previous)
+            previous = max(previous, int(paper_line))
+    return errors
+
+
+def self_test(tree):
+    """Insert a line above the first linked tag of the scalar form: the check must notice."""
+    if check(tree):
+        print("self-test: the tree does not pass the check to begin with")
+        return 1
+    lines = tree.lines(SCALAR)
+    first_tag = next(n for n, text in enumerate(lines) if TAG.search(text))
+    shifted = lines[:first_tag] + ["// a comment someone added"] + lines[first_tag:]
+    errors = check(Tree(tree.root, {SCALAR: shifted}))
+    if not any("is now" in e for e in errors):
+        print("self-test FAILED: a line inserted above %s:%d went unnoticed" % (SCALAR, first_tag + 1))
+        return 1
+    print("self-test: a line inserted above %s:%d is caught (%d problems), e.g.\n  %s"
+          % (SCALAR, first_tag + 1, len(errors), errors[0]))
+    return 0
+
+
+def fix(tree):
+    """Moves each stale link to the code line that carries what its text names."""
+    changed = 0
+    for md in tree.markdown_files():
+        lines = tree.lines(md)
+        before = changed
+        for number, text, target, line, m in reversed(list(links(tree, md))):
+            if not tree.exists(target):
+                continue
+            code = tree.lines(target)
+            tags, spans = names_in(text)
+            if (not tags and not spans) or (1 <= line <= len(code) and line_has(code[line - 1], tags, spans)):
+                continue
+            hits = [n for n, c in enumerate(code, start=1)
+                    if line_has(c, tags, spans) and (tags or not c.strip().startswith("//"))]
+            if not hits or (tags and len(hits) > 1):
+                print("%s:%d: cannot fix [%s]: %d candidate lines" % (md, number, text, len(hits)))
+                continue
+            # A name (code span) may recur: take the candidate nearest the old line.
+            best = min(hits, key=lambda n: abs(n - line))
+            old = lines[number - 1]
+            lines[number - 1] = old[:m.start(3)] + str(best) + old[m.end(3):]
+            print("%s:%d: [%s] L%d -> L%d%s" % (md, number, text, line, best,
+                                                "" if len(hits) == 1 else
+                                                " (nearest of %d lines with it: check)" % len(hits)))
+            changed += 1
+        if changed > before:
+            with open(os.path.join(tree.root, md), "w", encoding="utf-8") as f:
+                f.write("\n".join(lines))
+    return changed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--self-test", action="store_true")
+    mode.add_argument("--fix", action="store_true")
+    args = parser.parse_args()
+    tree = Tree(args.root)
+    if args.self_test:
+        return self_test(tree)
+    if args.fix:
+        fix(tree)
+    errors = check(tree)
+    for e in errors:
+        print(e)
+    if errors:
+        print("%d problem(s). After moving code, `python3 tests/test_docs_drift.py --fix` "
+              "updates line numbers; review its diff." % len(errors))
+        return 1
+    print("docs drift: all line links and Alg1 tags agree")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
