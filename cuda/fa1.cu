@@ -55,7 +55,6 @@ namespace {
 
 constexpr int kThreads = 256;  // 16 x 16 threads, each owning a 4 x 4 micro-tile of a 64 x 64 chunk
 constexpr int kChunk = 64;
-constexpr int kWarps = kThreads / 32;
 
 __host__ __device__ inline int round_up4(std::int64_t x) { return static_cast<int>((x + 3) / 4 * 4); }
 
@@ -90,21 +89,35 @@ struct Fa1Layout {
         L.S_at = static_cast<int>(at);
         at += Br * L.s_stride;
         L.stats_at = static_cast<int>(at);
-        at += 6 * Br;  // SoftmaxMerge (4 floats) + m_i + l_i per row
+        at += 8 * Br;  // per row: SoftmaxMerge (4 floats), then m_i and l_i in two slots
         L.floats = at;
         return L;
     }
     std::size_t bytes() const { return static_cast<std::size_t>(floats) * sizeof(float); }
 };
 
-// Line 9: S_ij = scale * Q_i K_j^T for br x bc, masked keys -> -inf (partial tiles only).
-__device__ __forceinline__ void compute_scores(const AttentionProblem& p, const Fa1Layout& L, const float* Q_i,
-                               const float* K_j, float* S_ij, TileRange rows, TileRange cols,
-                               bool partial, float scale) {
+// Lines 9-11 for one query block, 64 rows at a time:
+//   line 9    S_ij = scale * Q_i K_j^T (masked keys -> -inf), to shared memory, 64 x 64 chunks of
+//             4 x 4 register micro-tiles; each thread keeps the running max of its 4 rows,
+//   line 10   m~ = rowmax: the 16 lanes of a row combine their maxima (nan_max shuffles);
+//             P~ = exp(S_ij - m~) over each thread's own elements, l~ = their sum, combined
+//             the same way,
+//   line 11   (m_new, l_new) = merge_softmax((m_i, l_i), (m~, l~)), kept in `merged` for line 12.
+// Every row's statistics stay in the registers of the lanes that computed its scores: no pass of
+// one warp per row, whose serial chain of shuffles would leave the SM idle.
+__device__ __forceinline__ void scores_and_statistics(
+    const AttentionProblem& p, const Fa1Layout& L, const float* Q_i, const float* K_j,
+    float* S_ij, const float* m_i, const float* l_i, SoftmaxMerge* merged, TileRange rows,
+    TileRange cols, bool partial, float scale) {
     const int rg = threadIdx.x / 16, cg = threadIdx.x % 16;
     const int br = static_cast<int>(rows.size()), bc = static_cast<int>(cols.size());
-    for (int r0 = 0; r0 < br; r0 += kChunk)
-        for (int c0 = 0; c0 < bc; c0 += kChunk) {
+    const int bc4 = round_up4(bc);
+    for (int r0 = 0; r0 < br; r0 += kChunk) {
+        float m_tilde[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) m_tilde[t] = neg_infinity();
+
+        for (int c0 = 0; c0 < bc; c0 += kChunk) {  // Alg1 L9
             float acc[4][4] = {};
             int q_row[4], k_row[4];  // rows read (clamped inside the tile; extras are discarded)
 #pragma unroll
@@ -112,7 +125,7 @@ __device__ __forceinline__ void compute_scores(const AttentionProblem& p, const 
                 q_row[t] = min(r0 + rg + 16 * t, br - 1) * L.qk_stride;
                 k_row[t] = min(c0 + cg + 16 * t, bc - 1) * L.qk_stride;
             }
-#pragma unroll 2
+#pragma unroll 4
             for (int k = 0; k < L.dp; k += 4) {
                 float4 q[4], kv[4];
 #pragma unroll
@@ -138,34 +151,42 @@ __device__ __forceinline__ void compute_scores(const AttentionProblem& p, const 
                     if (r >= br || c >= bc) continue;
                     const bool visible =
                         !partial || p.key_visible(rows.begin + r, cols.begin + c);
-                    S_ij[r * L.s_stride + c] = visible ? scale * acc[t][u] : neg_infinity();
+                    const float s = visible ? scale * acc[t][u] : neg_infinity();
+                    S_ij[r * L.s_stride + c] = s;
+                    m_tilde[t] = nan_max(m_tilde[t], s);
                 }
         }
-}
 
-// Lines 10-11, one warp per row: m~, P~ (in place of S_ij), l~, then the merge with (m_i, l_i).
-__device__ __forceinline__ void row_statistics(const Fa1Layout& L, float* S_ij, const float* m_i,
-                               const float* l_i, SoftmaxMerge* merged, int br, int bc) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int bc4 = round_up4(bc);
-    for (int r = warp; r < br; r += kWarps) {
-        float* S_r = S_ij + r * L.s_stride;
-        float m_tilde = neg_infinity();
-        for (int c = lane; c < bc; c += 32) m_tilde = nan_max(m_tilde, S_r[c]);
-        m_tilde = lanes_max<32>(m_tilde);
-        float l_tilde = 0.0f;
-        for (int c = lane; c < bc4; c += 32) {
-            if (c >= bc) {  // padding read by the float4 loop of line 12
-                S_r[c] = 0.0f;
-                continue;
-            }
-            const float s = S_r[c];
-            const float p_tilde = exp_shifted(s, m_tilde);
-            l_tilde += p_tilde;
-            S_r[c] = s == neg_infinity() ? masked_p() : p_tilde;
+        float l_tilde[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {  // Alg1 L10: m~ = rowmax(S_ij) across the row's lanes
+            m_tilde[t] = lanes_max<16>(m_tilde[t]);
+            l_tilde[t] = 0.0f;
         }
-        l_tilde = lanes_sum<32>(l_tilde);
-        if (lane == 0) merged[r] = merge_softmax({m_i[r], l_i[r]}, {m_tilde, l_tilde});
+        for (int c0 = 0; c0 < bc4; c0 += kChunk)  // Alg1 L10: P~ = exp(S_ij - m~), l~ = rowsum
+#pragma unroll
+            for (int t = 0; t < 4; ++t)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int r = r0 + rg + 16 * t, c = c0 + cg + 16 * u;
+                    if (r >= br || c >= bc4) continue;
+                    float* entry = &S_ij[r * L.s_stride + c];
+                    if (c >= bc) {  // padding up to a multiple of 4, read by line 12's float4s
+                        *entry = 0.0f;
+                        continue;
+                    }
+                    const float s = *entry;
+                    const float p_tilde = exp_shifted(s, m_tilde[t]);
+                    l_tilde[t] += p_tilde;
+                    *entry = s == neg_infinity() ? masked_p() : p_tilde;
+                }
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            l_tilde[t] = lanes_sum<16>(l_tilde[t]);
+            const int r = r0 + rg + 16 * t;
+            if (cg == 0 && r < br)  // Alg1 L11: m_new, l_new
+                merged[r] = merge_softmax({m_i[r], l_i[r]}, {m_tilde[t], l_tilde[t]});
+        }
     }
 }
 
@@ -258,8 +279,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float* Q_i = smem + L.Q_at;
     float* S_ij = smem + L.S_at;  // S_ij, then P~_ij in place
     SoftmaxMerge* merged = reinterpret_cast<SoftmaxMerge*>(smem + L.stats_at);
-    float* m_i = smem + L.stats_at + 4 * L.Br;
-    float* l_i = m_i + L.Br;
+    float* m_i = smem + L.stats_at + 4 * L.Br;  // two slots of Br: this step's and the next's
+    float* l_i = m_i + 2 * L.Br;
 
     const std::int64_t Tr = tile_count(p.seq_q, L.Br), Tc = tile_count(p.seq_kv, L.Bc);
     const std::int64_t bh = blockIdx.x / row_groups, group = blockIdx.x % row_groups;
@@ -286,6 +307,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         m_hbm[r] = neg_infinity();
     }
 
+    // The next query block at or after i that sees K_j (Alg5: zero blocks are skipped).
+    const auto next_visible = [&](std::int64_t i, TileRange cols) {
+        while (i < i_end &&
+               classify_tile(p, tile_range(i, L.Br, p.seq_q), cols) == TileVisibility::none)
+            ++i;
+        return i;
+    };
+    // Alg1 L8 for query block i into `slot`: Q_i by cp.async (waited for at the top of its step),
+    // m_i and l_i given as values already read from HBM.
+    const auto stage_query_block = [&](std::int64_t i, int slot, float m_row, float l_row) {
+        const TileRange rows = tile_range(i, L.Br, p.seq_q);
+        load_tile_async(Q_i, L.qk_stride, Q + rows.begin * d, d, L.Br, L.dp, int(rows.size()),
+                        int(d), tid, kThreads);
+        cp_async_commit();
+        if (tid < rows.size()) {
+            m_i[slot * L.Br + tid] = m_row;
+            l_i[slot * L.Br + tid] = l_row;
+        }
+    };
+
     for (std::int64_t j = 0; j < Tc; ++j) {  // Alg1 L5
         const TileRange cols = tile_range(j, L.Bc, p.seq_kv);
         if (classify_tile(p, my_rows, cols) == TileVisibility::none) continue;  // no row sees K_j
@@ -293,51 +334,59 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         // Alg1 L6: load K_j, V_j to shared memory
         cp_async_wait_all();
-        __syncthreads();  // the previous K_j, V_j are no longer read
+        __syncthreads();  // the previous K_j, V_j (and Q_i) are no longer read
         load_tile_async(K_j, L.qk_stride, K + cols.begin * d, d, L.Bc, L.dp, bc, int(d), tid,
                         kThreads);
         load_tile_async(V_j, L.v_stride, V + cols.begin * d, d, L.bcp, L.dp, bc, int(d), tid,
                         kThreads);
-        cp_async_commit();
+        std::int64_t i = next_visible(i_begin, cols);
+        int slot = 0;
+        if (i < i_end) {
+            const std::int64_t row = i * L.Br + tid;
+            const bool mine = tid < tile_range(i, L.Br, p.seq_q).size();
+            stage_query_block(i, slot, mine ? m_hbm[row] : 0.0f, mine ? l_hbm[row] : 0.0f);
+        }
 
-        for (std::int64_t i = i_begin; i < i_end; ++i) {  // Alg1 L7
+        while (i < i_end) {  // Alg1 L7 (over the query blocks that see K_j)
             const TileRange rows = tile_range(i, L.Br, p.seq_q);
-            const TileVisibility visibility = classify_tile(p, rows, cols);
-            if (visibility == TileVisibility::none) continue;  // Alg5: skip a zero block
+            const bool partial = classify_tile(p, rows, cols) == TileVisibility::partial;
             const int br = static_cast<int>(rows.size());
+            const float* m_cur = m_i + slot * L.Br;
+            const float* l_cur = l_i + slot * L.Br;
 
-            // Alg1 L8: load Q_i, l_i, m_i (O_i is read in line 12)
-            __syncthreads();  // Q_i, P~ and the statistics of the previous step are done with
-            load_tile_async(Q_i, L.qk_stride, Q + rows.begin * d, d, L.Br, L.dp, br, int(d), tid,
-                            kThreads);
-            cp_async_commit();
-            for (int r = tid; r < br; r += kThreads) {
-                m_i[r] = m_hbm[rows.begin + r];
-                l_i[r] = l_hbm[rows.begin + r];
+            // Ask HBM early for the next step's m_i, l_i (Alg1 L8 of step i+1), so the reads
+            // overlap this step's arithmetic.
+            const std::int64_t next = next_visible(i + 1, cols);
+            float m_next = 0.0f, l_next = 0.0f;
+            if (next < i_end && tid < tile_range(next, L.Br, p.seq_q).size()) {
+                m_next = m_hbm[next * L.Br + tid];
+                l_next = l_hbm[next * L.Br + tid];
             }
+
             cp_async_wait_all();
-            __syncthreads();
+            __syncthreads();  // Q_i (with K_j, V_j), m_i, l_i have landed; the last step is done
 
-            // Alg1 L9: S_ij = Q_i K_j^T (scaled; masked keys -inf)
-            const bool partial = visibility == TileVisibility::partial;
-            compute_scores(p, L, Q_i, K_j, S_ij, rows, cols, partial, scale);
-            __syncthreads();
+            // Alg1 L9-11: S_ij = scale Q_i K_j^T, m~, P~, l~, then m_new, l_new
+            scores_and_statistics(p, L, Q_i, K_j, S_ij, m_cur, l_cur, merged, rows, cols, partial,
+                                  scale);
+            __syncthreads();  // P~ and the merged statistics are complete; Q_i is free
 
-            // Alg1 L10-11: m~, P~, l~, then m_new, l_new
-            row_statistics(L, S_ij, m_i, l_i, merged, br, bc);
-            __syncthreads();
+            // Alg1 L8 of the next step, early: Q_{i+1} arrives while line 12 runs.
+            if (next < i_end) stage_query_block(next, slot ^ 1, m_next, l_next);
 
             // Alg1 L12: O_i update, read from and written to HBM
             if (partial)
-                update_output<true>(L, S_ij, V_j, l_i, merged, O + rows.begin * d, br, bc);
+                update_output<true>(L, S_ij, V_j, l_cur, merged, O + rows.begin * d, br, bc);
             else
-                update_output<false>(L, S_ij, V_j, l_i, merged, O + rows.begin * d, br, bc);
+                update_output<false>(L, S_ij, V_j, l_cur, merged, O + rows.begin * d, br, bc);
 
             // Alg1 L13: write l_i = l_new, m_i = m_new to HBM
             for (int r = tid; r < br; r += kThreads) {
                 l_hbm[rows.begin + r] = merged[r].l_new;
                 m_hbm[rows.begin + r] = merged[r].m_new;
             }
+            i = next;
+            slot ^= 1;
         }
     }
     // Alg1 L16 returns O; the LSE of each row is m + log(l).

@@ -48,12 +48,13 @@
 namespace flashattn::cuda {
 namespace {
 
-// One kernel configuration: padded head dim D, tile Br x Bc, THREADS threads per block.
-template <int D_, int Br_, int Bc_, int THREADS_, int MIN_BLOCKS_>
+// One kernel configuration: padded head dim D, tile Br x Bc, THREADS threads per block, TM rows
+// per thread.
+template <int D_, int Br_, int Bc_, int THREADS_, int MIN_BLOCKS_, int TM_ = 4>
 struct Fa2Config {
     static constexpr int D = D_, Br = Br_, Bc = Bc_, THREADS = THREADS_;
     static constexpr int MIN_BLOCKS = MIN_BLOCKS_;  // blocks per SM the registers must allow
-    static constexpr int TM = 4;                     // rows of S and O per thread
+    static constexpr int TM = TM_;                   // rows of S and O per thread
     static constexpr int RG = Br / TM;               // row groups: thread (rg, cg) owns rows
     static constexpr int CG = THREADS / RG;          //   rg + RG*t (t < TM); CG lanes share a row
     static constexpr int TN = Bc / CG;               // columns of S per thread: cg + CG*u
@@ -315,12 +316,18 @@ template <class C>
 constexpr Fa2Variant variant(const char* name) {
     return {name, C::D, C::SMEM_BYTES, &launch_fa2<C>};
 }
-//                          D  Br  Bc threads min blocks/SM
+//                         D   Br  Bc  threads  blocks/SM  TM
 const Fa2Variant kVariants[] = {
     variant<Fa2Config<64, 128, 64, 256, 1>>("d64_128x64"),
-    variant<Fa2Config<64, 128, 32, 256, 2>>("d64_128x32_2blocks"),
+    variant<Fa2Config<64, 128, 32, 256, 2>>("d64_128x32_2b"),
+    variant<Fa2Config<64, 64, 64, 128, 3>>("d64_64x64_t128_3b"),
+    variant<Fa2Config<64, 64, 32, 128, 4>>("d64_64x32_t128_4b"),
+    variant<Fa2Config<64, 128, 32, 128, 3, 8>>("d64_tm8_128x32_t128_3b"),
+    variant<Fa2Config<64, 128, 64, 128, 2, 8>>("d64_tm8_128x64_t128_2b"),
     variant<Fa2Config<128, 128, 64, 256, 1>>("d128_128x64"),
     variant<Fa2Config<128, 128, 32, 256, 1>>("d128_128x32"),
+    variant<Fa2Config<128, 64, 32, 128, 2>>("d128_64x32_t128_2b"),
+    variant<Fa2Config<128, 64, 64, 256, 1>>("d128_64x64_cg16"),
     variant<Fa2Config<256, 64, 64, 256, 1>>("d256_64x64"),
 };
 
