@@ -162,7 +162,8 @@ def main():
                          fmt(eff, ".3f"), fmt(math, ".3f"), fmt(f / fa2 / 1e9, ".1f"),
                          fmt(eff and eff / fa2), fmt(math and math / fa2), fmt(std / fa1)])
         for variant in filter(None, a.variants.split(",")):
-            if int(variant[1:variant.index("_")]) < d:  # "d64_..." covers d <= 64 only
+            covers = int(variant[1:variant.index("_")])  # "d64_..." is for 32 < d <= 64
+            if not covers // 2 < d <= covers:
                 continue
             r = run_ours(a.bin_dir, ["cuda-fa2"], B, H, N, d, repeat=a.repeat,
                          env={"FLASHATTN_FA2_VARIANT": variant})[0]
