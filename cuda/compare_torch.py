@@ -5,8 +5,9 @@ per shape, on one GPU, plus the HBM traffic that ncu measures.
 What it prints (full logs and CSVs go to --out):
   1. the bar shapes: cuda-fa2 / cuda-fa1 / cuda-standard against PyTorch's EFFICIENT_ATTENTION
      and MATH backends (fp32, TF32 off), as ratios (>1 means ours is faster);
-  2. an N sweep (512 ... 8192) of all three backends (TFLOP/s), and a block-size sweep of cuda-fa1
-     (--sram-bytes: the paper's block-size figure, Theorem 2's trend);
+  2. an N sweep (512 ... 8192; causal at 1024 and 4096) of all three backends (TFLOP/s), and a
+     block-size sweep of cuda-fa1 (--sram-bytes = M: the paper's block-size figure, with ncu's
+     HBM bytes for Theorem 2's trend);
   3. ncu dram bytes (read + write, all kernels of one execute) for cuda-standard vs cuda-fa2 at
      B=16, H=16, N=1024, d=64 (the paper reports 40.3 GB vs 4.4 GB at GPT-2 scale: 9.2x).
 
@@ -124,6 +125,19 @@ def table(title, header, rows):
     return "\n".join(lines)
 
 
+def write_report(out_dir, report, records):
+    """(Re)writes the text report and the raw records: a run cut short keeps what it measured."""
+    with open(os.path.join(out_dir, "compare_torch.json"), "w") as f:
+        json.dump(records, f, indent=1)
+    with open(os.path.join(out_dir, "compare_torch.csv"), "w", newline="") as f:
+        keys = sorted({k for r in records for k in r})
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(records)
+    with open(os.path.join(out_dir, "compare_torch.txt"), "w") as f:
+        f.write("\n\n".join(report) + "\n")
+
+
 def fmt(x, spec=".2f"):
     return "-" if x is None else format(x, spec)
 
@@ -137,7 +151,12 @@ def main():
     ap.add_argument("--variants", default="",
                     help="comma-separated FLASHATTN_FA2_VARIANT names to time at the bar shapes")
     ap.add_argument("--no-ncu", action="store_true")
+    ap.add_argument("--sweep-n", default="512,1024,2048,4096,8192", help="N sweep, non-causal")
+    ap.add_argument("--sweep-n-causal", default="1024,4096", help="N sweep, causal")
+    ap.add_argument("--sweep-m-kib", default="16,32,64,128,224", help="cuda-fa1 M sweep (KiB)")
+    ap.add_argument("--sweep-repeat", type=int, default=10)
     a = ap.parse_args()
+    ints = lambda text: [int(x) for x in text.split(",") if x]
     os.makedirs(a.out, exist_ok=True)
     import torch
     device = torch.cuda.get_device_name(0)
@@ -181,17 +200,18 @@ def main():
                             [[r["backend"], f'{r["B"]}x{r["H"]}x{r["N"]}x{r["d"]}',
                               fmt(r["median_ms"], ".3f"), fmt(r["tflops"], ".1f")]
                              for r in variants]))
+    write_report(a.out, report, records)
 
     if not a.quick:
         # 2a. N sweep, all three backends and PyTorch's efficient kernel.
         sweep_rows = []
-        for causal in (False, True):
-            for N in (512, 1024, 2048, 4096, 8192):
+        for causal, Ns in ((False, ints(a.sweep_n)), (True, ints(a.sweep_n_causal))):
+            for N in Ns:
                 B, H, d = 4, 16, 64
                 log(f"N sweep N={N} causal={causal}")
                 ours = {r["backend"]: r for r in run_ours(a.bin_dir, OURS, B, H, N, d, causal,
-                                                          repeat=a.repeat)}
-                eff = torch_time(B, H, N, d, "EFFICIENT_ATTENTION", causal, repeat=a.repeat)
+                                                          repeat=a.sweep_repeat)}
+                eff = torch_time(B, H, N, d, "EFFICIENT_ATTENTION", causal, repeat=a.sweep_repeat)
                 f = flops(B, H, N, d, causal)
                 row = [str(N), "yes" if causal else "no"]
                 for n in OURS:
@@ -206,14 +226,15 @@ def main():
                 sweep_rows.append(row)
         report.append(table("N sweep, B=4 H=16 d=64: ms (TFLOP/s)",
                             ["N", "causal"] + OURS + ["torch-eff"], sweep_rows))
+        write_report(a.out, report, records)
 
         # 2b. cuda-fa1 block-size sweep through M (--sram-bytes), with HBM traffic.
         fa1_rows = []
         B, H, N, d = 4, 16, 4096, 64
-        for kib in (8, 16, 32, 64, 96, 128, 160, 192, 224):
+        for kib in ints(a.sweep_m_kib):
             extra = ["--sram-bytes", str(kib * 1024)]
             log(f"fa1 block sweep M={kib} KiB")
-            r = run_ours(a.bin_dir, ["cuda-fa1"], B, H, N, d, repeat=max(5, a.repeat // 4),
+            r = run_ours(a.bin_dir, ["cuda-fa1"], B, H, N, d, repeat=a.sweep_repeat,
                          extra=extra)[0]
             Bc = -(-kib * 1024 // 4 // (4 * d))
             Br = min(Bc, d)
@@ -230,6 +251,7 @@ def main():
                              fmt(dram and dram / 1e9, ".2f")])
         report.append(table(f"cuda-fa1 block-size sweep, B={B} H={H} N={N} d={d}",
                             ["M", "Br x Bc", "ms", "HBM GB (ncu)"], fa1_rows))
+        write_report(a.out, report, records)
 
     # 3. ncu: HBM bytes of standard vs fa2 (the paper's 9.2x).
     if not a.no_ncu:
@@ -248,17 +270,8 @@ def main():
         except Exception as e:
             report.append(f"ncu failed: {e}")
 
-    with open(os.path.join(a.out, "compare_torch.json"), "w") as f:
-        json.dump(records, f, indent=1)
-    with open(os.path.join(a.out, "compare_torch.csv"), "w", newline="") as f:
-        keys = sorted({k for r in records for k in r})
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(records)
-    text = "\n\n".join(report)
-    with open(os.path.join(a.out, "compare_torch.txt"), "w") as f:
-        f.write(text + "\n")
-    print("\n" + text)
+    write_report(a.out, report, records)
+    print("\n" + "\n\n".join(report))
 
 
 if __name__ == "__main__":

@@ -204,6 +204,7 @@ __device__ __forceinline__ void update_output(const Fa1Layout& L, const float* P
         for (int dc = 0; dc < L.dp; dc += kChunk) {
             const int col = dc + 4 * cg;  // this thread's 4 columns of O: col..col+3
             const bool col_ok = col < L.dp;
+            const int v_col = min(col, L.dp - 4);  // read inside V_j; results of !col_ok dropped
             float4 o_old[4], pv[4];
             int p_row[4];
 #pragma unroll
@@ -224,7 +225,7 @@ __device__ __forceinline__ void update_output(const Fa1Layout& L, const float* P
                     }
                 }
             }
-#pragma unroll 2
+#pragma unroll 4
             for (int c = 0; c < bc4; c += 4) {
                 float4 p4[4];
 #pragma unroll
@@ -232,9 +233,8 @@ __device__ __forceinline__ void update_output(const Fa1Layout& L, const float* P
                     p4[t] = *reinterpret_cast<const float4*>(&P_tilde[p_row[t] + c]);
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    const float4 v = col_ok ? *reinterpret_cast<const float4*>(
-                                                  &V_j[(c + k) * L.v_stride + col])
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    const float4 v =
+                        *reinterpret_cast<const float4*>(&V_j[(c + k) * L.v_stride + v_col]);
 #pragma unroll
                     for (int t = 0; t < 4; ++t) {
                         const float p = component(p4[t], k);

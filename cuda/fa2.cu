@@ -146,6 +146,69 @@ __device__ inline void pv_micro_tile(const float* P_ij, const float* V_j, int rg
     }
 }
 
+// The block-mask lookup of AttentionProblem::key_visible (two 64-bit divisions), kept out of line:
+// inlined, its registers would count against the register-blocked loops even on tiles (and in
+// problems) that have no block mask.
+__device__ __noinline__ bool block_allows(const std::uint8_t* mask, std::int64_t block_q,
+                                          std::int64_t block_kv, std::int64_t seq_kv,
+                                          std::int64_t row, std::int64_t col) {
+    AttentionProblem masked;
+    masked.seq_kv = seq_kv;
+    masked.block_mask = {mask, block_q, block_kv};
+    return masked.block_visible(row, col);
+}
+
+// The online softmax of FlashAttention-2 on this thread's rows of S_ij (registers):
+//   m_new = max(m, rowmax S), alpha = exp(m - m_new), P = exp(S - m_new) -> shared memory,
+//   l = alpha l + rowsum P (this lane's part), O = alpha O.
+// kMasked (partial tiles and the ragged last tile): masked keys and keys past N_kv get -inf, and
+// their P is stored as the masked marker; other tiles skip both tests.
+template <class C, bool kMasked>
+__device__ inline void online_softmax_tile(const AttentionProblem& p, float (&s)[C::TM][C::TN],
+                                           float (&m)[C::TM], float (&l)[C::TM],
+                                           float (&o)[C::TM][C::TD], float* P_ij, int rg, int cg,
+                                           TileRange rows, TileRange cols, float scale) {
+#pragma unroll
+    for (int t = 0; t < C::TM; ++t) {
+        const int r = rg + C::RG * t;
+        float row_max = neg_infinity();
+#pragma unroll
+        for (int u = 0; u < C::TN; ++u) {
+            float x = s[t][u] * scale;
+            if constexpr (kMasked) {
+                const std::int64_t row = rows.begin + r, col = cols.begin + cg + C::CG * u;
+                // p.key_visible(row, col), with the block-mask part out of line
+                const bool visible =
+                    row < p.seq_q && col < p.seq_kv && p.causal_visible(row, col) &&
+                    (!p.block_mask.active() ||
+                     block_allows(p.block_mask.data, p.block_mask.block_q, p.block_mask.block_kv,
+                                  p.seq_kv, row, col));
+                x = visible ? x : neg_infinity();
+            }
+            s[t][u] = x;
+            row_max = nan_max(row_max, x);
+        }
+        row_max = lanes_max<C::CG>(row_max);
+        const float m_new = nan_max(m[t], row_max);
+        const float alpha = exp_shifted(m[t], m_new);  // rescales what came before
+        m[t] = m_new;
+        float row_sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < C::TN; ++u) {
+            const float prob = exp_shifted(s[t][u], m_new);
+            row_sum += prob;
+            float& entry = P_ij[r * C::P_STRIDE + cg + C::CG * u];
+            if constexpr (kMasked)
+                entry = s[t][u] == neg_infinity() ? masked_p() : prob;
+            else
+                entry = prob;
+        }
+        l[t] = alpha * l[t] + row_sum;
+#pragma unroll
+        for (int c = 0; c < C::TD; ++c) o[t][c] *= alpha;
+    }
+}
+
 // One thread block = one query tile Q_i of one (batch, head).
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
@@ -212,39 +275,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         float s[C::TM][C::TN];
         qk_micro_tile<C>(Q_i, K_j, rg, cg, s);
 
-#pragma unroll
-        for (int t = 0; t < C::TM; ++t) {
-            const int r = rg + C::RG * t;
-            const std::int64_t row = rows.begin + r;
-            float row_max = neg_infinity();
-#pragma unroll
-            for (int u = 0; u < C::TN; ++u) {
-                float x = s[t][u] * scale;
-                if (needs_mask) {
-                    const std::int64_t col = cols.begin + cg + C::CG * u;
-                    const bool visible =
-                        row < p.seq_q && col < p.seq_kv && p.key_visible(row, col);
-                    x = visible ? x : neg_infinity();
-                }
-                s[t][u] = x;
-                row_max = nan_max(row_max, x);
-            }
-            row_max = lanes_max<C::CG>(row_max);
-            const float m_new = nan_max(m[t], row_max);
-            const float alpha = exp_shifted(m[t], m_new);  // rescales what came before
-            m[t] = m_new;
-            float row_sum = 0.0f;
-#pragma unroll
-            for (int u = 0; u < C::TN; ++u) {
-                const float prob = exp_shifted(s[t][u], m_new);
-                row_sum += prob;
-                P_ij[r * C::P_STRIDE + cg + C::CG * u] =
-                    s[t][u] == neg_infinity() ? masked_p() : prob;
-            }
-            l[t] = alpha * l[t] + row_sum;
-#pragma unroll
-            for (int c = 0; c < C::TD; ++c) o[t][c] *= alpha;
-        }
+        if (needs_mask)
+            online_softmax_tile<C, true>(p, s, m, l, o, P_ij, rg, cg, rows, cols, scale);
+        else
+            online_softmax_tile<C, false>(p, s, m, l, o, P_ij, rg, cg, rows, cols, scale);
 
         cp_async_wait_all();
         __syncthreads();  // V_j has landed, P_ij is complete, nobody reads K_j any more
@@ -316,18 +350,18 @@ template <class C>
 constexpr Fa2Variant variant(const char* name) {
     return {name, C::D, C::SMEM_BYTES, &launch_fa2<C>};
 }
+// The first entry for each D is the default; the others stay for the tuning comparison that
+// docs/cuda_fp32_notes.md records (every one of them is checked by tests/test_cuda.cpp).
 //                         D   Br  Bc  threads  blocks/SM  TM
 const Fa2Variant kVariants[] = {
-    variant<Fa2Config<64, 128, 64, 256, 1>>("d64_128x64"),
     variant<Fa2Config<64, 128, 32, 256, 2>>("d64_128x32_2b"),
-    variant<Fa2Config<64, 64, 64, 128, 3>>("d64_64x64_t128_3b"),
+    variant<Fa2Config<64, 128, 64, 256, 1>>("d64_128x64"),
+    variant<Fa2Config<64, 128, 64, 512, 1>>("d64_128x64_t512"),
     variant<Fa2Config<64, 64, 32, 128, 4>>("d64_64x32_t128_4b"),
-    variant<Fa2Config<64, 128, 32, 128, 3, 8>>("d64_tm8_128x32_t128_3b"),
-    variant<Fa2Config<64, 128, 64, 128, 2, 8>>("d64_tm8_128x64_t128_2b"),
-    variant<Fa2Config<128, 128, 64, 256, 1>>("d128_128x64"),
     variant<Fa2Config<128, 128, 32, 256, 1>>("d128_128x32"),
+    variant<Fa2Config<128, 128, 64, 256, 1>>("d128_128x64"),
+    variant<Fa2Config<128, 128, 64, 512, 1>>("d128_128x64_t512"),
     variant<Fa2Config<128, 64, 32, 128, 2>>("d128_64x32_t128_2b"),
-    variant<Fa2Config<128, 64, 64, 256, 1>>("d128_64x64_cg16"),
     variant<Fa2Config<256, 64, 64, 256, 1>>("d256_64x64"),
 };
 
@@ -341,6 +375,16 @@ const Fa2Variant& choose_variant(std::int64_t dim) {
     }
     return *first;  // validate() guarantees dim <= 256, which the last variant covers
 }
+
+}  // namespace
+
+std::vector<Fa2VariantInfo> fa2_variants() {
+    std::vector<Fa2VariantInfo> list;
+    for (const Fa2Variant& v : kVariants) list.push_back({v.name, v.max_dim});
+    return list;
+}
+
+namespace {
 
 class PreparedFa2 final : public PreparedCuda {
 public:

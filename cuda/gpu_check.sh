@@ -10,7 +10,11 @@
 # Usage: cuda/gpu_check.sh [DEPS_PREFIX]
 #   DEPS_PREFIX (or $FLASHATTN_DEPS): a prefix with Eigen/Catch2/CLI11/nlohmann-json CMake
 #   packages, passed as CMAKE_PREFIX_PATH. Environment: OUT, BUILD_DIR (default build/gpu),
-#   CUDA_ARCH (default 90a), SKIP_BUILD=1 (use an existing build), QUICK=1 (bar shapes only).
+#   CUDA_ARCH (default 90a), SKIP_BUILD=1 (use an existing build), QUICK=1 (bar shapes only),
+#   FA2_VARIANTS=a,b (also time these cuda-fa2 configurations at the bar shapes),
+#   COMPARE_ARGS="..." (more compare_torch.py options, e.g. shorter sweeps),
+#   STEP_TIMEOUT=seconds (limit for each test/sanitizer step; default none),
+#   SANITIZERS="memcheck racecheck" (default: memcheck racecheck synccheck).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build/gpu_check}
@@ -32,8 +36,7 @@ step() {  # step NAME LOGFILE COMMAND...: run, log, remember PASS/FAIL
     fi
 }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
-    | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 
 if [ -z "${SKIP_BUILD:-}" ]; then
     step "build" build.log bash -c "cmake -S . -B '$BUILD_DIR' -DCMAKE_BUILD_TYPE=Release \
@@ -42,13 +45,15 @@ if [ -z "${SKIP_BUILD:-}" ]; then
 fi
 BIN=$BUILD_DIR/bin
 
-step "CUDA tests (test_cuda, all)" test_cuda.log "$BIN/test_cuda" --durations yes
-for tool in memcheck racecheck synccheck; do
+LIMIT=${STEP_TIMEOUT:+timeout $STEP_TIMEOUT}
+step "CUDA tests (test_cuda, all)" test_cuda.log $LIMIT "$BIN/test_cuda" --durations yes
+for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
     step "compute-sanitizer $tool [sanitize]" "sanitizer_$tool.log" \
-        compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/test_cuda" "[sanitize]"
+        $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/test_cuda" "[sanitize]"
 done
 step "compare with PyTorch" compare_torch.log \
-    python3 cuda/compare_torch.py --bin-dir "$BIN" --out "$OUT" ${QUICK:+--quick}
+    python3 cuda/compare_torch.py --bin-dir "$BIN" --out "$OUT" ${QUICK:+--quick} \
+    ${FA2_VARIANTS:+--variants "$FA2_VARIANTS"} ${COMPARE_ARGS:-}
 
 echo
 cat "$OUT/compare_torch.txt" 2>/dev/null

@@ -8,6 +8,7 @@
 // compute-sanitizer (memcheck, racecheck, synccheck).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -15,6 +16,7 @@
 
 #include "common/tiling.hpp"
 #include "cuda/fa1.hpp"
+#include "cuda/fa2.hpp"
 #include "cuda/prepared.hpp"
 #include "helpers.hpp"
 
@@ -121,6 +123,26 @@ TEST_CASE("cuda-fa1: block sizes from the device's M, from a given M, or given d
                     << ", Bc = " << plan.blocks.Bc);
         CHECK(plan.smem_bytes <= cuda::device_limits().smem_per_block_optin);
         check_against_reference(fa1, p);
+    }
+}
+
+TEST_CASE("cuda-fa2: every compiled kernel configuration matches float64 attention", "[quick]") {
+    // FLASHATTN_FA2_VARIANT picks a configuration other than the default (the tuning knob); each
+    // one must be as correct as the default, on its own range of d.
+    struct RestoreVariant {
+        ~RestoreVariant() { unsetenv("FLASHATTN_FA2_VARIANT"); }
+    } restore;
+    const Backend& fa2 = find_backend("cuda-fa2");
+    std::mt19937 gen(Catch::rngSeed() + 23);
+    for (const cuda::Fa2VariantInfo& v : cuda::fa2_variants()) {
+        setenv("FLASHATTN_FA2_VARIANT", v.name.c_str(), 1);
+        INFO("variant " << v.name);
+        for (std::int64_t d : {v.max_dim / 2 + 1, v.max_dim - 5, v.max_dim})
+            for (bool causal : {false, true})
+                check_against_reference(fa2, make(2, 2, 1, 203, 333, d, causal));
+        AttentionProblem p = make(1, 2, 2, 300, 250, v.max_dim - 1, true);
+        RandomMask mask(p, 1 + gen() % 90, 1 + gen() % 90, gen, false);
+        check_against_reference(fa2, p);
     }
 }
 
