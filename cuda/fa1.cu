@@ -33,9 +33,18 @@
 // query blocks sees it); per-key masking only on partial tiles. A masked key is left out of
 // P~ V_j on those tiles (masked_p), so a NaN in a V row a query row does not attend stays out.
 //
-// Weaknesses (honest): one K/V tile resident at a time and no copy/compute overlap (the
-// paper's algorithm, not a tuned kernel); 1 block per SM (the tiles fill M by design); d is
-// rounded up to a multiple of 4; Br = min(Bc, d) makes tiny d (d = 1 -> Br = 1) very slow.
+// Versions (H100, B=4 H=32 N=4096 d=64, non-causal; docs/cuda_fp32_notes.md):
+//   v1  lines 10-11 by one warp per row (a serial chain of shuffles per row)       41.8 ms
+//   v2  lines 9-11 fused: each row's statistics in the registers of the lanes that
+//       computed its scores; Q_i, m_i, l_i of the next step fetched during line 12  32.2 ms
+//   v3  clamped V/O column reads instead of selects, deeper unrolling               31.0 ms
+//   (cuda-standard: 28.7 ms)
+//
+// Weaknesses (honest): slower than cuda-standard's cuBLAS without a mask (0.92x at d = 64,
+// 0.60x at d = 128) though faster with the causal mask (1.3x at N = 4096); 1 block of 8 warps
+// per SM (the tiles fill M by design), latency-bound (ncu: issue slots 53% busy); K_j, V_j are
+// not overlapped with the previous step; d is rounded up to a multiple of 4; Br = min(Bc, d)
+// makes tiny d (d = 1 -> Br = 1) very slow.
 #include <algorithm>
 #include <limits>
 #include <memory>

@@ -23,14 +23,27 @@
 //   O = alpha * O + P V_j               FMAs; on tiles with masked keys, a masked key is skipped
 // End: O / l (normalize_output), LSE = m + log l (log_sum_exp), one write each.
 //
-// Shapes: head dim d is padded to D = 64, 128 or 256 with zeros (cp.async zero-fill), any N >= 1;
-// Br x Bc = 128 x 64 (D <= 128) or 64 x 64 (D = 256). Causal query blocks are scheduled
-// heaviest-first (the last query block sees the most keys).
+// Shapes: head dim d is padded to D = 64, 128 or 256 with zeros (cp.async zero-fill), any N >= 1.
+// Default tiles, the fastest of the compiled configurations on an H100 (kVariants below):
+//   D = 64:  Br x Bc = 128 x 32, 256 threads, 2 blocks per SM
+//   D = 128: Br x Bc = 128 x 64, 512 threads, 1 block per SM (16 warps)
+//   D = 256: Br x Bc =  64 x 64, 256 threads
+// Blocks of one head are consecutive (K/V reuse in L2); inside a head the last query block runs
+// first (under the causal mask it sees the most keys).
 //
-// Weaknesses (honest): plain FP32 FMAs only (no tensor cores; fp32 3xTF32 would be faster);
-// d = 1..63 does the work of D = 64; each thread classifies tiles itself (with a block mask that
-// reads the mask bytes redundantly); D = 256 needs ~214 KB of shared memory per block, which
-// Hopper has and Ampere (163 KB) does not -- the backend says so instead of launching.
+// Versions (H100, B=4 H=32 N=4096 d=64 / B=4 H=16 N=4096 d=128, non-causal; notes in
+// docs/cuda_fp32_notes.md):
+//   v1  128 x 64 tiles, 256 threads for every D:                  21.2 ms / 19.8 ms
+//   v2  masked and unmasked softmax paths, block-mask lookup out
+//       of line, per-D tile configurations (above):                18.7 ms / 17.3 ms
+//   v3  head-major block order (K/V from L2): written after the last GPU run, not yet measured.
+//
+// Weaknesses (honest): plain FP32 FMAs only, ~45% of the FFMA peak; PyTorch's fp32
+// EFFICIENT_ATTENTION uses tensor cores (3xTF32) and stays ahead, most at d = 128. Latency-bound
+// at 8-16 warps per SM (ncu: issue slots 58% busy). d = 1..63 does the work of D = 64; each
+// thread classifies tiles itself (with a block mask that reads the mask bytes redundantly);
+// D = 256 needs ~214 KB of shared memory per block, which Hopper has and Ampere (163 KB) does
+// not -- the backend says so instead of launching.
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -221,13 +234,15 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     float* V_j = K_j + C::Bc * C::K_STRIDE;
     float* P_ij = V_j + C::Bc * C::V_STRIDE;
 
-    // Which (b, h, i): the query tiles of all heads for the last i come first (heaviest under
-    // the causal mask), so the long blocks start early and the short ones fill the tail.
-    const std::int64_t pairs = p.batch * p.heads;
+    // Which (b, h, i): consecutive blocks are the query tiles of one head, so the blocks that
+    // run at the same time share K and V and read them from L2, not HBM (a head-minor order
+    // read K, V from HBM once per query tile: 3.7x less traffic than cuda-standard instead of
+    // >9x, docs/cuda_fp32_notes.md). Inside a head the last tile comes first: under the causal
+    // mask it sees the most keys, so the long blocks start early and short ones fill the tail.
     const std::int64_t Tr = tile_count(p.seq_q, C::Br);
     const std::int64_t Tc = tile_count(p.seq_kv, C::Bc);
-    const std::int64_t bh = blockIdx.x % pairs;
-    const std::int64_t i = Tr - 1 - blockIdx.x / pairs;
+    const std::int64_t bh = blockIdx.x / Tr;
+    const std::int64_t i = Tr - 1 - blockIdx.x % Tr;
     const std::int64_t b = bh / p.heads, h = bh % p.heads;
     const TileRange rows = tile_range(i, C::Br, p.seq_q);
     const std::int64_t d = p.dim;
@@ -358,9 +373,9 @@ const Fa2Variant kVariants[] = {
     variant<Fa2Config<64, 128, 64, 256, 1>>("d64_128x64"),
     variant<Fa2Config<64, 128, 64, 512, 1>>("d64_128x64_t512"),
     variant<Fa2Config<64, 64, 32, 128, 4>>("d64_64x32_t128_4b"),
+    variant<Fa2Config<128, 128, 64, 512, 1>>("d128_128x64_t512"),
     variant<Fa2Config<128, 128, 32, 256, 1>>("d128_128x32"),
     variant<Fa2Config<128, 128, 64, 256, 1>>("d128_128x64"),
-    variant<Fa2Config<128, 128, 64, 512, 1>>("d128_128x64_t512"),
     variant<Fa2Config<128, 64, 32, 128, 2>>("d128_64x32_t128_2b"),
     variant<Fa2Config<256, 64, 64, 256, 1>>("d256_64x64"),
 };
