@@ -65,7 +65,9 @@ namespace {
 constexpr int kThreads = 256;  // 16 x 16 threads, each owning a 4 x 4 micro-tile of a 64 x 64 chunk
 constexpr int kChunk = 64;
 
-__host__ __device__ inline int round_up4(std::int64_t x) { return static_cast<int>((x + 3) / 4 * 4); }
+__host__ __device__ inline int round_up4(std::int64_t x) {
+    return static_cast<int>((x + 3) / 4 * 4);
+}
 
 // Where each "SRAM" buffer of Algorithm 1 sits in shared memory (offsets and strides in floats).
 // Rows are padded so float4 reads stay aligned and lanes reading different rows hit different
@@ -203,9 +205,10 @@ __device__ __forceinline__ void scores_and_statistics(
 // and written back to HBM. Each thread computes a 4 x 4 micro-tile of P~ V_j per 64 x 64 chunk;
 // its O_i values are requested from HBM before the products so their latency is hidden.
 template <bool kSkipMasked>
-__device__ __forceinline__ void update_output(const Fa1Layout& L, const float* P_tilde, const float* V_j,
-                              const float* l_i, const SoftmaxMerge* merged, float* O_i, int br,
-                              int bc) {
+__device__ __forceinline__ void update_output(const Fa1Layout& L, const float* P_tilde,
+                                              const float* V_j, const float* l_i,
+                                              const SoftmaxMerge* merged, float* O_i, int br,
+                                              int bc) {
     const int rg = threadIdx.x / 16, cg = threadIdx.x % 16;
     const int d = L.d, bc4 = round_up4(bc);
     const bool vector_io = d % 4 == 0;
@@ -310,7 +313,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale = p.softmax_scale();
 
     // Alg1 L2: O = 0, l = 0, m = -inf (this block's rows)
-    for (std::int64_t e = tid; e < my_rows.size() * d; e += kThreads) O[my_rows.begin * d + e] = 0.0f;
+    for (std::int64_t e = tid; e < my_rows.size() * d; e += kThreads)
+        O[my_rows.begin * d + e] = 0.0f;
     for (std::int64_t r = my_rows.begin + tid; r < my_rows.end; r += kThreads) {
         l_hbm[r] = 0.0f;
         m_hbm[r] = neg_infinity();
@@ -497,17 +501,10 @@ private:
 }  // namespace
 
 Backend cuda_fa1_backend() {
-    Backend b;
-    b.name = "cuda-fa1";
-    b.device = "cuda";
-    b.summary = "Algorithm 1 on the GPU: K/V blocks outer, Q blocks inner, O/l/m in HBM, "
-                "Br/Bc from the device's M";
-    b.dtypes = {DType::f32};
-    b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                   DType dtype) -> std::unique_ptr<PreparedAttention> {
-        return std::make_unique<PreparedFa1>(p, Q, K, V, dtype);
-    };
-    return b;
+    return make_cuda_backend<PreparedFa1>(
+        "cuda-fa1",
+        "Algorithm 1 on the GPU: K/V blocks outer, Q blocks inner, O/l/m in HBM, "
+        "Br/Bc from the device's M");
 }
 
 }  // namespace flashattn::cuda

@@ -427,17 +427,10 @@ private:
 }  // namespace
 
 Backend cuda_fa2_backend() {
-    Backend b;
-    b.name = "cuda-fa2";
-    b.device = "cuda";
-    b.summary = "FlashAttention-2 in fp32: Q tile resident, K/V streamed (cp.async), "
-                "register micro-tiles";
-    b.dtypes = {DType::f32};
-    b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                   DType dtype) -> std::unique_ptr<PreparedAttention> {
-        return std::make_unique<PreparedFa2>(p, Q, K, V, dtype);
-    };
-    return b;
+    return make_cuda_backend<PreparedFa2>(
+        "cuda-fa2",
+        "FlashAttention-2 in fp32: Q tile resident, K/V streamed (cp.async), "
+        "register micro-tiles");
 }
 
 }  // namespace flashattn::cuda

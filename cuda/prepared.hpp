@@ -13,7 +13,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "cpu/backend.hpp"
 #include "cuda/device_buffer.hpp"
@@ -57,5 +59,21 @@ protected:
 private:
     std::size_t workspace_bytes_ = 0;
 };
+
+// A Backend entry whose prepare() constructs a `Prepared` (a PreparedCuda subclass taking
+// (problem, Q, K, V, dtype)); the CUDA counterpart of cpu_backend().
+template <class Prepared>
+Backend make_cuda_backend(std::string name, std::string summary) {
+    Backend b;
+    b.name = std::move(name);
+    b.device = "cuda";
+    b.summary = std::move(summary);
+    b.dtypes = {DType::f32};
+    b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                   DType dtype) -> std::unique_ptr<PreparedAttention> {
+        return std::make_unique<Prepared>(p, Q, K, V, dtype);
+    };
+    return b;
+}
 
 }  // namespace flashattn::cuda

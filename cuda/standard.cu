@@ -147,16 +147,10 @@ private:
 }  // namespace
 
 Backend cuda_standard_backend() {
-    Backend b;
-    b.name = "cuda-standard";
-    b.device = "cuda";
-    b.summary = "Algorithm 0 on the GPU: cuBLAS SGEMMs (no TF32) + softmax kernel, S/P in HBM";
-    b.dtypes = {DType::f32};
-    b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                   DType dtype) -> std::unique_ptr<PreparedAttention> {
-        return std::make_unique<PreparedStandard>(p, Q, K, V, dtype);
-    };
-    return b;
+    return make_cuda_backend<PreparedStandard>(
+        "cuda-standard",
+        "Algorithm 0 on the GPU: cuBLAS SGEMMs (no TF32) + softmax kernel, "
+        "S/P in HBM");
 }
 
 }  // namespace flashattn::cuda

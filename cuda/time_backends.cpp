@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
 
         std::vector<const Backend*> backends;
         std::stringstream names(backends_csv);
-        for (std::string name; std::getline(names, name, ',');) backends.push_back(&find_backend(name));
+        for (std::string name; std::getline(names, name, ',');)
+            backends.push_back(&find_backend(name));
         const ProblemData in = random_problem_data(p, 2022);
         std::vector<std::unique_ptr<PreparedAttention>> prepared;
         for (const Backend* b : backends)
@@ -62,12 +63,14 @@ int main(int argc, char** argv) {
                 prepared[k]->execute();
                 const auto stop = std::chrono::steady_clock::now();
                 if (r >= warmup)
-                    ms[k].push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+                    ms[k].push_back(
+                        std::chrono::duration<double, std::milli>(stop - start).count());
             }
         for (std::size_t k = 0; k < backends.size(); ++k) {
             std::vector<double> t = ms[k];
             std::sort(t.begin(), t.end());
             const double median = t.empty() ? 0 : t[t.size() / 2];
+            const double gflops = median > 0 ? cli::attention_flops(p) / median / 1e6 : 0;
             nlohmann::json row = {{"backend", backends[k]->name}, {"batch", p.batch},
                                   {"heads", p.heads}, {"heads_kv", p.heads_kv},
                                   {"seq_q", p.seq_q}, {"seq_kv", p.seq_kv}, {"dim", p.dim},
@@ -76,7 +79,7 @@ int main(int argc, char** argv) {
                                   {"sram_bytes", sram_bytes}, {"repeat", repeat},
                                   {"median_ms", median}, {"min_ms", t.empty() ? 0 : t.front()},
                                   {"max_ms", t.empty() ? 0 : t.back()},
-                                  {"gflops", median > 0 ? cli::attention_flops(p) / median / 1e6 : 0},
+                                  {"gflops", gflops},
                                   {"extra_bytes", prepared[k]->extra_bytes()}};
             std::cout << row.dump() << std::endl;
         }

@@ -60,7 +60,8 @@ TEST_CASE("cuda backends match float64 attention on the odd-shape grid", "[grid]
     for (auto [Nq, Nkv] : seqs)
         for (std::int64_t d : {1, 3, 59, 64, 111, 128, 256}) {
             const bool big = Nq * Nkv * d > 20'000'000;  // keep the CPU reference quick
-            check_against_reference(backend, make(big ? 1 : 2, big ? 1 : 3, big ? 1 : 3, Nq, Nkv, d));
+            const std::int64_t BH = big ? 1 : 3;
+            check_against_reference(backend, make(big ? 1 : 2, BH, BH, Nq, Nkv, d));
         }
 }
 
@@ -219,7 +220,9 @@ TEST_CASE("cuda backends: repeated runs give bitwise identical results", "[quick
             prepared->fetch(first.data(), first_lse.data());
             for (int run = 0; run < 3; ++run) {
                 // A fresh preparation every other run: new allocations, same answer.
-                if (run % 2) prepared = backend.prepare(p, in.Q.data(), in.K.data(), in.V.data(), DType::f32);
+                if (run % 2)
+                    prepared =
+                        backend.prepare(p, in.Q.data(), in.K.data(), in.V.data(), DType::f32);
                 prepared->execute();
                 prepared->fetch(again.data(), again_lse.data());
                 INFO(name << " d=" << d << (causal ? " causal" : "") << " run " << run);
