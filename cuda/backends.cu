@@ -1,18 +1,27 @@
-// cuda/backends.cu — registers the CUDA backends (the kernels land in later files).
+// cuda/backends.cu — registers the CUDA backends (one file per kernel: standard.cu, fa1.cu, fa2.cu).
 #include "cuda/backends.hpp"
 
 #include <cuda_runtime.h>
+
+#include "cuda/fa1.hpp"
+#include "cuda/fa2.hpp"
+#include "cuda/standard.hpp"
 
 namespace flashattn {
 
 bool cuda_device_available() {
     int count = 0;
-    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    const bool found = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    (void)cudaGetLastError();  // "no device" must not stay behind as a pending error
+    return found;
 }
 
 std::vector<Backend> cuda_backends() {
     std::vector<Backend> list;
     if (!cuda_device_available()) return list;
+    list.push_back(cuda::cuda_standard_backend());
+    list.push_back(cuda::cuda_fa1_backend());
+    list.push_back(cuda::cuda_fa2_backend());
     return list;
 }
 

@@ -1,0 +1,23 @@
+// cuda/fa2.hpp — cuda-fa2, FlashAttention-2 in float32 with register micro-tiles (see fa2.cu).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cpu/backend.hpp"
+
+namespace flashattn::cuda {
+
+// The compiled kernel configurations ("d64_128x32_2b": D = 64, Br x Bc = 128 x 32, 2 blocks per
+// SM, ...). The first one whose max_dim covers d is the default; the environment variable
+// FLASHATTN_FA2_VARIANT=<name> selects another one that covers d (for tuning and its tests).
+struct Fa2VariantInfo {
+    std::string name;
+    int max_dim;
+};
+std::vector<Fa2VariantInfo> fa2_variants();
+
+// Supports every head dimension 1..256 (padded to 64, 128 or 256 inside the kernel).
+Backend cuda_fa2_backend();
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,79 @@
+// cuda/prepared.hpp — what every CUDA backend does around its kernels: upload the inputs, hold the
+// outputs and working memory on the device, synchronize, download.
+//
+// prepare() (the constructor) copies Q, K, V and the block mask to the device and allocates O and
+// LSE *poisoned* (every byte 0xFF, a NaN), so an element a kernel forgets to write is seen by the
+// tests. execute() is each backend's own (launch, then synchronize()). fetch() copies O and LSE
+// back. Working memory beyond inputs and outputs (S and P of cuda-standard, l and m of cuda-fa1)
+// is allocated through workspace(), which counts its bytes for extra_bytes().
+//
+// These backends compute in float32 only: a request for f16/bf16 is refused with
+// std::invalid_argument (cuda-tc is the tensor-core backend for those).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "cpu/backend.hpp"
+#include "cuda/device_buffer.hpp"
+
+namespace flashattn::cuda {
+
+// What the kernels need to know about the current device (queried once per process).
+struct DeviceLimits {
+    int sm_count = 0;
+    std::size_t smem_per_block_optin = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes
+};
+const DeviceLimits& device_limits();
+
+class PreparedCuda : public PreparedAttention {
+public:
+    // Validates the problem (std::invalid_argument) and the dtype, then uploads everything.
+    PreparedCuda(const std::string& backend_name, const AttentionProblem& problem, const float* Q,
+                 const float* K, const float* V, DType dtype);
+
+    void fetch(float* O, float* lse) override;
+    std::size_t extra_bytes() const override { return workspace_bytes_; }
+
+protected:
+    // Device working memory, counted for extra_bytes().
+    template <class T>
+    DeviceBuffer<T> workspace(std::size_t count) {
+        DeviceBuffer<T> buffer(count);
+        workspace_bytes_ += buffer.bytes();
+        return buffer;
+    }
+    // Waits for the device and turns any asynchronous error (a fault inside a kernel) into an
+    // exception. Every execute() ends with it: execute() blocks until the result is complete.
+    static void synchronize();
+
+    // The problem as the kernels see it: block_mask.data points to the device copy of the mask,
+    // so host code must not read through it.
+    AttentionProblem problem_;
+    DeviceBuffer<float> Q_, K_, V_, O_, lse_;
+    DeviceBuffer<std::uint8_t> mask_;
+
+private:
+    std::size_t workspace_bytes_ = 0;
+};
+
+// A Backend entry whose prepare() constructs a `Prepared` (a PreparedCuda subclass taking
+// (problem, Q, K, V, dtype)); the CUDA counterpart of cpu_backend().
+template <class Prepared>
+Backend make_cuda_backend(std::string name, std::string summary) {
+    Backend b;
+    b.name = std::move(name);
+    b.device = "cuda";
+    b.summary = std::move(summary);
+    b.dtypes = {DType::f32};
+    b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                   DType dtype) -> std::unique_ptr<PreparedAttention> {
+        return std::make_unique<Prepared>(p, Q, K, V, dtype);
+    };
+    return b;
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,156 @@
+// cuda/standard.cu — cuda-standard: the paper's Algorithm 0 (standard attention) on the GPU, the
+// baseline FlashAttention is measured against.
+//
+//   line 1: S = Q K^T            cuBLAS SGEMM (strided-batched), written to HBM   (N_q x N_kv)
+//   line 2: P = softmax(S)       one warp per row, read S from HBM, write P over it
+//   line 3: O = P V              cuBLAS SGEMM, reading P from HBM
+//
+// S and P are materialized in global memory: B*H*N_q*N_kv floats (P overwrites S in place, so
+// the N^2 buffer is allocated once; it is still written, read, written and read again, which is
+// the HBM traffic of Algorithm 0). extra_bytes() reports that buffer.
+//
+// Float32 baseline: cuBLAS runs with CUBLAS_DEFAULT_MATH, which never uses TF32 tensor cores, so
+// these are real FP32 FMAs like the flash kernels (PyTorch's MATH backend in fp32 with
+// allow_tf32 = False is the same computation).
+//
+// GQA/MQA: the g = H / H_kv query heads that share one K/V head are adjacent in Q's (B, H, N_q, d)
+// layout, so they form one (g*N_q) x d matrix; S and O are laid out the same way. One GEMM per
+// K/V head then serves the whole group, and a strided batch runs over the B*H_kv K/V heads.
+//
+// Row-major vs cuBLAS's column-major: a row-major (r x c) matrix is a column-major (c x r) one,
+// so S = Q K^T (row-major) is computed as S^T = K Q^T (column-major), and O = P V as O^T = V^T P^T.
+//
+// The softmax (line 2) uses the common online-softmax rule: each lane folds its keys into a
+// running (m, l) with merge_softmax, the lanes' states are merged the same way, then
+// P = exp(S - m) / l. Masks are applied while reading S (bottom-right causal, block mask).
+// A fully masked row gives P = 0 (so O = 0) and LSE = -inf; a NaN score makes the row NaN.
+//
+// Weakness (documented, not fixed): the P V GEMM multiplies masked keys by P = 0, so a NaN or
+// inf in a V row that some query row masks still leaks into that row (0 * NaN = NaN) -- as in
+// PyTorch's MATH backend. The flash kernels leave masked keys out of the sum instead.
+#include <cublas_v2.h>
+
+#include <limits>
+#include <memory>
+#include <stdexcept>
+
+#include "cuda/check.hpp"
+#include "cuda/prepared.hpp"
+#include "cuda/softmax_device.cuh"
+#include "cuda/standard.hpp"
+
+namespace flashattn::cuda {
+namespace {
+
+constexpr int kSoftmaxWarps = 8;  // rows per block of the softmax kernel
+
+// Algorithm 0 line 2 for one row of S per warp: P = softmax(S) in place, and LSE.
+__global__ void softmax_rows_kernel(const AttentionProblem p, float* __restrict__ S,
+                                    float* __restrict__ lse) {
+    const int lane = threadIdx.x % 32;
+    const std::int64_t row = std::int64_t{blockIdx.x} * kSoftmaxWarps + threadIdx.x / 32;
+    if (row >= p.batch * p.heads * p.seq_q) return;  // whole warps leave together
+    const std::int64_t i = row % p.seq_q;            // query index inside its (b, h)
+    const bool masked = p.causal || p.block_mask.active();
+    float* S_row = S + row * p.seq_kv;
+
+    // The score of key j as Algorithm 0 sees it: masked keys are -inf.
+    const auto score = [&](std::int64_t j) {
+        const float s = S_row[j];
+        return masked && !p.key_visible(i, j) ? neg_infinity() : s;
+    };
+
+    // m = max_j S_ij and l = sum_j exp(S_ij - m) in one pass: every key is a block of one
+    // element, (m, l) = (s, 1), merged into the lane's running state (eqs. 17/18).
+    SoftmaxState state;
+    for (std::int64_t j = lane; j < p.seq_kv; j += 32) {
+        const float s = score(j);
+        const SoftmaxMerge merged = merge_softmax(state, {s, s == neg_infinity() ? 0.0f : 1.0f});
+        state = {merged.m_new, merged.l_new};
+    }
+    state = warp_merge(state);
+
+    for (std::int64_t j = lane; j < p.seq_kv; j += 32)
+        S_row[j] = normalize_output(exp_shifted(score(j), state.m), state.l);  // P_ij
+    if (lane == 0) lse[row] = log_sum_exp(state);
+}
+
+class CublasHandle {
+public:
+    CublasHandle() {
+        FA_CUBLAS_CHECK(cublasCreate(&handle_));
+        // No TF32: this is the float32 baseline.
+        FA_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+    }
+    ~CublasHandle() { (void)cublasDestroy(handle_); }
+    CublasHandle(const CublasHandle&) = delete;
+    CublasHandle& operator=(const CublasHandle&) = delete;
+    cublasHandle_t get() const { return handle_; }
+
+private:
+    cublasHandle_t handle_ = nullptr;
+};
+
+int checked_int(std::int64_t v, const char* what) {
+    if (v > std::numeric_limits<int>::max())
+        throw std::invalid_argument(std::string(what) + " = " + std::to_string(v) +
+                                    ": too large for a cuBLAS dimension (2^31 - 1)");
+    return static_cast<int>(v);
+}
+
+class PreparedStandard final : public PreparedCuda {
+public:
+    PreparedStandard(const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                     DType dtype)
+        : PreparedCuda("cuda-standard", p, Q, K, V, dtype) {
+        S_ = workspace<float>(static_cast<std::size_t>(p.batch * p.heads * p.seq_q * p.seq_kv));
+    }
+
+    void execute() override {
+        const AttentionProblem& p = problem_;
+        const int d = checked_int(p.dim, "dim");
+        const int n_kv = checked_int(p.seq_kv, "seq_kv");
+        const int group_rows = checked_int(p.group_size() * p.seq_q, "(heads/heads_kv)*seq_q");
+        const int kv_heads = checked_int(p.batch * p.heads_kv, "batch*heads_kv");
+        const long long q_stride = static_cast<long long>(group_rows) * d;   // one group of Q or O
+        const long long kv_stride = static_cast<long long>(n_kv) * d;        // one K/V head
+        const long long s_stride = static_cast<long long>(group_rows) * n_kv;  // one group of S
+        const float scale = p.softmax_scale(), one = 1.0f, zero = 0.0f;
+
+        // Line 1: S^T (N_kv x g*N_q, column-major) = K (as d x N_kv, transposed) * Q^T (d x g*N_q).
+        FA_CUBLAS_CHECK(cublasSgemmStridedBatched(
+            cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, n_kv, group_rows, d, &scale, K_.data(), d,
+            kv_stride, Q_.data(), d, q_stride, &zero, S_.data(), n_kv, s_stride, kv_heads));
+
+        // Line 2: P = softmax(S), in place, and LSE.
+        const std::int64_t rows = p.batch * p.heads * p.seq_q;
+        const std::int64_t blocks = (rows + kSoftmaxWarps - 1) / kSoftmaxWarps;
+        if (blocks > std::numeric_limits<int>::max())
+            throw std::invalid_argument("batch*heads*seq_q = " + std::to_string(rows) +
+                                        ": too many rows for one softmax launch");
+        softmax_rows_kernel<<<static_cast<unsigned>(blocks), kSoftmaxWarps * 32>>>(
+            p, S_.data(), lse_.data());
+        FA_CUDA_CHECK_LAUNCH();
+
+        // Line 3: O^T (d x g*N_q) = V^T (d x N_kv) * P^T (N_kv x g*N_q).
+        FA_CUBLAS_CHECK(cublasSgemmStridedBatched(
+            cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, d, group_rows, n_kv, &one, V_.data(), d,
+            kv_stride, S_.data(), n_kv, s_stride, &zero, O_.data(), d, q_stride, kv_heads));
+        synchronize();
+    }
+
+private:
+    CublasHandle cublas_;
+    DeviceBuffer<float> S_;  // S, then P in place: the N_q x N_kv matrices of Algorithm 0
+};
+
+}  // namespace
+
+Backend cuda_standard_backend() {
+    return make_cuda_backend<PreparedStandard>(
+        "cuda-standard",
+        "Algorithm 0 on the GPU: cuBLAS SGEMMs (no TF32) + softmax kernel, "
+        "S/P in HBM");
+}
+
+}  // namespace flashattn::cuda

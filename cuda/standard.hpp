@@ -1,0 +1,10 @@
+// cuda/standard.hpp — cuda-standard, Algorithm 0 with cuBLAS (see standard.cu).
+#pragma once
+
+#include "cpu/backend.hpp"
+
+namespace flashattn::cuda {
+
+Backend cuda_standard_backend();
+
+}  // namespace flashattn::cuda
