@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/tc_backend.hpp"
+
 namespace flashattn {
 
 bool cuda_device_available() {
@@ -13,6 +15,7 @@ bool cuda_device_available() {
 std::vector<Backend> cuda_backends() {
     std::vector<Backend> list;
     if (!cuda_device_available()) return list;
+    list.push_back(tc::tc_backend());
     return list;
 }
 
