@@ -26,18 +26,22 @@ std::string TcTileShape::name() const {
 namespace {
 
 // ---- the compiled tile shapes ------------------------------------------------------------------
-// Why these defaults (docs/cuda_tc.md has the measurements):
-//   * Br = 128: every CTA streams all of K and V of its head through L2 once, so the L2 traffic is
-//     4 N_kv d bytes per Br query rows; Br = 64 would double it, and at d = 128 that would come
-//     close to what L2 delivers on an H100.
-//   * 4 warps of 2 row tiles (32 rows) each, as FlashAttention-2 does: every K/V fragment read from
-//     shared memory feeds two mma's, which halves the shared-memory traffic per FLOP compared with
-//     8 warps of 16 rows (there, ldmatrix bandwidth caps the kernel near 70% of mma peak).
-//   * Bc = 64, 2 stages: S takes Bc/2 registers per row tile beside O_i (d/2); this fits in 255
-//     registers without spilling up to d = 128. At d = 256, O_i alone takes 128 registers for one
-//     row tile, so that tile is 8 warps x 1 row tile with Bc = 32, and Q_i stays in shared memory.
-// The alternative shapes (fp16, d = 64 and 128) are compiled so that tc_bench can compare them
-// on the device; they are used only when asked for.
+// Why these defaults (measured on an H200; docs/cuda_tc.md has the tables):
+//   * Br = 128 everywhere: every CTA streams all of K and V of its head through L2 once, so the
+//     L2 traffic is 4 N_kv d bytes per Br query rows; Br = 64 would double it.
+//   * d <= 64: 4 warps of 2 row tiles (32 rows) each, as FlashAttention-2 does: every K/V fragment
+//     read from shared memory feeds two mma's, and Q_i (d/2 registers) still fits in registers.
+//     Measured 5-12% faster than 8 warps of one row tile.
+//   * d = 96, 128: 8 warps of one row tile. Two row tiles would need O_i (2 x d/2 registers) + S
+//     (2 x Bc/2) beside each other, which spills at d = 128 (372 bytes, 860 MB of local-memory
+//     traffic per call in Nsight Compute); one row tile fits in 246 registers with Q_i in registers
+//     and was 7-11% faster.
+//   * Bc = 64, 2 stages: a third stage bought nothing (the copy of tile j+1 already hides behind the
+//     math of tile j); Bc = 32 or 128 were slower or spilled.
+//   * d = 256: O_i alone takes 128 registers for one row tile, so Bc = 32 and Q_i stays in shared
+//     memory.
+// The alternative shapes (fp16, d = 64 and 128) are compiled so that tc_bench can compare them on
+// the device; they are used only when asked for.
 struct CompiledTile {
     std::int64_t dim;
     TcTileShape shape;
@@ -50,12 +54,12 @@ const std::vector<CompiledTile>& compiled_tiles() {
         {64, {4, 2, 64, 2}, false},
         {64, {4, 2, 64, 3}, true},
         {64, {8, 1, 64, 2}, true},
-        {64, {8, 1, 128, 2}, true},
-        {96, {4, 2, 64, 2}, false},
-        {128, {4, 2, 64, 2}, false},
-        {128, {4, 2, 64, 3}, true},
-        {128, {4, 2, 32, 2}, true},
-        {128, {8, 1, 64, 2}, true},
+        {64, {8, 2, 64, 2}, true},
+        {96, {8, 1, 64, 2}, false},
+        {128, {8, 1, 64, 2}, false},
+        {128, {8, 1, 64, 3}, true},
+        {128, {8, 1, 32, 2}, true},
+        {128, {4, 2, 64, 2}, true},
         {256, {8, 1, 32, 2}, false},
     };
     return tiles;
@@ -110,15 +114,15 @@ bool dispatch(std::int64_t dim, const TcTileShape& s, const TcParams& params) {
             if constexpr (f16)
                 return launch_if<T, 64, 4, 2, 64, 3, kTuning>(s, params) ||
                        launch_if<T, 64, 8, 1, 64, 2, kTuning>(s, params) ||
-                       launch_if<T, 64, 8, 1, 128, 2, kTuning>(s, params);
+                       launch_if<T, 64, 8, 2, 64, 2, kTuning>(s, params);
             return false;
-        case 96: return launch_if<T, 96, 4, 2, 64, 2>(s, params);
+        case 96: return launch_if<T, 96, 8, 1, 64, 2>(s, params);
         case 128:
-            if (launch_if<T, 128, 4, 2, 64, 2>(s, params)) return true;
+            if (launch_if<T, 128, 8, 1, 64, 2>(s, params)) return true;
             if constexpr (f16)
-                return launch_if<T, 128, 4, 2, 64, 3, kTuning>(s, params) ||
-                       launch_if<T, 128, 4, 2, 32, 2, kTuning>(s, params) ||
-                       launch_if<T, 128, 8, 1, 64, 2, kTuning>(s, params);
+                return launch_if<T, 128, 8, 1, 64, 3, kTuning>(s, params) ||
+                       launch_if<T, 128, 8, 1, 32, 2, kTuning>(s, params) ||
+                       launch_if<T, 128, 4, 2, 64, 2, kTuning>(s, params);
             return false;
         case 256: return launch_if<T, 256, 8, 1, 32, 2>(s, params);
         default: return false;
