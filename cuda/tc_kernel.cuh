@@ -253,11 +253,21 @@ template <class Cfg>
 __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
                                                float (&l)[2], float (&O)[Cfg::D / 8][4],
                                                float scale_log2) {
-    float m_new[2] = {m[0], m[1]};
+    // The lane's maximum of each row, as a pairwise tree: log2(Bc / 4) dependent steps instead of
+    // a chain of Bc / 4 (each step waits for the previous result).
+    constexpr int kNT = Cfg::Bc / 8;
+    float part[2][kNT];
 #pragma unroll
-    for (int nt = 0; nt < Cfg::Bc / 8; ++nt)
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) m_new[e / 2] = nan_max(m_new[e / 2], S[nt][e]);
+        for (int r = 0; r < 2; ++r) part[r][nt] = nan_max(S[nt][2 * r], S[nt][2 * r + 1]);
+#pragma unroll
+    for (int width = kNT / 2; width >= 1; width /= 2)
+#pragma unroll
+        for (int nt = 0; nt < width; ++nt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) part[r][nt] = nan_max(part[r][nt], part[r][nt + width]);
+    float m_new[2] = {nan_max(m[0], part[0][0]), nan_max(m[1], part[1][0])};
     // The 4 lanes of a quad hold the same two rows: combine their maxima.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -277,12 +287,22 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
 #pragma unroll
         for (int e = 0; e < 4; ++e) O[dt][e] *= old_scale[e / 2];
 #pragma unroll
-    for (int nt = 0; nt < Cfg::Bc / 8; ++nt)
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            S[nt][e] = exp2_shifted(S[nt][e], shift[e / 2], scale_log2);
-            l[e / 2] += S[nt][e];
-        }
+        for (int e = 0; e < 4; ++e) S[nt][e] = exp2_shifted(S[nt][e], shift[e / 2], scale_log2);
+    // rowsum(P~), the same pairwise tree.
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) part[r][nt] = S[nt][2 * r] + S[nt][2 * r + 1];
+#pragma unroll
+    for (int width = kNT / 2; width >= 1; width /= 2)
+#pragma unroll
+        for (int nt = 0; nt < width; ++nt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) part[r][nt] += part[r][nt + width];
+    l[0] += part[0][0];
+    l[1] += part[1][0];
 }
 
 // FA2 L10 (second half): O_i += P~_ij V_j. P~ (fp32, in S's registers) is rounded to T and packed
