@@ -2,13 +2,17 @@
 # cuda/tc_device_run.sh — everything cuda-tc needs checked on a GPU machine, in one command:
 # build (Hopper), the cuda-tc test suite, compute-sanitizer (memcheck, racecheck, synccheck) on
 # small cases, the side-by-side timing table against PyTorch (cuda/compare_tc.py), and optionally
-# an Nsight Compute profile and the SASS of the default kernels. Logs go to $OUT (default
-# /tmp/tc_out); a short summary is printed last.
+# an Nsight Compute profile and the SASS of the default kernels. Logs are written to a scratch
+# folder and packed into $OUT/logs.tar.gz (the device tool returns at most 8 files); the tables,
+# the profile and the SASS are also copied to $OUT; a short summary is printed last.
 #
 #   OUT=/tmp/tc_out DEPS=/path/to/deps bash cuda/tc_device_run.sh [--no-tests] [--ncu] [--sass]
+# DEPS: a prefix holding the Debian Eigen, Catch2 2.x (with lib/libCatch2WithMain.a, which its
+# CMake package file requires), CLI11 and nlohmann-json packages.
 set -uo pipefail
-OUT=${OUT:-/tmp/tc_out}
-mkdir -p "$OUT"
+FINAL_OUT=${OUT:-/tmp/tc_out}
+OUT=$(mktemp -d /tmp/tc_logs.XXXX)
+mkdir -p "$FINAL_OUT"
 RUN_TESTS=1 NCU=0 SASS=0
 for arg in "$@"; do
   case $arg in
@@ -26,7 +30,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS
 start=$(date +%s)
 # Keep going past a failing target: the timing needs only tc_bench.
 cmake --build build -j16 -- -k > "$OUT/build.log" 2>&1 || grep -B2 -A6 "error" "$OUT/build.log" | head -60
-[ -x build/bin/tc_bench ] || exit 1
+[ -x build/bin/tc_bench ] || { tar -czf "$FINAL_OUT/logs.tar.gz" -C "$OUT" .; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 
 B=build/bin/tc_bench
@@ -57,7 +61,7 @@ if [ $NCU = 1 ]; then
 fi
 if [ $SASS = 1 ]; then
   obj=$(find build -name "tc_attention.cu.o" | head -1)
-  cuobjdump -sass "$obj" | awk '/Function :/ {keep = ($0 ~ /Li64ELi4ELi2ELi64ELi2EEELb0E/ || $0 ~ /Li128ELi4ELi2ELi64ELi2EEELb0E/) && $0 ~ /6__half/} keep' \
+  cuobjdump -sass "$obj" | awk '/Function :/ {keep = ($0 ~ /Li64ELi4ELi2ELi64ELi2EEELb0E/ || $0 ~ /Li128ELi8ELi1ELi64ELi2EEELb0E/) && $0 ~ /6__half/} keep' \
     | gzip > "$OUT/sass.txt.gz"
 fi
 
@@ -69,3 +73,7 @@ grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT"/*check*.log 2>/dev/null
 [ -f "$OUT/ncu.txt" ] && grep -E "tc_forward|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|hmma_cycles|pipe_xu|bank_conflicts|wavefronts|local_op|Registers Per|Achieved Occupancy|Theoretical Occupancy" "$OUT/ncu.txt" | head -60
 tail -5 "$OUT/compare.err"
 cat "$OUT/compare.txt"
+tar -czf "$FINAL_OUT/logs.tar.gz" -C "$OUT" .
+cp "$OUT"/compare.txt "$OUT"/compare.json "$FINAL_OUT"/ 2>/dev/null
+[ -f "$OUT/ncu.txt" ] && cp "$OUT/ncu.txt" "$FINAL_OUT"/
+[ -f "$OUT/sass.txt.gz" ] && cp "$OUT/sass.txt.gz" "$FINAL_OUT"/

@@ -28,8 +28,9 @@
 //    spread over the lanes in the C-fragment layout (see tc_ptx.cuh): lane (g, t) holds rows g and
 //    g + 8, columns 2t, 2t+1 of every 8-column block. So a row's values are shared by the 4 lanes
 //    of a "quad", and a row reduction (max, sum) is 2 shuffles, not a loop over d. With 2 row
-//    tiles per warp (the default, as in FlashAttention-2) every K_j / V_j fragment a warp reads
-//    from shared memory feeds two mma's, which halves the shared-memory traffic per FLOP.
+//    tiles per warp (as in FlashAttention-2; the default at d <= 64, where it fits the registers)
+//    every K_j / V_j fragment a warp reads from shared memory feeds two mma's, which halves the
+//    shared-memory traffic per FLOP.
 //  * Both products on tensor cores. S = Q_i K_j^T and P~ V_j are sums of mma.sync m16n8k16
 //    products (16-bit inputs, fp32 accumulators). The operands come from shared memory through
 //    ldmatrix, which delivers them already in fragment order (.trans for V, which is stored
@@ -50,10 +51,13 @@
 //  * l_i is kept per lane (a partial row sum over the lane's columns) and summed over the quad only
 //    once, in write_output: the rescale factor is the same for the whole row, so partial sums
 //    rescale independently.
-//  * Masks cost nothing where they cannot apply: classify_tile (common/tiling.hpp) tells, per warp
-//    and key tile, whether the tile is fully visible (no per-element test), partly visible
-//    (mask_scores writes -inf), or invisible (skipped: with causal masking the j loop stops at the
-//    diagonal; with a block mask invisible tiles are neither loaded nor multiplied).
+//  * Masks cost nothing where they cannot apply: classify_causal / classify_tile (common/tiling.hpp)
+//    tell, per warp and key tile, whether the tile is fully visible (no per-element test), partly
+//    visible (mask_scores writes -inf), or invisible (skipped: with causal masking the j loop stops
+//    at the diagonal; with a block mask invisible tiles are neither loaded nor multiplied). Block
+//    masks get their own kernel instance (kBlockMask), so the others carry none of that code.
+//  * Reductions as trees: a lane's row maximum and row sum over its Bc/4 entries take log2(Bc/4)
+//    dependent steps instead of a chain of Bc/4 (measured +3-8% at d = 64, docs/cuda_tc.md).
 #pragma once
 
 #include <cstdint>
@@ -237,7 +241,10 @@ __device__ __forceinline__ void mask_scores(float (&S)[Cfg::Bc / 8][4], const At
             for (int e = 0; e < 4; ++e) {
                 const int row = row0 + lane / 4 + 8 * (e / 2);
                 const int col = col0 + 8 * nt + 2 * (lane % 4) + e % 2;
-                if (col >= p.seq_kv || !p.key_visible(row, col)) S[nt][e] = -INFINITY;
+                // Rows past N_q (padding of the last query tile, never stored) must not index
+                // the block mask: its row of blocks does not exist.
+                if (row >= p.seq_q || col >= p.seq_kv || !p.key_visible(row, col))
+                    S[nt][e] = -INFINITY;
             }
     }
 }
