@@ -27,14 +27,47 @@ namespace flashattn {
 FA_HOST_DEVICE inline float neg_infinity() { return -INFINITY; }
 
 // max that propagates NaN (fmaxf and std::max would silently drop it and hide a bad input).
+// On sm_80+ GPUs the same rule is one instruction (max.NaN), which matters in the tensor-core
+// kernel, where a row maximum is taken for every score.
 FA_HOST_DEVICE inline float nan_max(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
     if (a != a || b != b) return a + b;  // NaN + anything is NaN
     return a > b ? a : b;
+#endif
 }
 
 // exp(x - m) for x <= m, with exp(-inf - m) = 0 even when m is -inf too (a fully masked row).
 FA_HOST_DEVICE inline float exp_shifted(float x, float m) {
     return x == -INFINITY ? 0.0f : expf(x - m);
+}
+
+// FlashAttention-2's fast form of exp_shifted, for kernels that keep raw scores s = q.k (the
+// softmax scale not yet applied) and a row maximum m of raw scores:
+//     exp(scale (s - m)) = 2^(s c - m c),   c = scale * log2(e) > 0,
+// one fused multiply-add and one hardware 2^x per score (ex2.approx on NVIDIA GPUs, relative error
+// ~2^-22) instead of a multiply, a subtract and a full-precision expf. The shift m c is computed
+// once per row by exp2_shift and is 0 when m = -inf (a row whose keys are all masked so far), so
+// a masked score (-inf) still gives exactly 0 and nothing becomes NaN, as with exp_shifted; a NaN
+// score or a NaN maximum gives NaN. c must be positive: then max(s c) = c max(s).
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+FA_HOST_DEVICE inline float exp2_shift(float m, float scale_log2) {
+    return m == -INFINITY ? 0.0f : m * scale_log2;
+}
+
+FA_HOST_DEVICE inline float exp2_shifted(float s, float shift, float scale_log2) {
+    const float x = s * scale_log2 - shift;  // contracted to one FFMA on the GPU
+#if defined(__CUDA_ARCH__)
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    return std::exp2(x);
+#endif
 }
 
 // (m, l) of one row: the running maximum and the running sum of exp(s - m).

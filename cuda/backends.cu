@@ -6,6 +6,7 @@
 #include "cuda/fa1.hpp"
 #include "cuda/fa2.hpp"
 #include "cuda/standard.hpp"
+#include "cuda/tc_backend.hpp"
 
 namespace flashattn {
 
@@ -22,6 +23,7 @@ std::vector<Backend> cuda_backends() {
     list.push_back(cuda::cuda_standard_backend());
     list.push_back(cuda::cuda_fa1_backend());
     list.push_back(cuda::cuda_fa2_backend());
+    list.push_back(tc::tc_backend());
     return list;
 }
 

@@ -114,3 +114,31 @@ TEST_CASE("huge finite logits stay finite and exact") {
     CHECK(r.l_new == 1.0f);  // exp(-2e4) underflows to 0 exactly
     CHECK(log_sum_exp({r.m_new, r.l_new}) == 1e4f);
 }
+
+TEST_CASE("exp2_shifted (raw scores, scale folded into log2 e) equals exp_shifted of scaled scores") {
+    std::mt19937 gen(Catch::rngSeed() + 29);
+    std::normal_distribution<float> dist(0.0f, 30.0f);
+    for (float scale : {0.125f, 0.3f, 1.0f, 8.0f}) {
+        const float c = scale * kLog2e;
+        for (int trial = 0; trial < 1000; ++trial) {
+            const float m = dist(gen);
+            const float s = std::min(m, dist(gen));  // s <= m, as in a row
+            const double got = exp2_shifted(s, exp2_shift(m, c), c);
+            const double want = std::exp((double(s) - double(m)) * scale);
+            // float arguments s c and m c carry rounding errors of 2^-24 |s c| and 2^-24 |m c|:
+            // that much relative error in the result is inherent (exp_shifted has it too).
+            const double tol = 1e-6 + 3 * std::ldexp(1.0, -24) * (std::fabs(s) + std::fabs(m)) * scale;
+            INFO("s = " << s << ", m = " << m << ", scale = " << scale);
+            CHECK(std::fabs(got - want) <= tol * want + 1e-37);
+        }
+    }
+    // The conventions exp_shifted has: a masked score gives 0, also in a row masked so far.
+    const float c = 0.125f * kLog2e;
+    CHECK(exp2_shift(-INFINITY, c) == 0.0f);
+    CHECK(exp2_shifted(-INFINITY, exp2_shift(-INFINITY, c), c) == 0.0f);
+    CHECK(exp2_shifted(-INFINITY, exp2_shift(3.0f, c), c) == 0.0f);
+    CHECK(exp2_shifted(3.0f, exp2_shift(3.0f, c), c) == 1.0f);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    CHECK(std::isnan(exp2_shifted(nan, exp2_shift(3.0f, c), c)));
+    CHECK(std::isnan(exp2_shifted(1.0f, exp2_shift(nan, c), c)));
+}

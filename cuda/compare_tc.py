@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""cuda/compare_tc.py -- cuda-tc against PyTorch's FlashAttention-2 (and cuDNN) on one GPU, in one command.
+
+    python3 cuda/compare_tc.py --tc-bench build/bin/tc_bench [--repeat 30] [--dtypes f16,bf16]
+                               [--tiles] [--json results.json]
+
+The grid is FlashAttention's own benchmark: 16k tokens per batch, hidden size 2048, so
+d = 64 -> 32 heads and d = 128 -> 16 heads, B = 16384 / N, N in {1024, 2048, 4096, 8192},
+causal and not. Throughput counts FLOPs = 4 B H N^2 d, halved for causal.
+
+For each (d, causal, dtype) group, tc_bench (cuda/tc_bench.cu) times cuda-tc on device-generated
+inputs, then this process times torch.nn.functional.scaled_dot_product_attention under
+sdpa_kernel(FLASH_ATTENTION) and sdpa_kernel(CUDNN_ATTENTION) on random inputs of the same shape:
+the same method for all (CUDA events around each call after warm-up, median of --repeat calls),
+alternating between the two programs group by group on the same GPU. The table is printed last,
+with the geometric mean of cuda-tc / PyTorch-flash over the fp16 grid (the bar: >= 0.8, and no
+configuration below 0.6). --tiles also times every compiled tile shape of cuda-tc (fp16).
+"""
+import argparse
+import datetime
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+SEQS = [1024, 2048, 4096, 8192]
+DIMS = [64, 128]
+TOKENS, HIDDEN = 16384, 2048
+
+
+def grid():
+    for d in DIMS:
+        for causal in (False, True):
+            for n in SEQS:
+                yield d, causal, n, TOKENS // n, HIDDEN // d
+
+
+def flops(b, h, n, d, causal):
+    return 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
+
+
+def run_tc_bench(exe, specs, repeat):
+    cmd = [exe, "--repeat", str(repeat)] + specs
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def time_torch(torch, fn, repeat, warmup=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def torch_rows(torch, d, causal, n, b, h, dtype, repeat):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=tdtype) for _ in range(3))
+    result = {}
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                ms = time_torch(torch, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeat)
+            result[name] = ms
+        except RuntimeError as e:  # a backend that does not support this shape/dtype
+            result[name] = None
+            print(f"# torch {name} d={d} causal={causal} N={n} {dtype}: {str(e).splitlines()[0]}", file=sys.stderr)
+    del q, k, v
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tc-bench", default="build/bin/tc_bench")
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--dtypes", default="f16,bf16")
+    ap.add_argument("--tiles", action="store_true", help="also time every compiled cuda-tc tile shape (fp16)")
+    ap.add_argument("--json", help="write every measured row to this file")
+    args = ap.parse_args()
+
+    import torch
+
+    dev = torch.cuda.get_device_name()
+    print(f"# device: {dev}; torch {torch.__version__}; date {datetime.date.today()}; repeat {args.repeat}")
+    print("# command: " + " ".join(sys.argv))
+    dtypes = args.dtypes.split(",")
+    rows = []
+    for dtype in dtypes:
+        for d in DIMS:
+            for causal in (False, True):
+                group = [(d, causal, n, b, h) for (d_, c_, n, b, h) in grid() if d_ == d and c_ == causal]
+                specs = [f"{b},{h},{n},{d},{int(causal)},{dtype}" for (d, causal, n, b, h) in group]
+                tc = run_tc_bench(args.tc_bench, specs, args.repeat)
+                for (d_, c_, n, b, h), tc_row in zip(group, tc):
+                    tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat)
+                    f = flops(b, h, n, d, causal)
+                    rows.append(dict(d=d, causal=causal, n=n, b=b, h=h, dtype=dtype, tile=tc_row["tile"],
+                                     tc_ms=tc_row["median_ms"], flash_ms=tr["flash"], cudnn_ms=tr["cudnn"],
+                                     tc_tflops=f / tc_row["median_ms"] / 1e9,
+                                     flash_tflops=f / tr["flash"] / 1e9 if tr["flash"] else None,
+                                     cudnn_tflops=f / tr["cudnn"] / 1e9 if tr["cudnn"] else None,
+                                     check_err_o=tc_row.get("check_max_err_o"),
+                                     check_err_lse=tc_row.get("check_max_err_lse")))
+
+    tile_rows = []
+    if args.tiles:
+        specs = [f"{b},{h},{n},{d},{int(c)},f16,all" for (d, c, n, b, h) in grid() if n in (2048, 8192)]
+        tile_rows = run_tc_bench(args.tc_bench, specs, args.repeat)
+        print("\n# cuda-tc tile shapes (fp16), TFLOP/s")
+        print(f"{'d':>4} {'causal':>6} {'N':>5} {'tile':>18} {'TFLOP/s':>8} {'err_O':>8}")
+        for r in tile_rows:
+            print(f"{r['dim']:>4} {str(r['causal']):>6} {r['seq_q']:>5} {r['tile']:>18} "
+                  f"{r['gflops'] / 1e3:>8.1f} {r.get('check_max_err_o', float('nan')):>8.1e}")
+
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(device=dev, torch=torch.__version__, date=str(datetime.date.today()),
+                           command=" ".join(sys.argv), rows=rows, tiles=tile_rows), fh, indent=1)
+
+    def fmt(x, spec=".1f"):
+        return "-" if x is None else format(x, spec)
+
+    print(f"\n# cuda-tc vs PyTorch SDPA on {dev} (TFLOP/s; ratio = cuda-tc / torch)")
+    print(f"{'dtype':>5} {'d':>4} {'causal':>6} {'N':>5} {'B':>3} {'H':>3} {'tile':>16} {'cuda-tc':>8} "
+          f"{'flash':>8} {'cudnn':>8} {'tc/flash':>8} {'tc/cudnn':>8} {'err_O':>8}")
+    for r in rows:
+        rf = r["tc_tflops"] / r["flash_tflops"] if r["flash_tflops"] else None
+        rc = r["tc_tflops"] / r["cudnn_tflops"] if r["cudnn_tflops"] else None
+        r["ratio_flash"], r["ratio_cudnn"] = rf, rc
+        print(f"{r['dtype']:>5} {r['d']:>4} {str(r['causal']):>6} {r['n']:>5} {r['b']:>3} {r['h']:>3} {r['tile']:>16} "
+              f"{r['tc_tflops']:>8.1f} {fmt(r['flash_tflops']):>8} {fmt(r['cudnn_tflops']):>8} "
+              f"{fmt(rf, '.3f'):>8} {fmt(rc, '.3f'):>8} {fmt(r['check_err_o'], '.1e'):>8}")
+    for dtype in dtypes:
+        ratios = [r["ratio_flash"] for r in rows if r["dtype"] == dtype and r["ratio_flash"]]
+        cud = [r["ratio_cudnn"] for r in rows if r["dtype"] == dtype and r["ratio_cudnn"]]
+        if ratios:
+            gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            line = f"# {dtype}: cuda-tc / torch-flash geomean {gm:.3f}, min {min(ratios):.3f}"
+            if cud:
+                line += f"; cuda-tc / cudnn geomean {math.exp(sum(map(math.log, cud)) / len(cud)):.3f}"
+            if dtype == "f16":
+                line += "  [bar: geomean >= 0.8 and min >= 0.6: " + \
+                        ("MET]" if gm >= 0.8 and min(ratios) >= 0.6 else "NOT MET]")
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
