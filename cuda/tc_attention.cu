@@ -13,7 +13,8 @@
 #include <type_traits>
 
 #include "common/tiling.hpp"
-#include "cuda/tc_check.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device_buffer.hpp"
 #include "cuda/tc_kernel.cuh"
 
 namespace flashattn::tc {
@@ -71,8 +72,8 @@ template <class Cfg, bool kTuning>
 void launch(const TcParams& params) {
     const AttentionProblem& p = params.problem;
     int device = 0, smem_optin = 0;
-    TC_CHECK(cudaGetDevice(&device));
-    TC_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     if (Cfg::kSmemBytes > smem_optin)
         throw std::runtime_error("cuda-tc: tile Br" + std::to_string(Cfg::Br) + "-Bc" +
                                  std::to_string(Cfg::Bc) + " at d = " + std::to_string(Cfg::D) +
@@ -87,12 +88,12 @@ void launch(const TcParams& params) {
         else
             kernel = tc_forward_kernel<Cfg, true>;
     }
-    TC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   Cfg::kSmemBytes));
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Cfg::Br)),
                     static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(params);
-    TC_CHECK(cudaGetLastError());
+    FA_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T, int D, int W, int M, int Bc, int S, bool kTuning = false>

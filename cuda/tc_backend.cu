@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "common/tiling.hpp"
-#include "cuda/tc_check.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device_buffer.hpp"
 
 namespace flashattn::tc {
 
@@ -38,11 +39,11 @@ float from_bits(std::uint16_t bits, DType dtype) {
 namespace {
 
 // Rounds n floats to 16 bits (times `sign`, exact) and copies them to a new device array.
-TcDeviceArray<std::uint16_t> upload(const float* x, std::int64_t n, DType dtype, float sign) {
+cuda::DeviceBuffer<std::uint16_t> upload(const float* x, std::int64_t n, DType dtype, float sign) {
     std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
     for (std::int64_t k = 0; k < n; ++k) bits[k] = to_bits(sign * x[k], dtype);
-    TcDeviceArray<std::uint16_t> device(bits.size());
-    TC_CHECK(cudaMemcpy(device.data(), bits.data(), device.bytes(), cudaMemcpyHostToDevice));
+    cuda::DeviceBuffer<std::uint16_t> device(bits.size());
+    FA_CUDA_CHECK(cudaMemcpy(device.data(), bits.data(), device.bytes(), cudaMemcpyHostToDevice));
     return device;
 }
 
@@ -61,8 +62,8 @@ public:
         if (p.block_mask.active()) {
             const std::int64_t count = tile_count(p.seq_q, p.block_mask.block_q) *
                                        tile_count(p.seq_kv, p.block_mask.block_kv);
-            mask_ = TcDeviceArray<std::uint8_t>(static_cast<std::size_t>(count));
-            TC_CHECK(cudaMemcpy(mask_.data(), p.block_mask.data, mask_.bytes(),
+            mask_ = cuda::DeviceBuffer<std::uint8_t>(static_cast<std::size_t>(count));
+            FA_CUDA_CHECK(cudaMemcpy(mask_.data(), p.block_mask.data, mask_.bytes(),
                                 cudaMemcpyHostToDevice));
             args_.problem.block_mask.data = mask_.data();
         }
@@ -72,18 +73,18 @@ public:
         args_.O = o_.data();
         args_.lse = lse_.data();
         // Poisoned outputs (all-ones bytes are NaN): an element the kernel skips shows up.
-        TC_CHECK(cudaMemset(o_.data(), 0xFF, o_.bytes()));
-        TC_CHECK(cudaMemset(lse_.data(), 0xFF, lse_.bytes()));
+        FA_CUDA_CHECK(cudaMemset(o_.data(), 0xFF, o_.bytes()));
+        FA_CUDA_CHECK(cudaMemset(lse_.data(), 0xFF, lse_.bytes()));
     }
 
     void execute() override {
         tc_forward(args_, tile_);
-        TC_CHECK(cudaDeviceSynchronize());
+        FA_CUDA_CHECK(cudaDeviceSynchronize());
     }
 
     void fetch(float* O, float* lse) override {
-        TC_CHECK(cudaMemcpy(O, o_.data(), o_.bytes(), cudaMemcpyDeviceToHost));
-        if (lse) TC_CHECK(cudaMemcpy(lse, lse_.data(), lse_.bytes(), cudaMemcpyDeviceToHost));
+        FA_CUDA_CHECK(cudaMemcpy(O, o_.data(), o_.bytes(), cudaMemcpyDeviceToHost));
+        if (lse) FA_CUDA_CHECK(cudaMemcpy(lse, lse_.data(), lse_.bytes(), cudaMemcpyDeviceToHost));
     }
 
     // The kernel keeps everything in registers and shared memory: no working memory in HBM.
@@ -91,9 +92,9 @@ public:
 
 private:
     TcTileShape tile_;
-    TcDeviceArray<std::uint16_t> q_, k_, v_;
-    TcDeviceArray<float> o_, lse_;
-    TcDeviceArray<std::uint8_t> mask_;
+    cuda::DeviceBuffer<std::uint16_t> q_, k_, v_;
+    cuda::DeviceBuffer<float> o_, lse_;
+    cuda::DeviceBuffer<std::uint8_t> mask_;
     TcDeviceArgs args_;
 };
 

@@ -26,7 +26,8 @@
 
 #include "cuda/tc_attention.hpp"
 #include "cuda/tc_backend.hpp"
-#include "cuda/tc_check.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device_buffer.hpp"
 
 using namespace flashattn;
 using namespace flashattn::tc;
@@ -86,13 +87,13 @@ void fill(void* x, std::int64_t n, DType dtype, std::uint64_t seed) {
         fill_random<<<1024, 256>>>(static_cast<__half*>(x), n, seed);
     else
         fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x), n, seed);
-    TC_CHECK(cudaGetLastError());
+    FA_CUDA_CHECK(cudaGetLastError());
 }
 
 std::vector<float> download(const std::uint16_t* device, std::int64_t offset, std::int64_t n,
                             DType dtype) {
     std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
-    TC_CHECK(cudaMemcpy(bits.data(), device + offset, n * 2, cudaMemcpyDeviceToHost));
+    FA_CUDA_CHECK(cudaMemcpy(bits.data(), device + offset, n * 2, cudaMemcpyDeviceToHost));
     std::vector<float> values(bits.size());
     for (std::size_t k = 0; k < bits.size(); ++k) values[k] = from_bits(bits[k], dtype);
     return values;
@@ -114,9 +115,9 @@ std::pair<double, double> spot_check(const Spec& s, const TcDeviceArgs& a, std::
                                 p.seq_kv * p.dim, s.dtype);
         std::vector<float> o(p.dim);
         float lse = 0;
-        TC_CHECK(cudaMemcpy(o.data(), a.O + p.q_offset(b, h) + i * p.dim, p.dim * 4,
+        FA_CUDA_CHECK(cudaMemcpy(o.data(), a.O + p.q_offset(b, h) + i * p.dim, p.dim * 4,
                             cudaMemcpyDeviceToHost));
-        TC_CHECK(cudaMemcpy(&lse, a.lse + p.lse_offset(b, h) + i, 4, cudaMemcpyDeviceToHost));
+        FA_CUDA_CHECK(cudaMemcpy(&lse, a.lse + p.lse_offset(b, h) + i, 4, cudaMemcpyDeviceToHost));
         std::vector<double> scores;
         double m = -INFINITY;
         for (std::int64_t j = 0; j < p.seq_kv && p.causal_visible(i, j); ++j) {
@@ -141,8 +142,8 @@ std::pair<double, double> spot_check(const Spec& s, const TcDeviceArgs& a, std::
 
 void run(const Spec& s, int warmup, int repeat, bool check) {
     const AttentionProblem& p = s.problem;
-    TcDeviceArray<std::uint16_t> Q(p.q_elements()), K(p.kv_elements()), V(p.kv_elements());
-    TcDeviceArray<float> O(p.q_elements()), lse(p.lse_elements());
+    cuda::DeviceBuffer<std::uint16_t> Q(p.q_elements()), K(p.kv_elements()), V(p.kv_elements());
+    cuda::DeviceBuffer<float> O(p.q_elements()), lse(p.lse_elements());
     fill(Q.data(), p.q_elements(), s.dtype, 1);
     fill(K.data(), p.kv_elements(), s.dtype, 2);
     fill(V.data(), p.kv_elements(), s.dtype, 3);
@@ -152,19 +153,19 @@ void run(const Spec& s, int warmup, int repeat, bool check) {
     a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.O = O.data(), a.lse = lse.data();
 
     cudaEvent_t start, stop;
-    TC_CHECK(cudaEventCreate(&start));
-    TC_CHECK(cudaEventCreate(&stop));
+    FA_CUDA_CHECK(cudaEventCreate(&start));
+    FA_CUDA_CHECK(cudaEventCreate(&stop));
     for (int r = 0; r < warmup; ++r) tc_forward(a, s.tile);
     std::vector<float> ms(static_cast<std::size_t>(repeat));
     for (float& t : ms) {
-        TC_CHECK(cudaEventRecord(start));
+        FA_CUDA_CHECK(cudaEventRecord(start));
         tc_forward(a, s.tile);
-        TC_CHECK(cudaEventRecord(stop));
-        TC_CHECK(cudaEventSynchronize(stop));
-        TC_CHECK(cudaEventElapsedTime(&t, start, stop));
+        FA_CUDA_CHECK(cudaEventRecord(stop));
+        FA_CUDA_CHECK(cudaEventSynchronize(stop));
+        FA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
     }
-    TC_CHECK(cudaEventDestroy(start));
-    TC_CHECK(cudaEventDestroy(stop));
+    FA_CUDA_CHECK(cudaEventDestroy(start));
+    FA_CUDA_CHECK(cudaEventDestroy(stop));
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
     const double flops = 4.0 * p.batch * p.heads * double(p.seq_q) * p.seq_kv * p.dim *
