@@ -10,6 +10,14 @@ bool cuda_device_available() {
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
+std::string cuda_device_name() {
+    int device = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+        return "cuda";
+    return prop.name;
+}
+
 std::vector<Backend> cuda_backends() {
     std::vector<Backend> list;
     if (!cuda_device_available()) return list;
