@@ -12,7 +12,7 @@
 // Their edge cases are exactly those of the scalar rule: a masked score (-inf) gives 0 even when
 // m = -inf (a row with no visible key so far), a NaN stays NaN, and exponents x - m <= 0 never
 // overflow. The only difference is the exponential itself: libm's expf does not vectorize, so
-// exp_nonpositive() below computes it with a polynomial (within ~1 ulp of expf on [-87, 0]; results
+// exp_nonpositive() below computes it with a polynomial (within ~1 ulp of exp on [-87, 0]; results
 // below e^-87 ~ 1.6e-38, i.e. subnormal, are flushed to 0).
 //
 // GCC vectorizes these loops only with -fno-trapping-math (set for the CPU library in
@@ -38,21 +38,20 @@ inline To bit_cast(From from) {
 
 }  // namespace detail
 
-// exp(t) for t <= 0 (t > 0 is clamped at 88, NaN stays NaN), in plain arithmetic that vectorizes.
-// Range reduction: t = n ln2 + r with n = round(t / ln2) and |r| <= ln2 / 2, so exp(t) = 2^n e^r;
-// e^r from Cephes' degree-6 polynomial for expf; 2^n is built directly in the exponent bits.
+// exp(t) for t <= 0 (and NaN -> NaN), in plain arithmetic that vectorizes; 0 below -87, where
+// exp(t) < 1.7e-38 would be subnormal. Range reduction: t = n ln2 + r with n = round(t / ln2) and
+// |r| <= ln2 / 2, so exp(t) = 2^n e^r; e^r from Cephes' polynomial for expf; 2^n is built directly
+// in the exponent bits. No clamping of t: below -87 the arithmetic may produce garbage, which the
+// final select throws away (a select, not arithmetic, so no garbage NaN can leak).
 inline float exp_nonpositive(float t) {
-    constexpr float kLowest = -87.0f;      // 2^n stays a normal float down to here
-    constexpr float kHighest = 88.0f;      // e^88 < FLT_MAX
+    constexpr float kLowest = -87.0f;      // from here up, n >= -126 and 2^n is a normal float
     constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-    float x = t < kLowest ? kLowest : t;
-    x = x > kHighest ? kHighest : x;
-    // n = round(x / ln2), found as the low bits of x/ln2 + 1.5 * 2^23 (no float-to-int conversion,
+    // n = round(t / ln2), found as the low bits of t/ln2 + 1.5 * 2^23 (no float-to-int conversion,
     // so a NaN passes through without undefined behaviour).
-    const float shifted = x * 1.44269504088896341f + kRound;
+    const float shifted = t * 1.44269504088896341f + kRound;
     const float n = shifted - kRound;
-    // r = x - n ln2, with ln2 split in two (0.693359375 is exact in 9 bits) to keep r accurate.
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    // r = t - n ln2, with ln2 split in two (0.693359375 is exact in 9 bits) to keep r accurate.
+    const float r = (t - n * 0.693359375f) + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -60,7 +59,8 @@ inline float exp_nonpositive(float t) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     const float exp_r = (p * r) * r + r + 1.0f;
-    const std::uint32_t n_bits = detail::bit_cast<std::uint32_t>(shifted) - 0x4B400000u;  // n
+    // The low bits of `shifted` hold n + 0x4B400000; exponent field n + 127 makes 2^n.
+    const std::uint32_t n_bits = detail::bit_cast<std::uint32_t>(shifted) - 0x4B400000u;
     const float two_to_n = detail::bit_cast<float>((n_bits + 127u) << 23);
     return t < kLowest ? 0.0f : exp_r * two_to_n;
 }
