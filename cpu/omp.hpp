@@ -30,8 +30,8 @@ struct OmpPlan {
     std::int64_t thread_floats = 0;  // floats of one thread's tile buffers
 };
 
-// Block sizes chosen for the cache hierarchy (docs/omp.md): Bc so that K_j and V_j together take
-// 64 KiB, Br = 64; both multiples of 16 and within [16, 512].
+// Block sizes chosen for the cache hierarchy (docs/omp.md): Br = 128, Bc = 256 for d <= 128 and
+// less for larger d, so that K_j and V_j together stay within 256 KiB; multiples of 16.
 BlockSizes omp_cache_blocks(std::int64_t dim);
 
 // The problem's own tile sizes win (block_q/block_kv, or Algorithm 1 line 1 on sram_floats, as
