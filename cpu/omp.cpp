@@ -45,9 +45,9 @@ std::int64_t round_up(std::int64_t n, std::int64_t multiple) {
 // alignment boundaries; equal alignment keeps the results equal whichever thread runs a tile.)
 struct ThreadTiles {
     WorkBuffer<float> storage;
-    float* S_ij = nullptr; // Br x S_stride: scores, then P_ij in place
-    float* m_i = nullptr;  // Br: running row maxima
-    float* l_i = nullptr;  // Br: running row sums
+    float* S_ij = nullptr;       // Br x S_stride: scores, then P_ij in place
+    float* m_i = nullptr;        // Br: running row maxima
+    float* l_i = nullptr;        // Br: running row sums
     WorkBuffer<float> V_finite;  // Bc x d, only when a partly masked V_j has inf/NaN rows
 
     explicit ThreadTiles(const OmpPlan& plan)
@@ -86,7 +86,8 @@ void add_pv_with_nonfinite_v(const AttentionProblem& p, TileRange rows, TileRang
     O_i.noalias() += P_ij * V_clean;
     for (std::int64_t c : bad_rows)
         for (std::int64_t r = 0; r < rows.size(); ++r)
-            if (p.key_visible(rows.begin + r, cols.begin + c)) O_i.row(r) += P_ij(r, c) * V_j.row(c);
+            if (p.key_visible(rows.begin + r, cols.begin + c))
+                O_i.row(r) += P_ij(r, c) * V_j.row(c);
 }
 
 // One work item: query tile `rows` of one (batch, head) pair, against every key/value tile.
@@ -123,14 +124,13 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
         if (visibility == TileVisibility::partial)
             for (std::int64_t r = 0; r < br; ++r)
                 for (std::int64_t c = 0; c < bc; ++c)
-                    if (!p.key_visible(rows.begin + r, cols.begin + c))
-                        S_ij(r, c) = neg_infinity();
+                    if (!p.key_visible(rows.begin + r, cols.begin + c)) S_ij(r, c) = neg_infinity();
 
         // The online-softmax rule, row by row (common/online_softmax.hpp).
         for (std::int64_t r = 0; r < br; ++r) {
             float* S_r = tiles.S_ij + r * plan.S_stride;
             const float m_new = nan_max(m_i[r], row_max(S_r, bc));
-            const float alpha = exp_shifted(m_i[r], m_new);      // rescales what came before
+            const float alpha = exp_shifted(m_i[r], m_new);         // rescales what came before
             const float row_sum = exp_shifted_row(S_r, bc, m_new);  // S_ij row -> P_ij row
             l_i[r] = alpha * l_i[r] + row_sum;
             if (alpha != 1.0f) O_i.row(r) *= alpha;  // (x * 1 == x: skipping it changes nothing)

@@ -24,9 +24,9 @@ namespace flashattn {
 
 // The tiles the omp form uses for a problem.
 struct OmpPlan {
-    BlockSizes blocks;            // Br query rows, Bc key/value rows per tile
-    std::int64_t Tr = 0, Tc = 0;  // number of query tiles and key/value tiles
-    std::int64_t S_stride = 0;    // row stride of the S_ij buffer: Bc rounded up to 64 bytes
+    BlockSizes blocks;               // Br query rows, Bc key/value rows per tile
+    std::int64_t Tr = 0, Tc = 0;     // number of query tiles and key/value tiles
+    std::int64_t S_stride = 0;       // row stride of the S_ij buffer: Bc rounded up to 64 bytes
     std::int64_t thread_floats = 0;  // floats of one thread's tile buffers
 };
 

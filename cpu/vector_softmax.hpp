@@ -84,7 +84,8 @@ inline float exp_shifted_row(float* x, std::int64_t n, float m) {
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (std::int64_t c = 0; c < n; ++c) {
-        const float e = exp_nonpositive(x[c] - m);  // computed unconditionally: no branch to vectorize
+        const float e =
+            exp_nonpositive(x[c] - m);  // computed unconditionally: no branch to vectorize
         const float p = x[c] == -INFINITY ? 0.0f : e;
         x[c] = p;
         sum += p;

@@ -31,7 +31,8 @@ std::string read_file(const fs::path& path) {
 // Runs `flashattn ARGS`, capturing stdout and stderr (files named after this process, so that
 // test processes running side by side do not share them).
 Result bench_cli(const std::string& args) {
-    const fs::path base = fs::temp_directory_path() / ("flashattn_bench_" + std::to_string(getpid()));
+    const fs::path base =
+        fs::temp_directory_path() / ("flashattn_bench_" + std::to_string(getpid()));
     const std::string out = base.string() + ".out", err = base.string() + ".err";
     const std::string cmd = std::string(FLASHATTN_EXE) + " " + args + " > " + out + " 2> " + err;
     const int raw = std::system(cmd.c_str());
@@ -41,9 +42,13 @@ Result bench_cli(const std::string& args) {
     return r;
 }
 
-std::vector<nlohmann::json> json_lines(const std::string& text) {
+// Runs `flashattn ARGS` (with --json), which must succeed, and parses each line of its output.
+std::vector<nlohmann::json> bench_json(const std::string& args) {
+    const Result r = bench_cli(args);
+    INFO("flashattn " << args << "\nstderr: " << r.err);
+    REQUIRE(r.status == 0);
     std::vector<nlohmann::json> rows;
-    std::stringstream in(text);
+    std::stringstream in(r.out);
     for (std::string line; std::getline(in, line);)
         if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
     return rows;
@@ -52,12 +57,9 @@ std::vector<nlohmann::json> json_lines(const std::string& text) {
 }  // namespace
 
 TEST_CASE("flashattn bench --json: one row per backend, in order, with every promised field") {
-    const Result r = bench_cli(
+    const std::vector<nlohmann::json> rows = bench_json(
         "bench --backends omp,standard,scalar --batch 2 --heads 4 --heads-kv 2 --seq 37 "
         "--seq-kv 53 --dim 11 --causal --repeat 3 --threads 2 --json");
-    INFO(r.err);
-    REQUIRE(r.status == 0);
-    const std::vector<nlohmann::json> rows = json_lines(r.out);
     REQUIRE(rows.size() == 3);
     const std::vector<std::string> names = {"omp", "standard", "scalar"};
     for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -88,19 +90,17 @@ TEST_CASE("flashattn bench --json: one row per backend, in order, with every pro
 
 TEST_CASE("flashattn bench: the table has a 'vs first' column; --gemm-ceiling adds the SGEMM row") {
     const Result table = bench_cli(
-        "bench --backends standard,omp --batch 1 --heads 2 --seq 64 --dim 16 --repeat 2 --dtype bf16");
+        "bench --backends standard,omp --batch 1 --heads 2 --seq 64 --dim 16 --repeat 2 --dtype "
+        "bf16");
     INFO(table.err);
     REQUIRE(table.status == 0);
     CHECK(table.out.find("vs first") != std::string::npos);
     CHECK(table.out.find("1.00x") != std::string::npos);  // the first backend against itself
     CHECK(table.out.find("omp") != std::string::npos);
 
-    const Result json = bench_cli(
+    const std::vector<nlohmann::json> rows = bench_json(
         "bench --backends omp --batch 1 --heads 1 --seq 16 --dim 8 --repeat 1 --warmup 0 "
         "--gemm-ceiling --json");
-    INFO(json.err);
-    REQUIRE(json.status == 0);
-    const std::vector<nlohmann::json> rows = json_lines(json.out);
     REQUIRE(rows.size() == 2);
     CHECK(rows[0].at("kind") == "attention");
     CHECK(rows[0].contains("gemm_ceiling_gflops"));
@@ -126,7 +126,7 @@ TEST_CASE("flashattn bench: bad options give exit 2 and a message starting with 
         "bench --backends omp" + shape + " --dtype f64",
         "bench --backends omp" + shape + " --seq-kv -4",
         "bench --backends omp --batch 1 --heads 2 --seq 16",  // no --dim
-        "bench --batch 1 --heads 2 --seq 16 --dim 8",        // no --backends
+        "bench --batch 1 --heads 2 --seq 16 --dim 8",         // no --backends
     };
     for (const std::string& args : bad) {
         const Result r = bench_cli(args);

@@ -105,7 +105,8 @@ public:
         const double s = ms_since(start_) / 1000;
         if (s < 3 || s - last_ < (tty_ ? 0.5 : 10)) return;
         last_ = s;
-        std::fprintf(stderr, tty_ ? "\rbench: %s, %.0f s   " : "bench: %s, %.0f s\n", what.c_str(), s);
+        std::fprintf(stderr, tty_ ? "\rbench: %s, %.0f s   " : "bench: %s, %.0f s\n", what.c_str(),
+                     s);
         printed_ = true;
     }
     ~Progress() {
@@ -121,7 +122,9 @@ private:
 
 void check_options(const BenchOptions& o) {
     const auto positive = [](const char* name, std::int64_t v) {
-        if (v < 1) throw std::invalid_argument(std::string(name) + " = " + std::to_string(v) + ": must be at least 1");
+        if (v < 1)
+            throw std::invalid_argument(std::string(name) + " = " + std::to_string(v) +
+                                        ": must be at least 1");
     };
     positive("--batch", o.batch);
     positive("--heads", o.heads);
@@ -132,7 +135,8 @@ void check_options(const BenchOptions& o) {
     if (o.seq_kv) positive("--seq-kv", *o.seq_kv);
     if (o.threads) positive("--threads", *o.threads);
     if (o.warmup < 0)
-        throw std::invalid_argument("--warmup = " + std::to_string(o.warmup) + ": must not be negative");
+        throw std::invalid_argument("--warmup = " + std::to_string(o.warmup) +
+                                    ": must not be negative");
 }
 
 int bench(const BenchOptions& o) {
@@ -169,19 +173,28 @@ int bench(const BenchOptions& o) {
         try {
             prepared.push_back(b->prepare(p, data.Q.data(), data.K.data(), data.V.data(), dtype));
         } catch (const std::invalid_argument& e) {
-            throw std::invalid_argument("backend " + b->name + " rejects this problem: " + e.what());
+            throw std::invalid_argument("backend " + b->name +
+                                        " rejects this problem: " + e.what());
         } catch (const std::exception& e) {
             throw std::runtime_error("backend " + b->name + " failed to prepare: " + e.what());
         }
         PreparedAttention* run = prepared.back().get();
-        contenders.push_back({b->name, b->device, device_name(b->device), [run] { run->execute(); },
-                              attention_flops(p), {}});
+        contenders.push_back({b->name,
+                              b->device,
+                              device_name(b->device),
+                              [run] { run->execute(); },
+                              attention_flops(p),
+                              {}});
     }
     std::unique_ptr<SgemmCeiling> sgemm;
     if (o.gemm_ceiling) {
         sgemm = std::make_unique<SgemmCeiling>();
-        contenders.push_back({"eigen-sgemm", "cpu", device_name("cpu"), [g = sgemm.get()] { g->run(); },
-                              SgemmCeiling::flops(), {}});
+        contenders.push_back({"eigen-sgemm",
+                              "cpu",
+                              device_name("cpu"),
+                              [g = sgemm.get()] { g->run(); },
+                              SgemmCeiling::flops(),
+                              {}});
     }
 
     // Warm-up rounds, then timed rounds; round-robin over the contenders in each.
@@ -190,9 +203,10 @@ int bench(const BenchOptions& o) {
         const int rounds = o.warmup + o.repeat;
         for (int round = 0; round < rounds; ++round)
             for (Contender& c : contenders) {
-                progress.update(round < o.warmup ? "warm-up, " + c.name
-                                                 : "round " + std::to_string(round - o.warmup + 1) +
-                                                       "/" + std::to_string(o.repeat) + ", " + c.name);
+                progress.update(round < o.warmup
+                                    ? "warm-up, " + c.name
+                                    : "round " + std::to_string(round - o.warmup + 1) + "/" +
+                                          std::to_string(o.repeat) + ", " + c.name);
                 const auto start = Clock::now();
                 try {
                     c.run();
@@ -239,21 +253,26 @@ int bench(const BenchOptions& o) {
         return 0;
     }
 
-    std::printf("flashattn bench: B=%lld H=%lld H_kv=%lld N_q=%lld N_kv=%lld d=%lld%s %s, "
-                "%d threads, %d warm-up + %d timed runs each, interleaved\n",
-                (long long)p.batch, (long long)p.heads, (long long)p.heads_kv, (long long)p.seq_q,
-                (long long)p.seq_kv, (long long)p.dim, p.causal ? " causal" : "",
-                to_string(dtype).c_str(), threads, o.warmup, o.repeat);
-    std::vector<std::string> header = {"backend", "device", "median ms", "min ms", "max ms",
-                                       "GFLOP/s", "vs first", "working mem"};
+    std::printf(
+        "flashattn bench: B=%lld H=%lld H_kv=%lld N_q=%lld N_kv=%lld d=%lld%s %s, "
+        "%d threads, %d warm-up + %d timed runs each, interleaved\n",
+        (long long)p.batch, (long long)p.heads, (long long)p.heads_kv, (long long)p.seq_q,
+        (long long)p.seq_kv, (long long)p.dim, p.causal ? " causal" : "", to_string(dtype).c_str(),
+        threads, o.warmup, o.repeat);
+    std::vector<std::string> header = {"backend", "device",  "median ms", "min ms",
+                                       "max ms",  "GFLOP/s", "vs first",  "working mem"};
     if (ceiling) header.push_back("of SGEMM");
     Table table(header);
     for (std::size_t i = 0; i < attention_rows; ++i) {
         const Contender& c = contenders[i];
         const Stats s = stats_of(c.ms);
         const double gflops = c.flops / s.median / 1e6;
-        std::vector<std::string> row = {c.name, c.device, fixed(s.median, 2), fixed(s.min, 2),
-                                        fixed(s.max, 2), fixed(gflops, 1),
+        std::vector<std::string> row = {c.name,
+                                        c.device,
+                                        fixed(s.median, 2),
+                                        fixed(s.min, 2),
+                                        fixed(s.max, 2),
+                                        fixed(gflops, 1),
                                         fixed(first.median / s.median, 2) + "x",
                                         human_bytes(prepared[i]->extra_bytes())};
         if (ceiling) row.push_back(fixed(100 * gflops / *ceiling, 0) + "%");
@@ -262,15 +281,16 @@ int bench(const BenchOptions& o) {
     table.print(std::cout);
     if (ceiling) {
         const Stats s = stats_of(contenders.back().ms);
-        std::printf("SGEMM ceiling: Eigen %ld^3 float32, %d threads: median %.2f ms (min %.2f, max "
-                    "%.2f), %.1f GFLOP/s\n",
-                    SgemmCeiling::kSize, threads, s.median, s.min, s.max, *ceiling);
+        std::printf(
+            "SGEMM ceiling: Eigen %ld^3 float32, %d threads: median %.2f ms (min %.2f, max "
+            "%.2f), %.1f GFLOP/s\n",
+            SgemmCeiling::kSize, threads, s.median, s.min, s.max, *ceiling);
     }
     std::printf("device: %s; %s\n", contenders.front().device_name.c_str(), date.c_str());
-    std::printf("FLOPs = 4*B*H*N_q*N_kv*d%s; vs first = speed relative to %s; working mem = "
-                "measured peak beyond inputs and outputs\n",
-                p.causal && p.seq_q == p.seq_kv ? " / 2 (causal)" : "",
-                contenders.front().name.c_str());
+    std::printf(
+        "FLOPs = 4*B*H*N_q*N_kv*d%s; vs first = speed relative to %s; working mem = "
+        "measured peak beyond inputs and outputs\n",
+        p.causal && p.seq_q == p.seq_kv ? " / 2 (causal)" : "", contenders.front().name.c_str());
     return 0;
 }
 
@@ -278,9 +298,10 @@ int bench(const BenchOptions& o) {
 
 Command add_bench_command(CLI::App& app) {
     auto* cmd = app.add_subcommand(
-        "bench", "Time backends side by side on one random problem: all in this process, on the\n"
-                 "same inputs, interleaved (one run of each backend per round), warm-up first.\n"
-                 "Prints median/min/max ms, GFLOP/s, speed vs the first backend and working memory.");
+        "bench",
+        "Time backends side by side on one random problem: all in this process, on the\n"
+        "same inputs, interleaved (one run of each backend per round), warm-up first.\n"
+        "Prints median/min/max ms, GFLOP/s, speed vs the first backend and working memory.");
     auto o = std::make_shared<BenchOptions>();
     cmd->add_option("--backends", o->backends, "Comma-separated backend names, e.g. standard,omp")
         ->required();
@@ -296,8 +317,9 @@ Command add_bench_command(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--repeat", o->repeat, "Timed runs per backend")->capture_default_str();
     cmd->add_option("--warmup", o->warmup, "Untimed runs per backend first")->capture_default_str();
-    cmd->add_option("--threads", o->threads,
-                    "Threads of every CPU backend (OpenMP and Eigen; default OMP_NUM_THREADS or all)");
+    cmd->add_option(
+        "--threads", o->threads,
+        "Threads of every CPU backend (OpenMP and Eigen; default OMP_NUM_THREADS or all)");
     cmd->add_flag("--json", o->json, "One JSON object per measured row instead of the table");
     cmd->add_flag("--gemm-ceiling", o->gemm_ceiling,
                   "Also time Eigen SGEMM 2048^3 with the same threads (the machine's GEMM rate)");

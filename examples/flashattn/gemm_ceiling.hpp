@@ -1,4 +1,5 @@
-// examples/flashattn/gemm_ceiling.hpp — the machine's SGEMM rate, for `flashattn bench --gemm-ceiling`.
+// examples/flashattn/gemm_ceiling.hpp — the machine's SGEMM rate, for `flashattn bench
+// --gemm-ceiling`.
 //
 // Attention is two GEMMs and a softmax, so a CPU form's GFLOP/s is best judged against what a
 // tuned SGEMM reaches on the same cores with the same threads: Eigen's C = A B, 2048^3, float32.
