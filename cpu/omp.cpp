@@ -53,8 +53,9 @@ struct ThreadTiles {
     explicit ThreadTiles(const OmpPlan& plan)
         : storage(static_cast<std::size_t>(plan.thread_floats + kAlignFloats)) {
         const std::int64_t Br = plan.blocks.Br;
-        const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
-        float* next = storage.data() + (round_up(address, 64) - address) / sizeof(float);
+        // new[] gives at least 16-byte alignment; step to the next 64-byte boundary.
+        const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(storage.data()) % 64;
+        float* next = storage.data() + (misaligned ? (64 - misaligned) / sizeof(float) : 0);
         const auto carve = [&next](std::int64_t floats) {
             float* part = next;
             next += round_up(floats, kAlignFloats);

@@ -91,6 +91,9 @@ TEST_CASE("omp: output and LSE are bitwise identical for 1, 2, 3 and 4 threads")
     AttentionProblem masked = make_problem(1, 2, 1, 300, 517, 48);
     masked.block_mask = {mask.data(), 17, 23};
     problems.push_back(masked);
+    AttentionProblem small_tiles = make_problem(1, 3, 3, 203, 113, 59);  // 41 x 17 tiles per head
+    small_tiles.block_q = 5, small_tiles.block_kv = 7;
+    problems.push_back(small_tiles);
 
     for (const AttentionProblem& p : problems) {
         INFO(test::describe(p));
