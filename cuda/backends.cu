@@ -13,8 +13,11 @@ bool cuda_device_available() {
 std::string cuda_device_name() {
     int device = 0;
     cudaDeviceProp prop;
-    if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();  // leave no pending error behind
         return "cuda";
+    }
     return prop.name;
 }
 
