@@ -15,4 +15,8 @@ const std::vector<Backend>& available_backends();
 // The backend of that name; throws std::invalid_argument listing the available names.
 const Backend& find_backend(const std::string& name);
 
+// The hardware behind a Backend::device ("cpu" or "cuda"), for reports: the CPU's model name
+// ("model name" in /proc/cpuinfo) or the CUDA device's name; `device` itself when unknown.
+std::string device_name(const std::string& device);
+
 }  // namespace flashattn

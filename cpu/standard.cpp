@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/parallel.hpp"
+#include "cpu/vector_softmax.hpp"
 #include "cpu/workspace.hpp"
 
 namespace flashattn {
@@ -21,6 +22,30 @@ using ConstFloatMap = Eigen::Map<const Matrix<float>>;
 
 bool has_mask(const AttentionProblem& p) { return p.causal || p.block_mask.active(); }
 
+// The two steps of a softmax row. In float (the `standard` backend, the opponent of the flash
+// forms in `bench`) they are the vectorized row forms of cpu/vector_softmax.hpp, as the omp form
+// uses; in double (the reference every test compares against) they stay plain loops and
+// std::exp, independent of the code under test.
+float max_of_row(const float* row, std::int64_t n) { return row_max(row, n); }
+double max_of_row(const double* row, std::int64_t n) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (std::int64_t j = 0; j < n; ++j) {
+        if (row[j] != row[j]) return row[j];  // NaN in the row: the whole row becomes NaN
+        if (row[j] > m) m = row[j];
+    }
+    return m;
+}
+// row <- exp(row - m), with a masked score (-inf) giving 0; returns the row sum.
+float exp_of_row(float* row, std::int64_t n, float m) { return exp_shifted_row(row, n, m); }
+double exp_of_row(double* row, std::int64_t n, double m) {
+    double sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+        row[j] = row[j] == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(row[j] - m);
+        sum += row[j];
+    }
+    return sum;
+}
+
 // One (batch, head) pair: S, P and O of Algorithm 0. S_buffer holds N_q x N_kv Reals.
 template <class Real>
 void attend_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>> Qh,
@@ -30,9 +55,8 @@ void attend_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>> Q
     const Real scale = static_cast<Real>(p.softmax_scale());
     MatrixMap<Real> S(S_buffer, p.seq_q, p.seq_kv);
 
-    // Algorithm 0 line 1: S = QK^T (scaled), then the masks.
-    S.noalias() = Qh * Kh.transpose();
-    S *= scale;
+    // Algorithm 0 line 1: S = QK^T (scaled inside the GEMM, no extra pass over S), then the masks.
+    S.noalias() = scale * (Qh * Kh.transpose());
     if (has_mask(p))
         for (std::int64_t i = 0; i < p.seq_q; ++i)
             for (std::int64_t j = 0; j < p.seq_kv; ++j)
@@ -41,21 +65,15 @@ void attend_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>> Q
     // Algorithm 0 line 2: P = softmax(S), in place, row by row.
     WorkBuffer<Real> row_sum(static_cast<std::size_t>(p.seq_q));
     for (std::int64_t i = 0; i < p.seq_q; ++i) {
-        auto row = S.row(i).array();
-        Real m = -inf;
-        for (std::int64_t j = 0; j < p.seq_kv; ++j) {
-            const Real s = row(j);
-            if (s != s) { m = s; break; }  // NaN in the row: the whole row becomes NaN
-            if (s > m) m = s;
-        }
+        Real* row = &S(i, 0);
+        const Real m = max_of_row(row, p.seq_kv);
         if (m == -inf) {  // no visible key: P row = 0, O row = 0, LSE = -inf
-            row.setZero();
+            S.row(i).setZero();
             row_sum[i] = 0;
             if (lse) lse[i] = -inf;
             continue;
         }
-        row = (row == -inf).select(Real(0), (row - m).exp());
-        row_sum[i] = row.sum();
+        row_sum[i] = exp_of_row(row, p.seq_kv, m);
         if (lse) lse[i] = m + std::log(row_sum[i]);
     }
 

@@ -17,6 +17,17 @@ bool cuda_device_available() {
     return found;
 }
 
+std::string cuda_device_name() {
+    int device = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();  // leave no pending error behind
+        return "cuda";
+    }
+    return prop.name;
+}
+
 std::vector<Backend> cuda_backends() {
     std::vector<Backend> list;
     if (!cuda_device_available()) return list;

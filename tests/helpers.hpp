@@ -24,6 +24,20 @@ inline std::string describe(const AttentionProblem& p) {
            (p.block_mask.active() ? " block-mask" : "");
 }
 
+// A problem of the given shape, everything else default (scale 1/sqrt(d), no mask).
+inline AttentionProblem make_problem(std::int64_t B, std::int64_t H, std::int64_t Hkv,
+                                     std::int64_t Nq, std::int64_t Nkv, std::int64_t d) {
+    AttentionProblem p;
+    p.batch = B, p.heads = H, p.heads_kv = Hkv, p.seq_q = Nq, p.seq_kv = Nkv, p.dim = d;
+    return p;
+}
+
+// The odd-shape grid (DESIGN.md): (N_q, N_kv) pairs equal, N_q < N_kv and N_q > N_kv, and head
+// dimensions, none a multiple of any block size except the power-of-two dims a kernel may favour.
+inline const std::vector<std::pair<std::int64_t, std::int64_t>> kOddSeqPairs = {
+    {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 1023}, {1023, 203}};
+inline const std::vector<std::int64_t> kOddDims = {1, 3, 59, 64, 111, 128, 256};
+
 // A fresh seed per call, so no two checks share inputs (reported on failure).
 inline std::uint64_t next_seed() {
     static std::uint64_t seed = 0x5eed0000 + static_cast<std::uint64_t>(Catch::rngSeed());

@@ -1,11 +1,330 @@
-// examples/flashattn/bench_command.cpp — `flashattn bench` (being written; see issue 3).
+// examples/flashattn/bench_command.cpp — `flashattn bench`: backends side by side on one problem.
+//
+// Every listed backend runs in this one process on the same random inputs, interleaved: each
+// round runs every backend once, in the order given, so that a slow phase of the machine (another
+// job, a clock change) hits all of them alike. After the warm-up rounds, `--repeat` timed rounds;
+// each backend reports the median, min and max of its execute() times (steady_clock; a CUDA
+// backend's execute() returns when its kernels have finished), GFLOP/s of the median, and its
+// measured working memory (PreparedAttention::extra_bytes()).
+//
+// --gemm-ceiling adds Eigen's SGEMM 2048^3 to every round, with the same threads: the rate a tuned
+// GEMM reaches on these cores, which the attention forms (two GEMMs and a softmax) are judged by.
+#include <omp.h>
+#include <unistd.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
 #include "commands.hpp"
+#include "cpu/registry.hpp"
+#include "format.hpp"
+#include "gemm_ceiling.hpp"
+#include "verify.hpp"
 
 namespace flashattn::cli {
+namespace {
+
+struct BenchOptions {
+    std::string backends;
+    std::int64_t batch = 0, heads = 0, seq = 0, dim = 0;
+    std::optional<std::int64_t> heads_kv, seq_kv;
+    bool causal = false;
+    std::string dtype = "f32";
+    int repeat = 10, warmup = 1;
+    std::optional<int> threads;
+    bool json = false, gemm_ceiling = false;
+    std::uint64_t seed = 2022;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// One thing that is timed in every round: a prepared backend, or the SGEMM.
+struct Contender {
+    std::string name, device, device_name;
+    std::function<void()> run;
+    double flops = 0;
+    std::vector<double> ms;
+};
+
+struct Stats {
+    double median = 0, min = 0, max = 0;
+};
+
+Stats stats_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back()};
+}
+
+std::vector<std::string> split_names(const std::string& list) {
+    std::vector<std::string> names;
+    std::set<std::string> seen;
+    std::stringstream in(list);
+    for (std::string name; std::getline(in, name, ',');) {
+        name.erase(0, name.find_first_not_of(" "));
+        name.erase(name.find_last_not_of(" ") + 1);
+        if (name.empty())
+            throw std::invalid_argument("--backends = " + list + ": an empty backend name");
+        if (!seen.insert(name).second)
+            throw std::invalid_argument("--backends = " + list + ": " + name + " is listed twice");
+        names.push_back(name);
+    }
+    if (names.empty()) throw std::invalid_argument("--backends is empty");
+    return names;
+}
+
+std::string utc_now() {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+// Progress on stderr once a run has taken a few seconds: one updating line on a terminal, a line
+// every 10 s otherwise (logs).
+class Progress {
+public:
+    void update(const std::string& what) {
+        const double s = ms_since(start_) / 1000;
+        if (s < 3 || s - last_ < (tty_ ? 0.5 : 10)) return;
+        last_ = s;
+        std::fprintf(stderr, tty_ ? "\rbench: %s, %.0f s   " : "bench: %s, %.0f s\n", what.c_str(),
+                     s);
+        printed_ = true;
+    }
+    ~Progress() {
+        if (printed_ && tty_) std::fprintf(stderr, "\n");
+    }
+
+private:
+    Clock::time_point start_ = Clock::now();
+    double last_ = 0;
+    bool tty_ = isatty(2) != 0;
+    bool printed_ = false;
+};
+
+void check_options(const BenchOptions& o) {
+    const auto positive = [](const char* name, std::int64_t v) {
+        if (v < 1)
+            throw std::invalid_argument(std::string(name) + " = " + std::to_string(v) +
+                                        ": must be at least 1");
+    };
+    positive("--batch", o.batch);
+    positive("--heads", o.heads);
+    positive("--seq", o.seq);
+    positive("--dim", o.dim);
+    positive("--repeat", o.repeat);
+    if (o.heads_kv) positive("--heads-kv", *o.heads_kv);
+    if (o.seq_kv) positive("--seq-kv", *o.seq_kv);
+    if (o.threads) positive("--threads", *o.threads);
+    if (o.warmup < 0)
+        throw std::invalid_argument("--warmup = " + std::to_string(o.warmup) +
+                                    ": must not be negative");
+}
+
+int bench(const BenchOptions& o) {
+    check_options(o);
+    const std::vector<std::string> names = split_names(o.backends);
+    const DType dtype = parse_dtype(o.dtype);
+
+    AttentionProblem p;
+    p.batch = o.batch, p.heads = o.heads, p.heads_kv = o.heads_kv.value_or(o.heads);
+    p.seq_q = o.seq, p.seq_kv = o.seq_kv.value_or(o.seq), p.dim = o.dim, p.causal = o.causal;
+    validate(p);
+
+    // One thread count for every CPU backend: OpenMP's, and Eigen's (standard's GEMMs, SGEMM).
+    const int threads = o.threads.value_or(omp_get_max_threads());
+    omp_set_num_threads(threads);
+    Eigen::setNbThreads(threads);
+
+    std::vector<const Backend*> backends;
+    for (const std::string& name : names) {
+        const Backend& b = find_backend(name);
+        if (!b.supports(dtype)) {
+            std::string supported;
+            for (DType t : b.dtypes) supported += (supported.empty() ? "" : ", ") + to_string(t);
+            throw std::invalid_argument("--dtype = " + o.dtype + ": backend " + name +
+                                        " does not support it (it supports " + supported + ")");
+        }
+        backends.push_back(&b);
+    }
+
+    const ProblemData data = random_problem_data(p, o.seed);
+    std::vector<std::unique_ptr<PreparedAttention>> prepared;
+    std::vector<Contender> contenders;
+    for (const Backend* b : backends) {
+        try {
+            prepared.push_back(b->prepare(p, data.Q.data(), data.K.data(), data.V.data(), dtype));
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument("backend " + b->name +
+                                        " rejects this problem: " + e.what());
+        } catch (const std::exception& e) {
+            throw std::runtime_error("backend " + b->name + " failed to prepare: " + e.what());
+        }
+        PreparedAttention* run = prepared.back().get();
+        contenders.push_back({b->name,
+                              b->device,
+                              device_name(b->device),
+                              [run] { run->execute(); },
+                              attention_flops(p),
+                              {}});
+    }
+    std::unique_ptr<SgemmCeiling> sgemm;
+    if (o.gemm_ceiling) {
+        sgemm = std::make_unique<SgemmCeiling>();
+        contenders.push_back({"eigen-sgemm",
+                              "cpu",
+                              device_name("cpu"),
+                              [g = sgemm.get()] { g->run(); },
+                              SgemmCeiling::flops(),
+                              {}});
+    }
+
+    // Warm-up rounds, then timed rounds; round-robin over the contenders in each.
+    {
+        Progress progress;
+        const int rounds = o.warmup + o.repeat;
+        for (int round = 0; round < rounds; ++round)
+            for (Contender& c : contenders) {
+                progress.update(round < o.warmup
+                                    ? "warm-up, " + c.name
+                                    : "round " + std::to_string(round - o.warmup + 1) + "/" +
+                                          std::to_string(o.repeat) + ", " + c.name);
+                const auto start = Clock::now();
+                try {
+                    c.run();
+                } catch (const std::exception& e) {
+                    throw std::runtime_error(c.name + ": " + e.what());
+                }
+                if (round >= o.warmup) c.ms.push_back(ms_since(start));
+            }
+    }
+
+    const std::string date = utc_now();
+    const std::size_t attention_rows = prepared.size();
+    const Stats first = stats_of(contenders.front().ms);
+    std::optional<double> ceiling;
+    if (sgemm) ceiling = contenders.back().flops / stats_of(contenders.back().ms).median / 1e6;
+
+    if (o.json) {
+        for (std::size_t i = 0; i < contenders.size(); ++i) {
+            const Contender& c = contenders[i];
+            const Stats s = stats_of(c.ms);
+            nlohmann::json row;
+            row["kind"] = i < attention_rows ? "attention" : "gemm_ceiling";
+            row["backend"] = c.name;
+            if (i < attention_rows) {
+                row["batch"] = p.batch, row["heads"] = p.heads, row["heads_kv"] = p.heads_kv;
+                row["seq_q"] = p.seq_q, row["seq_kv"] = p.seq_kv, row["dim"] = p.dim;
+                row["causal"] = p.causal, row["dtype"] = to_string(dtype);
+            } else {
+                row["m"] = row["n"] = row["k"] = SgemmCeiling::kSize;
+                row["dtype"] = "f32";
+            }
+            row["threads"] = threads;
+            row["repeat"] = o.repeat, row["warmup"] = o.warmup;
+            row["median_ms"] = s.median, row["min_ms"] = s.min, row["max_ms"] = s.max;
+            row["gflops"] = c.flops / s.median / 1e6;
+            if (i < attention_rows) {
+                row["extra_bytes"] = prepared[i]->extra_bytes();
+                row["speedup_vs_first"] = first.median / s.median;
+                if (ceiling) row["gemm_ceiling_gflops"] = *ceiling;
+            }
+            row["device"] = c.device, row["device_name"] = c.device_name, row["date"] = date;
+            std::cout << row.dump() << "\n";
+        }
+        return 0;
+    }
+
+    std::printf(
+        "flashattn bench: B=%lld H=%lld H_kv=%lld N_q=%lld N_kv=%lld d=%lld%s %s, "
+        "%d threads, %d warm-up + %d timed runs each, interleaved\n",
+        (long long)p.batch, (long long)p.heads, (long long)p.heads_kv, (long long)p.seq_q,
+        (long long)p.seq_kv, (long long)p.dim, p.causal ? " causal" : "", to_string(dtype).c_str(),
+        threads, o.warmup, o.repeat);
+    std::vector<std::string> header = {"backend", "device",  "median ms", "min ms",
+                                       "max ms",  "GFLOP/s", "vs first",  "working mem"};
+    if (ceiling) header.push_back("of SGEMM");
+    Table table(header);
+    for (std::size_t i = 0; i < attention_rows; ++i) {
+        const Contender& c = contenders[i];
+        const Stats s = stats_of(c.ms);
+        const double gflops = c.flops / s.median / 1e6;
+        std::vector<std::string> row = {c.name,
+                                        c.device,
+                                        fixed(s.median, 2),
+                                        fixed(s.min, 2),
+                                        fixed(s.max, 2),
+                                        fixed(gflops, 1),
+                                        fixed(first.median / s.median, 2) + "x",
+                                        human_bytes(prepared[i]->extra_bytes())};
+        if (ceiling) row.push_back(fixed(100 * gflops / *ceiling, 0) + "%");
+        table.add(row);
+    }
+    table.print(std::cout);
+    if (ceiling) {
+        const Stats s = stats_of(contenders.back().ms);
+        std::printf(
+            "SGEMM ceiling: Eigen %ld^3 float32, %d threads: median %.2f ms (min %.2f, max "
+            "%.2f), %.1f GFLOP/s\n",
+            SgemmCeiling::kSize, threads, s.median, s.min, s.max, *ceiling);
+    }
+    std::printf("device: %s; %s\n", contenders.front().device_name.c_str(), date.c_str());
+    std::printf(
+        "FLOPs = 4*B*H*N_q*N_kv*d%s; vs first = speed relative to %s; working mem = "
+        "measured peak beyond inputs and outputs\n",
+        p.causal && p.seq_q == p.seq_kv ? " / 2 (causal)" : "", contenders.front().name.c_str());
+    return 0;
+}
+
+}  // namespace
 
 Command add_bench_command(CLI::App& app) {
-    auto* cmd = app.add_subcommand("bench", "Benchmark backends side by side");
-    return {cmd, [] () -> int { throw std::runtime_error("bench is not implemented yet"); }};
+    auto* cmd = app.add_subcommand(
+        "bench",
+        "Time backends side by side on one random problem: all in this process, on the\n"
+        "same inputs, interleaved (one run of each backend per round), warm-up first.\n"
+        "Prints median/min/max ms, GFLOP/s, speed vs the first backend and working memory.");
+    auto o = std::make_shared<BenchOptions>();
+    cmd->add_option("--backends", o->backends, "Comma-separated backend names, e.g. standard,omp")
+        ->required();
+    cmd->add_option("--batch", o->batch, "Batch size B")->required();
+    cmd->add_option("--heads", o->heads, "Query heads H")->required();
+    cmd->add_option("--heads-kv", o->heads_kv, "Key/value heads H_kv (default H; H % H_kv == 0)");
+    cmd->add_option("--seq", o->seq, "Query sequence length N_q")->required();
+    cmd->add_option("--seq-kv", o->seq_kv, "Key/value sequence length N_kv (default N_q)");
+    cmd->add_option("--dim", o->dim, "Head dimension d")->required();
+    cmd->add_flag("--causal", o->causal, "Causal mask (bottom-right aligned)");
+    cmd->add_option("--dtype", o->dtype, "Precision: f32, f16 or bf16")
+        ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+        ->capture_default_str();
+    cmd->add_option("--repeat", o->repeat, "Timed runs per backend")->capture_default_str();
+    cmd->add_option("--warmup", o->warmup, "Untimed runs per backend first")->capture_default_str();
+    cmd->add_option(
+        "--threads", o->threads,
+        "Threads of every CPU backend (OpenMP and Eigen; default OMP_NUM_THREADS or all)");
+    cmd->add_flag("--json", o->json, "One JSON object per measured row instead of the table");
+    cmd->add_flag("--gemm-ceiling", o->gemm_ceiling,
+                  "Also time Eigen SGEMM 2048^3 with the same threads (the machine's GEMM rate)");
+    cmd->add_option("--seed", o->seed, "Random seed of the inputs")->capture_default_str();
+    return {cmd, [o] { return bench(*o); }};
 }
 
 }  // namespace flashattn::cli

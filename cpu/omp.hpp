@@ -1,0 +1,47 @@
+// cpu/omp.hpp — FlashAttention-2 on the CPU: cache-sized tiles, OpenMP over query tiles.
+//
+// The loop order of FlashAttention-2 (Dao 2023, Algorithm 1 of that paper): the loop over query
+// tiles Q_i is outside and its iterations are independent, the loop over key/value tiles K_j, V_j
+// is inside. One thread owns one (batch, head, Q_i) work item from start to finish: it keeps
+// m_i, l_i and the unnormalized O_i for its Br rows, streams every K_j, V_j past them, and
+// divides by l_i once at the end. So work items run in parallel with no shared state, and each
+// result is computed by one thread in one fixed order: the output is bitwise identical for any
+// thread count.
+//
+// The tile products S_ij = Q_i K_j^T and O_i += P_ij V_j are Eigen GEMMs on the tiles (Eigen runs
+// them single-threaded inside the parallel region); the softmax steps between them are the rule
+// of common/online_softmax.hpp, row by row (cpu/vector_softmax.hpp for the vectorized row forms).
+// Working memory is a few tile buffers per thread, O(threads * Br * (Bc + d)), never O(N^2).
+// docs/omp.md explains the tile sizes.
+#pragma once
+
+#include <cstdint>
+
+#include "common/problem.hpp"
+#include "common/tiling.hpp"
+
+namespace flashattn {
+
+// The tiles the omp form uses for a problem.
+struct OmpPlan {
+    BlockSizes blocks;               // Br query rows, Bc key/value rows per tile
+    std::int64_t Tr = 0, Tc = 0;     // number of query tiles and key/value tiles
+    std::int64_t S_stride = 0;       // row stride of the S_ij buffer: Bc rounded up to 64 bytes
+    std::int64_t thread_floats = 0;  // floats of one thread's tile buffers
+};
+
+// Block sizes chosen for the cache hierarchy (docs/omp.md): Br = 128, Bc = 256 for d <= 128 and
+// less for larger d, so that K_j and V_j together stay within 256 KiB; multiples of 16.
+BlockSizes omp_cache_blocks(std::int64_t dim);
+
+// The problem's own tile sizes win (block_q/block_kv, or Algorithm 1 line 1 on sram_floats, as
+// for scalar); otherwise omp_cache_blocks(). Validates the problem.
+OmpPlan omp_plan(const AttentionProblem& problem);
+
+// O: (batch, heads, seq_q, dim); lse: (batch, heads, seq_q) or nullptr. Uses the OpenMP threads
+// of the caller (omp_set_num_threads / OMP_NUM_THREADS). Throws std::invalid_argument for an
+// invalid problem, std::runtime_error when working memory cannot be allocated.
+void omp_attention(const AttentionProblem& problem, const float* Q, const float* K, const float* V,
+                   float* O, float* lse);
+
+}  // namespace flashattn
