@@ -21,6 +21,12 @@
 
 namespace flashattn {
 
+// ceil(a / b) for a >= 0, b >= 1, written so that it cannot overflow: (a + b - 1) / b does when a
+// user asks for a block size near INT64_MAX.
+FA_HOST_DEVICE inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+    return a / b + (a % b != 0 ? 1 : 0);
+}
+
 // Block-sparsity mask of paper Algorithm 5: entry (bi, bj) of a row-major (Tr, Tc) byte array
 // says whether query block bi may attend key block bj. Blocks are block_q x block_kv elements;
 // Tr = ceil(seq_q / block_q), Tc = ceil(seq_kv / block_kv). One mask serves every batch and head.
@@ -81,7 +87,7 @@ struct AttentionProblem {
     }
     FA_HOST_DEVICE bool block_visible(std::int64_t i, std::int64_t j) const {
         if (!block_mask.active()) return true;
-        const std::int64_t tc = (seq_kv + block_mask.block_kv - 1) / block_mask.block_kv;
+        const std::int64_t tc = ceil_div(seq_kv, block_mask.block_kv);
         return block_mask.data[(i / block_mask.block_q) * tc + j / block_mask.block_kv] != 0;
     }
     // May query row i attend key j? Both masks must allow it.

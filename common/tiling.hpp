@@ -11,10 +11,6 @@
 
 namespace flashattn {
 
-FA_HOST_DEVICE inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-    return (a + b - 1) / b;
-}
-
 // Block sizes of Algorithm 1: Br rows of Q per tile, Bc rows of K/V per tile.
 struct BlockSizes {
     std::int64_t Br = 0;

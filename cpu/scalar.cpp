@@ -5,6 +5,7 @@
 // test, so they move with the code.
 #include "cpu/scalar.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "common/online_softmax.hpp"
@@ -18,10 +19,15 @@ ScalarPlan scalar_plan(const AttentionProblem& p) {
     const bool explicit_blocks = p.block_q > 0;
     plan.M = explicit_blocks ? 0 : (p.sram_floats > 0 ? p.sram_floats : kDefaultSramFloats);
     plan.blocks = block_sizes_for(p);  // Alg1 L1: Bc = ceil(M/4d), Br = min(ceil(M/4d), d)
+    // A tile never holds more rows than the sequence has: a block size (or an M) beyond N gives
+    // the same single tile (line 3: T = 1) without sizing the "SRAM" buffers for rows that do not
+    // exist, and keeps Br * Bc bounded by N_q * N_kv.
+    plan.blocks.Br = std::min(plan.blocks.Br, p.seq_q);
+    plan.blocks.Bc = std::min(plan.blocks.Bc, p.seq_kv);
     plan.Tr = tile_count(p.seq_q, plan.blocks.Br);
     plan.Tc = tile_count(p.seq_kv, plan.blocks.Bc);
     const std::int64_t Br = plan.blocks.Br, Bc = plan.blocks.Bc, d = p.dim;
-    plan.sram_floats = 2 * Bc * d + 2 * Br * d + 2 * Br + Br * Bc;
+    plan.sram_floats = 2 * Bc * d + 2 * Br * d + 2 * Br + work_elements(Br, Bc);
     return plan;
 }
 

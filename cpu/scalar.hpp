@@ -16,7 +16,7 @@ namespace flashattn {
 // What Algorithm 1 line 1 chose for a problem, and how many floats its "SRAM" buffers take.
 struct ScalarPlan {
     std::int64_t M = 0;           // SRAM size in floats (0 when block sizes were given directly)
-    BlockSizes blocks;            // Br, Bc
+    BlockSizes blocks;            // Br, Bc, at most N_q and N_kv
     std::int64_t Tr = 0, Tc = 0;  // number of Q tiles and K/V tiles (line 3)
     std::int64_t sram_floats = 0; // K_j, V_j, Q_i, O_i, l_i, m_i, S_ij together
 };

@@ -111,7 +111,7 @@ void standard_attention(const AttentionProblem& p, const float* Q, const float* 
     parallel_for(pairs, [&](std::int64_t bh) {
         const std::int64_t b = bh / p.heads;
         const std::int64_t h = bh % p.heads;
-        WorkBuffer<Real> S(static_cast<std::size_t>(p.seq_q * p.seq_kv));
+        WorkBuffer<Real> S(static_cast<std::size_t>(work_elements(p.seq_q, p.seq_kv)));
         const ConstFloatMap Qf(Q + p.q_offset(b, h), p.seq_q, p.dim);
         const ConstFloatMap Kf(K + p.kv_offset(b, h), p.seq_kv, p.dim);
         const ConstFloatMap Vf(V + p.kv_offset(b, h), p.seq_kv, p.dim);

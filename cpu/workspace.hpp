@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 
 namespace flashattn {
@@ -33,6 +35,17 @@ private:
     static inline std::atomic<std::size_t> current_{0};
     static inline std::atomic<std::size_t> peak_{0};
 };
+
+// rows * cols as an element count for a WorkBuffer, or std::runtime_error when the product is
+// beyond any memory (2^61 elements): validate() bounds each of N_q and N_kv by 2^40, not N_q*N_kv,
+// so the product itself must not be computed in plain int64 arithmetic.
+inline std::int64_t work_elements(std::int64_t rows, std::int64_t cols) {
+    constexpr std::int64_t limit = std::int64_t{1} << 61;
+    if (rows < 0 || cols < 0 || (cols != 0 && rows > limit / cols))
+        throw std::runtime_error("working memory of " + std::to_string(rows) + " x " +
+                                 std::to_string(cols) + " elements is more than any memory");
+    return rows * cols;
+}
 
 // A fixed-size, uninitialized array of T whose bytes are counted by WorkspaceMeter.
 // An allocation that fails becomes std::runtime_error naming the size (never an abort).
