@@ -1,9 +1,11 @@
 // examples/flashattn/npy.cpp — see npy.hpp. Format: https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html
 #include "npy.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -17,6 +19,9 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr std::size_t kMagicSize = 6;
 // More elements than any file we accept could hold; keeps shape products far from overflow.
 constexpr std::int64_t kMaxElements = std::int64_t{1} << 40;
+// The longest header we read (numpy's own reader refuses headers over 10000 bytes by default; a
+// plain array's header is under 128 bytes).
+constexpr std::size_t kMaxHeaderBytes = 65536;
 
 [[noreturn]] void fail(const std::string& name, const std::string& why) {
     throw std::invalid_argument(name + ": not a valid .npy file for flashattn: " + why);
@@ -36,6 +41,9 @@ public:
             if (peek() == '}') { ++pos_; break; }
             const std::string key = quoted();
             expect(':');
+            if ((key == "descr" && have_descr) || (key == "fortran_order" && have_fortran) ||
+                (key == "shape" && have_shape))
+                fail(name_, "header key '" + key + "' appears twice");
             if (key == "descr") {
                 descr = quoted();
                 have_descr = true;
@@ -134,68 +142,101 @@ std::int64_t Array::size() const {
     return n;
 }
 
-Array parse(const std::string& contents, const std::string& name) {
-    if (contents.size() < kMagicSize + 4 || contents.compare(0, kMagicSize, kMagic, kMagicSize) != 0)
+namespace {
+
+// What a .npy header says, checked against the size of the whole file.
+struct Header {
+    ElementType type = ElementType::float32;
+    std::vector<std::int64_t> shape;
+    std::size_t count = 0;        // elements
+    std::size_t data_offset = 0;  // where the data starts
+    std::size_t data_bytes = 0;   // how many bytes it takes; data_offset + data_bytes == file size
+};
+
+// `prefix` holds the first bytes of the file, at least min(file_size, 12 + kMaxHeaderBytes) of
+// them, so the header can be checked before anything of the size it claims is allocated.
+Header parse_header(const std::string& prefix, std::uint64_t file_size, const std::string& name) {
+    if (prefix.size() < kMagicSize || prefix.compare(0, kMagicSize, kMagic, kMagicSize) != 0)
         fail(name, "missing the \\x93NUMPY magic string");
-    const int major = static_cast<unsigned char>(contents[6]);
-    const int minor = static_cast<unsigned char>(contents[7]);
+    if (prefix.size() < kMagicSize + 4) fail(name, "file ends inside the version and header length");
+    const int major = static_cast<unsigned char>(prefix[6]);
+    const int minor = static_cast<unsigned char>(prefix[7]);
     std::size_t header_len = 0, header_start = 0;
     if (major == 1 && minor == 0) {
-        header_len = read_le(contents, 8, 2);
+        header_len = read_le(prefix, 8, 2);
         header_start = 10;
     } else if ((major == 2 || major == 3) && minor == 0) {
-        if (contents.size() < 12) fail(name, "file ends inside the header length");
-        header_len = read_le(contents, 8, 4);
+        if (prefix.size() < 12) fail(name, "file ends inside the header length");
+        header_len = read_le(prefix, 8, 4);
         header_start = 12;
     } else {
         fail(name, "unsupported format version " + std::to_string(major) + "." +
                        std::to_string(minor));
     }
-    if (header_len > contents.size() - header_start)
+    if (header_len > kMaxHeaderBytes)
+        fail(name, "header length " + std::to_string(header_len) + " is more than the " +
+                       std::to_string(kMaxHeaderBytes) + " bytes flashattn accepts");
+    if (header_len > file_size - header_start || header_len > prefix.size() - header_start)
         fail(name, "header length " + std::to_string(header_len) + " runs past the end of the file");
 
     std::string descr;
     bool fortran = false;
-    std::vector<std::int64_t> shape;
-    HeaderParser(contents.substr(header_start, header_len), name).parse(descr, fortran, shape);
+    Header h;
+    HeaderParser(prefix.substr(header_start, header_len), name).parse(descr, fortran, h.shape);
 
-    Array a;
     std::size_t item = 0;
     if (descr == "<f4") {
-        a.type = ElementType::float32;
+        h.type = ElementType::float32;
         item = 4;
     } else if (descr == "|u1" || descr == "<u1" || descr == ">u1") {
-        a.type = ElementType::uint8;
+        h.type = ElementType::uint8;
         item = 1;
     } else if (descr == "|b1") {
-        a.type = ElementType::boolean;
+        h.type = ElementType::boolean;
         item = 1;
     } else {
         fail(name, "dtype '" + descr +
                        "' is not supported (use little-endian float32 '<f4'; masks may be uint8 or bool)");
     }
     if (fortran) fail(name, "Fortran-order arrays are not supported (save in C order)");
-    a.shape = shape;
     std::int64_t count = 1;
-    for (std::int64_t d : shape) {
-        if (d != 0 && count > kMaxElements / d) fail(name, "shape " + shape_string(shape) + " is too large");
+    for (std::int64_t d : h.shape) {
+        if (d != 0 && count > kMaxElements / d)
+            fail(name, "shape " + shape_string(h.shape) + " is too large");
         count *= d;
     }
-    const std::size_t data_start = header_start + header_len;
-    const std::size_t available = contents.size() - data_start;
-    const std::size_t needed = static_cast<std::size_t>(count) * item;
-    if (available != needed)
-        fail(name, "shape " + shape_string(shape) + " needs " + std::to_string(needed) +
+    h.count = static_cast<std::size_t>(count);
+    h.data_offset = header_start + header_len;
+    h.data_bytes = h.count * item;
+    const std::uint64_t available = file_size - h.data_offset;
+    if (available != h.data_bytes)
+        fail(name, "shape " + shape_string(h.shape) + " needs " + std::to_string(h.data_bytes) +
                        " data bytes but the file holds " + std::to_string(available));
+    return h;
+}
+
+// numpy's bool is one byte, 0 or 1; anything else means the file is not what it says.
+void check_bools(const Array& a, const std::string& name) {
+    if (a.type != ElementType::boolean) return;
+    for (std::uint8_t b : a.bytes)
+        if (b > 1) fail(name, "bool array holds a byte other than 0 or 1");
+}
+
+}  // namespace
+
+Array parse(const std::string& contents, const std::string& name) {
+    const Header h = parse_header(contents, contents.size(), name);
+    Array a;
+    a.type = h.type;
+    a.shape = h.shape;
+    const char* data = contents.data() + h.data_offset;
     if (a.type == ElementType::float32) {
-        a.floats.resize(static_cast<std::size_t>(count));
-        std::memcpy(a.floats.data(), contents.data() + data_start, needed);  // host is little-endian
+        a.floats.resize(h.count);
+        std::memcpy(a.floats.data(), data, h.data_bytes);  // host is little-endian, as '<f4'
     } else {
-        a.bytes.assign(contents.begin() + static_cast<std::ptrdiff_t>(data_start), contents.end());
-        if (a.type == ElementType::boolean)
-            for (std::uint8_t b : a.bytes)
-                if (b > 1) fail(name, "bool array holds a byte other than 0 or 1");
+        a.bytes.assign(data, data + h.data_bytes);
     }
+    check_bools(a, name);
     return a;
 }
 
@@ -206,16 +247,28 @@ Array load(const std::string& path) {
     if (!S_ISREG(info.st_mode)) throw std::invalid_argument(path + ": not a regular file");
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::invalid_argument(path + ": cannot open for reading (" + std::strerror(errno) + ")");
-    in.seekg(0, std::ios::end);
-    const std::streamoff size = in.tellg();
-    if (size < 0) throw std::invalid_argument(path + ": cannot determine the file size");
-    // The largest file we could accept: 2^40 float32 elements plus a header.
-    if (size > (kMaxElements * 4 + (1 << 20)))
-        throw std::invalid_argument(path + ": file is too large");
-    in.seekg(0);
-    std::string contents(static_cast<std::size_t>(size), '\0');
-    if (!in.read(contents.data(), size)) throw std::runtime_error(path + ": read failed");
-    return parse(contents, path);
+    const std::uint64_t size = static_cast<std::uint64_t>(info.st_size);
+    // Header first: the data is allocated only once the header's shape matches the file size.
+    std::string prefix(static_cast<std::size_t>(std::min<std::uint64_t>(size, 12 + kMaxHeaderBytes)), '\0');
+    if (!in.read(prefix.data(), static_cast<std::streamsize>(prefix.size())))
+        throw std::runtime_error(path + ": read failed");
+    const Header h = parse_header(prefix, size, path);
+    Array a;
+    a.type = h.type;
+    a.shape = h.shape;
+    char* data = nullptr;
+    if (a.type == ElementType::float32) {
+        a.floats.resize(h.count);  // host is little-endian, as '<f4'
+        data = reinterpret_cast<char*>(a.floats.data());
+    } else {
+        a.bytes.resize(h.count);
+        data = reinterpret_cast<char*>(a.bytes.data());
+    }
+    in.seekg(static_cast<std::streamoff>(h.data_offset));
+    if (!in.read(data, static_cast<std::streamsize>(h.data_bytes)))
+        throw std::runtime_error(path + ": read failed (file changed while reading?)");
+    check_bools(a, path);
+    return a;
 }
 
 Array load_float32(const std::string& path, const std::string& what) {
@@ -247,7 +300,32 @@ void AtomicWriter::add(const std::string& path, std::string contents) {
     files_.emplace_back(path, std::move(contents));
 }
 
+// Everything that would make a rename fail, or make one output replace another, checked before
+// any file is written: the renames run one after the other, and a failure in the middle would
+// leave the earlier targets replaced.
+void AtomicWriter::check_targets() const {
+    namespace fs = std::filesystem;
+    std::vector<fs::path> seen;
+    for (const auto& file : files_) {
+        const std::string& path = file.first;
+        if (path.empty()) throw std::invalid_argument("output path is empty");
+        struct stat info {};
+        if (::lstat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISLNK(info.st_mode))
+            throw std::invalid_argument(path + ": exists and is not a regular file (a directory or "
+                                               "a device is never replaced)");
+        // "o.npy", "./o.npy" and a symbolic link to it are one file.
+        std::error_code ec;
+        const fs::path canonical = fs::weakly_canonical(fs::absolute(path), ec);
+        if (ec) continue;  // an unreachable directory: mkstemp reports it below
+        for (const fs::path& other : seen)
+            if (canonical == other)
+                throw std::invalid_argument(path + ": given for two outputs; each needs its own file");
+        seen.push_back(canonical);
+    }
+}
+
 void AtomicWriter::commit() {
+    check_targets();
     std::vector<std::string> temps;
     const auto cleanup = [&] {
         for (const std::string& t : temps) std::remove(t.c_str());

@@ -35,12 +35,19 @@ std::string serialize_float32(const std::vector<std::int64_t>& shape, const floa
 // Writes files so that either all of them appear complete or none changes: every file is first
 // written to a temporary file in its target directory, and renamed over its target only after
 // all temporary files are written. On any failure the temporary files are removed.
+//
+// Before writing anything, commit() refuses targets that are empty paths, existing directories
+// or devices, or the same file named twice (std::invalid_argument), so that the renames, which
+// run one after another, cannot fail half-way for any reason short of the directory changing
+// under us.
 class AtomicWriter {
 public:
     void add(const std::string& path, std::string contents);
     void commit();  // throws std::runtime_error naming the path that failed
 
 private:
+    void check_targets() const;
+
     std::vector<std::pair<std::string, std::string>> files_;
 };
 
