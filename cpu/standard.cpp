@@ -2,8 +2,12 @@
 #include "cpu/standard.hpp"
 
 #include <Eigen/Dense>
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -106,6 +110,12 @@ void standard_attention(const AttentionProblem& p, const float* Q, const float* 
                         Real* O, Real* lse) {
     validate(p);
     const std::int64_t pairs = p.batch * p.heads;
+    // S of Algorithm 0 is N_q x N_kv per (batch, head) pair, one per thread at a time: the O(N^2)
+    // memory that FlashAttention removes, and the first thing to run out for long sequences.
+    const double concurrent = double(std::min<std::int64_t>(pairs, omp_get_max_threads()));
+    require_memory(concurrent * double(p.seq_q) * double(p.seq_kv) * sizeof(Real),
+                   "standard attention's S = QK^T (" + std::to_string(p.seq_q) + " x " +
+                       std::to_string(p.seq_kv) + " per head)");
     // Parallel over (batch, head); Eigen's GEMM runs single-threaded inside a parallel region,
     // and with all threads when there is only one pair.
     parallel_for(pairs, [&](std::int64_t bh) {
