@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/registry.hpp"
+#include "cpu/workspace.hpp"
 #include "format.hpp"
 #include "verify.hpp"
 
@@ -19,6 +20,11 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
     p.dim = o.dim;
     p.causal = o.causal;
     validate(p);
+    // Inputs, the float64 reference and one backend's O and LSE, before any of them is allocated.
+    const double q = double(p.q_elements()), kv = double(p.kv_elements());
+    const double rows = double(p.lse_elements());
+    require_memory(sizeof(float) * (3 * q + 2 * kv + rows) + sizeof(double) * (q + rows),
+                   "demo's inputs and outputs");
     out << "flashattn demo: B=" << p.batch << " H=" << p.heads << " N=" << p.seq_q << " d=" << p.dim
         << (p.causal ? " causal" : "") << ", random normal inputs (seed " << o.seed << ")\n";
     const ProblemData data = random_problem_data(p, o.seed);
