@@ -59,36 +59,52 @@ inline Outputs run_poisoned(const Backend& backend, const AttentionProblem& p, c
     return out;
 }
 
-// Checks one backend on one problem against float64 standard attention by the 2x rule, for O
-// and LSE. The yardstick is standard attention in float32 (on dtype-rounded inputs). This form
-// takes the inputs (for inputs with a special structure); the next one draws fresh random ones.
-inline void check_against_reference(const Backend& backend, const AttentionProblem& p,
-                                    const ProblemData& in, DType dtype = DType::f32) {
-    INFO(backend.name << " " << describe(p) << " dtype=" << to_string(dtype));
-    const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
-    const Outputs yard = run_poisoned(find_backend("standard"), p, in, dtype);
-    const Outputs out = run_poisoned(backend, p, in, dtype);
+// The 2x rule's bounds for one problem: 2 * max|std_p - ref64| + eps, for O and for LSE, with
+// std_p = standard attention in the tested precision on the same (dtype-rounded) inputs.
+struct RuleBounds {
+    double O, lse;
+};
+inline RuleBounds rule_bounds(const AttentionProblem& p, const ProblemData& in,
+                              const Reference& ref, DType dtype) {
     const double eps = 1e-6;
-    const double bound_o = 2 * max_abs_error(yard.O.data(), ref.O.data(), p.q_elements()) + eps;
-    const double bound_lse = 2 * max_abs_error(yard.lse.data(), ref.lse.data(), p.lse_elements()) + eps;
-    const double err_o = max_abs_error(out.O.data(), ref.O.data(), p.q_elements());
-    const double err_lse = max_abs_error(out.lse.data(), ref.lse.data(), p.lse_elements());
-    INFO("O error " << err_o << " (bound " << bound_o << "), LSE error " << err_lse << " (bound "
-                    << bound_lse << ")");
-    CHECK(err_o <= bound_o);
-    CHECK(err_lse <= bound_lse);
-    // The reference has no NaN for finite inputs; a NaN left in the output is an unwritten
-    // (poisoned) element. max_abs_error already counts a NaN mismatch as infinite error.
-    bool any_nan = false;
-    for (float x : out.O) any_nan = any_nan || std::isnan(x);
-    CHECK_FALSE(any_nan);
+    const Outputs yard = run_poisoned(find_backend("standard"), p, in, dtype);
+    return {2 * max_abs_error(yard.O.data(), ref.O.data(), p.q_elements()) + eps,
+            2 * max_abs_error(yard.lse.data(), ref.lse.data(), p.lse_elements()) + eps};
 }
 
+// Checks one backend on one problem against float64 standard attention by the 2x rule, for O
+// and LSE. The yardstick is standard attention in float32 (on dtype-rounded inputs). This form
+// takes the inputs (for inputs with a special structure, NaN included); the next one draws
+// fresh random ones. A NaN must be exactly where the reference has one: max_abs_error counts a
+// mismatch as an infinite error, so a NaN left in a poisoned output fails, and the yardstick
+// must match the reference's NaNs too, or the bound would be infinite. Returns the outputs.
+inline Outputs check_against_reference(const Backend& backend, const AttentionProblem& p,
+                                       const ProblemData& in, DType dtype = DType::f32) {
+    INFO(backend.name << " " << describe(p) << " dtype=" << to_string(dtype));
+    const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
+    const RuleBounds bound = rule_bounds(p, in, ref, dtype);
+    Outputs out = run_poisoned(backend, p, in, dtype);
+    const double err_o = max_abs_error(out.O.data(), ref.O.data(), p.q_elements());
+    const double err_lse = max_abs_error(out.lse.data(), ref.lse.data(), p.lse_elements());
+    INFO("O error " << err_o << " (bound " << bound.O << "), LSE error " << err_lse << " (bound "
+                    << bound.lse << ")");
+    REQUIRE(std::isfinite(bound.O));
+    REQUIRE(std::isfinite(bound.lse));
+    CHECK(err_o <= bound.O);
+    CHECK(err_lse <= bound.lse);
+    return out;
+}
+
+// The same on fresh random normal inputs, where the reference has no NaN: a NaN left in the
+// output is an unwritten (poisoned) element.
 inline void check_against_reference(const Backend& backend, const AttentionProblem& p,
                                     DType dtype = DType::f32) {
     const std::uint64_t seed = next_seed();
     INFO("seed=" << seed);
-    check_against_reference(backend, p, random_problem_data(p, seed), dtype);
+    const Outputs out = check_against_reference(backend, p, random_problem_data(p, seed), dtype);
+    bool any_nan = false;
+    for (float x : out.O) any_nan = any_nan || std::isnan(x);
+    CHECK_FALSE(any_nan);
 }
 
 }  // namespace flashattn::test

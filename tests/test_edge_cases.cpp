@@ -1,0 +1,433 @@
+// tests/test_edge_cases.cpp — numeric edge cases on every backend (issue 8): N = 1, d = 1, fully
+// masked rows, huge logits, all-equal scores, NaN placement, subnormal inputs, and two properties
+// of softmax that any correct form keeps: a constant added to a row's scores changes nothing, and
+// neither does the order of the keys.
+//
+// Inputs here are often "dyadic": multiples of 1/8 in [-2, 2]. Their products and sums of up to
+// 256 terms are exact in float32 (and the values exact in f16 and bf16), so every backend sees
+// exactly the same scores whatever order it sums in, and a huge logit or a shifted row is a test
+// of the softmax, not of rounding luck.
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <numeric>
+#include <random>
+
+#include "backends_under_test.hpp"
+#include "common/tiling.hpp"
+
+using namespace flashattn;
+using test::check_against_reference;
+using test::make_problem;
+using test::Outputs;
+
+namespace {
+
+// Multiples of 1/8 in [-range, range].
+std::vector<float> dyadic(std::int64_t count, std::mt19937_64& gen, float range = 2.0f) {
+    std::uniform_int_distribution<int> steps(-static_cast<int>(8 * range), static_cast<int>(8 * range));
+    std::vector<float> v(static_cast<std::size_t>(count));
+    for (float& x : v) x = static_cast<float>(steps(gen)) / 8.0f;
+    return v;
+}
+
+ProblemData dyadic_data(const AttentionProblem& p) {
+    std::mt19937_64 gen(test::next_seed());
+    ProblemData in;
+    in.Q = dyadic(p.q_elements(), gen);
+    in.K = dyadic(p.kv_elements(), gen);
+    in.V = dyadic(p.kv_elements(), gen);
+    return in;
+}
+
+// Element (b, h, row, c) of a (batch, heads, rows, dim) array.
+std::size_t at(std::int64_t b, std::int64_t h, std::int64_t heads, std::int64_t rows,
+               std::int64_t row, std::int64_t d, std::int64_t c) {
+    return static_cast<std::size_t>(((b * heads + h) * rows + row) * d + c);
+}
+
+bool row_has_nan(const std::vector<float>& x, std::size_t begin, std::int64_t d) {
+    return std::any_of(x.begin() + begin, x.begin() + begin + d, [](float v) { return v != v; });
+}
+
+// Where DESIGN.md's rule puts NaN, worked out from the inputs alone (not from any backend):
+// O[i][c] is NaN iff row i attends some key and (Q_i has a NaN, or a key j it attends has a NaN
+// in K_j, or a NaN in V_j[c]); LSE[i] is NaN iff row i attends some key and (Q_i or an attended
+// K_j has a NaN). A row that attends nothing reads no input and is O = 0, LSE = -inf.
+struct NanPattern {
+    std::vector<bool> O, lse;
+    bool operator==(const NanPattern& o) const { return O == o.O && lse == o.lse; }
+};
+
+NanPattern expected_nans(const AttentionProblem& p, const ProblemData& in) {
+    NanPattern e{std::vector<bool>(p.q_elements()), std::vector<bool>(p.lse_elements())};
+    const std::int64_t d = p.dim;
+    for (std::int64_t b = 0; b < p.batch; ++b)
+        for (std::int64_t h = 0; h < p.heads; ++h)
+            for (std::int64_t i = 0; i < p.seq_q; ++i) {
+                bool attends = false, score_nan = row_has_nan(in.Q, at(b, h, p.heads, p.seq_q, i, d, 0), d);
+                std::vector<bool> value_nan(d, false);
+                for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+                    if (!p.key_visible(i, j)) continue;
+                    attends = true;
+                    const std::size_t kv = at(b, p.kv_head(h), p.heads_kv, p.seq_kv, j, d, 0);
+                    score_nan = score_nan || row_has_nan(in.K, kv, d);
+                    for (std::int64_t c = 0; c < d; ++c)
+                        value_nan[c] = value_nan[c] || in.V[kv + c] != in.V[kv + c];
+                }
+                e.lse[p.lse_offset(b, h) + i] = attends && score_nan;
+                for (std::int64_t c = 0; c < d; ++c)
+                    e.O[at(b, h, p.heads, p.seq_q, i, d, c)] = attends && (score_nan || value_nan[c]);
+            }
+    return e;
+}
+
+template <class T>
+NanPattern nans_of(const std::vector<T>& O, const std::vector<T>& lse) {
+    NanPattern n{std::vector<bool>(O.size()), std::vector<bool>(lse.size())};
+    for (std::size_t k = 0; k < O.size(); ++k) n.O[k] = O[k] != O[k];
+    for (std::size_t k = 0; k < lse.size(); ++k) n.lse[k] = lse[k] != lse[k];
+    return n;
+}
+
+bool attends_any(const AttentionProblem& p, std::int64_t i) {
+    for (std::int64_t j = 0; j < p.seq_kv; ++j)
+        if (p.key_visible(i, j)) return true;
+    return false;
+}
+
+// Every backend (that takes p) on inputs `in`: the 2x rule, then `extra` on its outputs.
+template <class Extra>
+void on_every_backend(const AttentionProblem& p, const ProblemData& in, Extra extra) {
+    for (const Backend& b : available_backends()) {
+        if (!test::backend_accepts(b, p)) continue;
+        INFO(b.name << " " << test::describe(p));
+        const Outputs out = check_against_reference(b, p, in, test::test_dtype(b));
+        extra(b, out);
+    }
+}
+void on_every_backend(const AttentionProblem& p, const ProblemData& in) {
+    on_every_backend(p, in, [](const Backend&, const Outputs&) {});
+}
+
+}  // namespace
+
+TEST_CASE("edge: N = 1 and d = 1, alone and together, causal or not") {
+    for (auto [Nq, Nkv, d] : std::vector<std::array<std::int64_t, 3>>{
+             {1, 1, 1}, {1, 1, 64}, {1, 1, 111}, {1, 203, 1}, {203, 1, 1}, {1, 57, 59},
+             {57, 1, 3}, {113, 203, 1}})
+        for (bool causal : {false, true}) {
+            AttentionProblem p = make_problem(2, 3, 3, Nq, Nkv, d);
+            p.causal = causal;
+            on_every_backend(p, random_problem_data(p, test::next_seed()));
+        }
+}
+
+TEST_CASE("edge: a single key gives O = V of that key on every backend") {
+    AttentionProblem p = make_problem(2, 4, 2, 9, 1, 7);
+    const ProblemData in = dyadic_data(p);
+    on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
+        for (std::int64_t b = 0; b < p.batch; ++b)
+            for (std::int64_t h = 0; h < p.heads; ++h)
+                for (std::int64_t i = 0; i < p.seq_q; ++i)
+                    for (std::int64_t c = 0; c < p.dim; ++c)
+                        CHECK(out.O[at(b, h, p.heads, p.seq_q, i, p.dim, c)] ==
+                              Approx(in.V[at(b, p.kv_head(h), p.heads_kv, 1, 0, p.dim, c)])
+                                  .margin(1e-6));
+    });
+}
+
+TEST_CASE("edge: fully masked rows give O = 0 and LSE = -inf exactly, never NaN") {
+    std::mt19937 gen(Catch::rngSeed() + 11);
+    std::vector<std::uint8_t> mask;
+    const auto cases = [&] {
+        std::vector<AttentionProblem> list;
+        for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                 {9, 4}, {113, 7}, {5, 1}, {203, 113}}) {
+            AttentionProblem p = make_problem(2, 4, 2, Nq, Nkv, 13);
+            p.causal = true;  // bottom-right: rows i < Nq - Nkv attend nothing
+            list.push_back(p);
+        }
+        return list;
+    }();
+    for (AttentionProblem p : cases) {
+        const ProblemData in = random_problem_data(p, test::next_seed());
+        on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
+            for (std::int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+                for (std::int64_t i = 0; i < p.seq_q; ++i) {
+                    const float lse = out.lse[bh * p.seq_q + i];
+                    const bool masked = i < p.seq_q - p.seq_kv;
+                    INFO("row " << i << (masked ? " (fully masked)" : ""));
+                    CHECK(masked == !attends_any(p, i));
+                    if (!masked) { CHECK(std::isfinite(lse)); continue; }
+                    CHECK(lse == -std::numeric_limits<float>::infinity());
+                    for (std::int64_t c = 0; c < p.dim; ++c)
+                        CHECK(out.O[(bh * p.seq_q + i) * p.dim + c] == 0.0f);
+                }
+        });
+    }
+    // Block masks: a row of zero blocks, an all-zero mask, and zero blocks under causal.
+    for (int variant = 0; variant < 3; ++variant) {
+        AttentionProblem p = make_problem(1, 3, 1, 37, 29, 6);
+        p.causal = variant == 2;
+        p.block_q = 5, p.block_kv = 4;
+        mask.assign(tile_count(p.seq_q, 5) * tile_count(p.seq_kv, 4), 0);
+        if (variant != 1)
+            for (auto& m : mask) m = gen() % 3 != 0;
+        if (variant == 0) std::fill_n(mask.begin() + 2 * tile_count(p.seq_kv, 4), tile_count(p.seq_kv, 4), 0);
+        if (variant == 2) std::fill(mask.end() - tile_count(p.seq_kv, 4), mask.end(), 0);
+        p.block_mask = {mask.data(), 5, 4};
+        on_every_backend(p, random_problem_data(p, test::next_seed()),
+                         [&](const Backend&, const Outputs& out) {
+            std::int64_t masked_rows = 0;
+            for (std::int64_t h = 0; h < p.heads; ++h)
+                for (std::int64_t i = 0; i < p.seq_q; ++i) {
+                    if (attends_any(p, i)) continue;
+                    ++masked_rows;
+                    CHECK(out.lse[h * p.seq_q + i] == -std::numeric_limits<float>::infinity());
+                    for (std::int64_t c = 0; c < p.dim; ++c)
+                        CHECK(out.O[(h * p.seq_q + i) * p.dim + c] == 0.0f);
+                }
+            CHECK(masked_rows >= 5 * p.heads);  // the case really has fully masked rows
+        });
+    }
+}
+
+TEST_CASE("edge: logits of +-1e4 stay finite and accurate") {
+    for (bool causal : {false, true}) {
+        // Dyadic q.k up to ~+-30, times scale 1024 (a power of two, so still exact).
+        AttentionProblem p = make_problem(2, 2, 1, 67, 91, 16);
+        p.causal = causal;
+        p.scale = 1024.0f;
+        const ProblemData in = dyadic_data(p);
+        on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
+            for (float o : out.O) CHECK(std::isfinite(o));
+            float largest = 0;
+            for (float l : out.lse) {
+                CHECK(std::isfinite(l));
+                largest = std::max(largest, std::fabs(l));
+            }
+            CHECK(largest > 1e4f);  // the case really has logits that large
+        });
+    }
+}
+
+TEST_CASE("edge: one huge logit (+1e4) takes all the weight, one of -1e4 takes none") {
+    for (float huge : {1e4f, -1e4f})
+        for (bool causal : {false, true}) {
+            AttentionProblem p = make_problem(1, 2, 2, 23, 41, 9);
+            p.causal = causal;
+            p.scale = 1.0f;
+            ProblemData in = dyadic_data(p);
+            const std::int64_t star = 17;  // the key with the huge logit
+            for (std::int64_t bh = 0; bh < 2; ++bh) {
+                for (std::int64_t i = 0; i < p.seq_q; ++i) in.Q[(bh * p.seq_q + i) * p.dim] = 1.0f;
+                in.K[(bh * p.seq_kv + star) * p.dim] = huge;  // s_i,star = huge + O(10)
+            }
+            on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
+                if (huge < 0) return;  // -1e4: the 2x rule against the reference says it all
+                for (std::int64_t bh = 0; bh < 2; ++bh)
+                    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+                        if (!p.key_visible(i, star)) continue;
+                        for (std::int64_t c = 0; c < p.dim; ++c)
+                            CHECK(out.O[(bh * p.seq_q + i) * p.dim + c] ==
+                                  Approx(in.V[(bh * p.seq_kv + star) * p.dim + c]).margin(1e-6));
+                    }
+            });
+        }
+}
+
+TEST_CASE("edge: all-equal scores give the mean of the visible values") {
+    for (int how = 0; how < 2; ++how)
+        for (bool causal : {false, true}) {
+            AttentionProblem p = make_problem(2, 3, 1, 31, 47, 11);
+            p.causal = causal;
+            ProblemData in = random_problem_data(p, test::next_seed());
+            if (how == 0) {
+                p.scale = 0.0f;  // every score is 0
+            } else {
+                for (std::int64_t j = 1; j < p.batch * p.seq_kv; ++j)  // every key the same
+                    std::copy_n(in.K.begin(), p.dim, in.K.begin() + j * p.dim);
+            }
+            on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
+                for (std::int64_t b = 0; b < p.batch; ++b)
+                    for (std::int64_t h = 0; h < p.heads; ++h)
+                        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+                            std::int64_t n = 0;
+                            std::vector<double> mean(p.dim, 0.0);
+                            for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+                                if (!p.key_visible(i, j)) continue;
+                                ++n;
+                                for (std::int64_t c = 0; c < p.dim; ++c)
+                                    mean[c] += in.V[at(b, 0, 1, p.seq_kv, j, p.dim, c)];
+                            }
+                            if (n == 0) continue;
+                            for (std::int64_t c = 0; c < p.dim; ++c)
+                                CHECK(out.O[at(b, h, p.heads, p.seq_q, i, p.dim, c)] ==
+                                      Approx(mean[c] / n).margin(1e-5));
+                            if (how == 0)
+                                CHECK(out.lse[p.lse_offset(b, h) + i] ==
+                                      Approx(std::log(double(n))).margin(1e-5));
+                        }
+            });
+        }
+}
+
+TEST_CASE("edge: subnormal inputs are computed, not turned into NaN") {
+    const float tiny = 1e-40f;  // subnormal in float32
+    REQUIRE(std::fpclassify(tiny) == FP_SUBNORMAL);
+    for (int which = 0; which < 3; ++which) {
+        AttentionProblem p = make_problem(1, 2, 2, 19, 23, 8);
+        p.causal = which == 2;
+        ProblemData in = random_problem_data(p, test::next_seed());
+        // 0: Q and K subnormal (scores underflow to 0); 1: V subnormal; 2: all of them.
+        const auto shrink = [&](std::vector<float>& x) {
+            for (float& v : x) v *= tiny;
+        };
+        if (which != 1) shrink(in.Q), shrink(in.K);
+        if (which != 0) shrink(in.V);
+        on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
+            for (float o : out.O) CHECK(std::isfinite(o));
+            for (float l : out.lse) CHECK(std::isfinite(l));
+        });
+    }
+}
+
+TEST_CASE("NaN in Q row i makes exactly row i NaN; NaN in K/V row j exactly the rows that attend j") {
+    struct Placement {
+        const char* what;
+        bool causal;
+        std::int64_t Nq, Nkv;
+        std::function<void(ProblemData&, const AttentionProblem&)> poison;
+        bool makes_nan = true;
+    };
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<Placement> placements = {
+        {"Q row 3 of (b=1, h=2)", false, 13, 17,
+         [&](ProblemData& in, const AttentionProblem& p) { in.Q[at(1, 2, p.heads, p.seq_q, 3, p.dim, 4)] = nan; }},
+        {"K row 5 of (b=0, kv head 1), causal", true, 13, 13,
+         [&](ProblemData& in, const AttentionProblem& p) { in.K[at(0, 1, p.heads_kv, p.seq_kv, 5, p.dim, 0)] = nan; }},
+        {"K row 5, causal with N_q < N_kv", true, 7, 19,
+         [&](ProblemData& in, const AttentionProblem& p) { in.K[at(1, 0, p.heads_kv, p.seq_kv, 5, p.dim, 2)] = nan; }},
+        {"K row 15, causal with N_q < N_kv (attended by the last rows only)", true, 7, 19,
+         [&](ProblemData& in, const AttentionProblem& p) { in.K[at(1, 0, p.heads_kv, p.seq_kv, 15, p.dim, 2)] = nan; }},
+        {"V row 8 column 2 only", false, 11, 23,
+         [&](ProblemData& in, const AttentionProblem& p) { in.V[at(0, 1, p.heads_kv, p.seq_kv, 8, p.dim, 2)] = nan; }},
+        {"V row 0, causal with N_q > N_kv (first rows attend nothing)", true, 29, 11,
+         [&](ProblemData& in, const AttentionProblem& p) { in.V[at(1, 1, p.heads_kv, p.seq_kv, 0, p.dim, 6)] = nan; }},
+        {"V row 10 (the last key), causal", true, 11, 11,
+         [&](ProblemData& in, const AttentionProblem& p) { in.V[at(0, 0, p.heads_kv, p.seq_kv, 10, p.dim, 1)] = nan; }},
+        {"Q row of a fully masked row (it attends nothing: O = 0)", true, 29, 11,
+         [&](ProblemData& in, const AttentionProblem& p) { in.Q[at(0, 3, p.heads, p.seq_q, 2, p.dim, 0)] = nan; },
+         false},
+        {"NaN everywhere in K of one kv head", false, 9, 9,
+         [&](ProblemData& in, const AttentionProblem& p) {
+             std::fill_n(in.K.begin() + at(1, 1, p.heads_kv, p.seq_kv, 0, p.dim, 0), p.seq_kv * p.dim, nan);
+         }},
+    };
+    for (const Placement& place : placements)
+        for (int with_mask = 0; with_mask < 2; ++with_mask) {
+            AttentionProblem p = make_problem(2, 4, 2, place.Nq, place.Nkv, 7);  // GQA ratio 2
+            p.causal = place.causal;
+            std::vector<std::uint8_t> mask;
+            if (with_mask) {  // a pattern of 3x4 blocks: key j is hidden from some rows
+                p.block_q = 3, p.block_kv = 4;
+                const std::int64_t Tr = tile_count(p.seq_q, 3), Tc = tile_count(p.seq_kv, 4);
+                for (std::int64_t r = 0; r < Tr; ++r)
+                    for (std::int64_t c = 0; c < Tc; ++c) mask.push_back((r + c) % 3 != 1);
+                p.block_mask = {mask.data(), 3, 4};
+            }
+            ProblemData in = random_problem_data(p, test::next_seed());
+            place.poison(in, p);
+            INFO(place.what << (with_mask ? ", with a block mask" : ""));
+            const NanPattern expected = expected_nans(p, in);
+            const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
+            CHECK(nans_of(ref.O, ref.lse) == expected);  // the reference obeys the rule too
+            // The placement really poisons some rows (and not all of them), or it shows nothing.
+            const auto poisoned = std::count(expected.O.begin(), expected.O.end(), true);
+            CHECK((poisoned > 0) == place.makes_nan);
+            CHECK(poisoned < p.q_elements());
+            on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
+                CHECK(nans_of(out.O, out.lse) == expected);
+            });
+        }
+}
+
+TEST_CASE("property: adding one vector u to every key leaves O unchanged, LSE shifts by scale q_i.u") {
+    std::mt19937_64 gen(test::next_seed());
+    for (int variant = 0; variant < 4; ++variant) {
+        AttentionProblem p = make_problem(2, 6, variant == 2 ? 2 : 6, 37, variant == 3 ? 17 : 53, 12);
+        p.causal = variant == 1 || variant == 3;
+        p.scale = 0.25f;  // a power of two keeps the dyadic scores exact
+        const ProblemData in = dyadic_data(p);
+        for (const Backend& b : available_backends()) {
+            if (!test::backend_accepts(b, p)) continue;
+            const DType t = test::test_dtype(b);
+            // |u| up to 64 shifts scores by hundreds (a form that skipped the max subtraction
+            // would overflow exp); bf16 keeps 8 bits, so k + u must stay within +-10 there.
+            const std::vector<float> u = dyadic(p.dim, gen, t == DType::bf16 ? 8.0f : 64.0f);
+            ProblemData shifted = in;
+            for (std::size_t k = 0; k < shifted.K.size(); ++k) shifted.K[k] += u[k % p.dim];
+            INFO(b.name << " " << test::describe(p));
+            const Outputs a = check_against_reference(b, p, in, t);
+            const Outputs s = check_against_reference(b, p, shifted, t);
+            const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
+            const Reference ref_s =
+                reference_attention(p, shifted.Q.data(), shifted.K.data(), shifted.V.data());
+            const test::RuleBounds bound = test::rule_bounds(p, in, ref, t);
+            const test::RuleBounds bound_s = test::rule_bounds(p, shifted, ref_s, t);
+            double worst_o = 0, worst_lse = 0;
+            for (std::size_t k = 0; k < a.O.size(); ++k)
+                worst_o = std::max(worst_o, double(std::fabs(a.O[k] - s.O[k])));
+            for (std::int64_t b_ = 0; b_ < p.batch; ++b_)
+                for (std::int64_t h = 0; h < p.heads; ++h)
+                    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+                        double qu = 0;
+                        for (std::int64_t c = 0; c < p.dim; ++c)
+                            qu += double(in.Q[at(b_, h, p.heads, p.seq_q, i, p.dim, c)]) * u[c];
+                        const std::int64_t r = p.lse_offset(b_, h) + i;
+                        if (!attends_any(p, i)) continue;  // -inf both times
+                        worst_lse = std::max(worst_lse, std::fabs(double(s.lse[r]) - a.lse[r] - p.scale * qu));
+                    }
+            INFO("max |O(K+u) - O(K)| = " << worst_o << ", LSE shift error " << worst_lse);
+            CHECK(worst_o <= bound.O + bound_s.O);
+            CHECK(worst_lse <= bound.lse + bound_s.lse);
+        }
+    }
+}
+
+TEST_CASE("property: permuting the rows of K and V together leaves O and LSE unchanged") {
+    std::mt19937_64 gen(test::next_seed());
+    for (std::int64_t Nkv : {1, 7, 113, 203}) {
+        AttentionProblem p = make_problem(2, 4, 2, 29, Nkv, 10);
+        const ProblemData in = random_problem_data(p, test::next_seed());
+        std::vector<std::int64_t> perm(Nkv);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), gen);
+        ProblemData permuted = in;
+        for (std::int64_t bh = 0; bh < p.batch * p.heads_kv; ++bh)
+            for (std::int64_t j = 0; j < Nkv; ++j)
+                for (std::int64_t c = 0; c < p.dim; ++c) {
+                    const std::size_t to = (bh * Nkv + j) * p.dim + c;
+                    const std::size_t from = (bh * Nkv + perm[j]) * p.dim + c;
+                    permuted.K[to] = in.K[from];
+                    permuted.V[to] = in.V[from];
+                }
+        for (const Backend& b : available_backends()) {
+            if (!test::backend_accepts(b, p)) continue;
+            const DType t = test::test_dtype(b);
+            INFO(b.name << " " << test::describe(p));
+            const Outputs a = check_against_reference(b, p, in, t);
+            const Outputs s = check_against_reference(b, p, permuted, t);
+            const test::RuleBounds bound = test::rule_bounds(
+                p, in, reference_attention(p, in.Q.data(), in.K.data(), in.V.data()), t);
+            const test::RuleBounds bound_s = test::rule_bounds(
+                p, permuted,
+                reference_attention(p, permuted.Q.data(), permuted.K.data(), permuted.V.data()), t);
+            for (std::size_t k = 0; k < a.O.size(); ++k)
+                CHECK(std::fabs(a.O[k] - s.O[k]) <= bound.O + bound_s.O);
+            for (std::size_t k = 0; k < a.lse.size(); ++k)
+                CHECK(std::fabs(a.lse[k] - s.lse[k]) <= bound.lse + bound_s.lse);
+        }
+    }
+}

@@ -1,0 +1,110 @@
+// tests/test_variants.cpp — every variant on every backend against float64 standard attention by
+// the 2x rule (issue 6): causal (bottom-right), GQA/MQA, softmax scale, block-sparse masks
+// (Algorithm 5) with empty rows of blocks, explicit block sizes and M, and the f16/bf16 inputs,
+// on shapes that are not multiples of any block size, with N_q < N_kv, N_q > N_kv, N_q = 1 and
+// N_kv = 1. Fully masked rows (causal with N_q > N_kv, empty block rows) are part of the grid.
+#include <random>
+
+#include "backends_under_test.hpp"
+#include "common/tiling.hpp"
+
+using namespace flashattn;
+using test::check_against_reference;
+using test::make_problem;
+
+namespace {
+
+// (N_q, N_kv): equal, N_q < N_kv, N_q > N_kv (fully masked rows under causal), and 1 each way.
+const std::vector<std::pair<std::int64_t, std::int64_t>> kSeqPairs = {
+    {1, 1}, {1, 113}, {113, 1}, {7, 203}, {203, 7}, {113, 113}, {203, 113}, {59, 1023}};
+
+// Runs one case on every backend that takes it, in the backend's test precision.
+void on_every_backend(const AttentionProblem& p) {
+    for (const Backend& b : available_backends())
+        if (test::backend_accepts(b, p)) check_against_reference(b, p, test::test_dtype(b));
+}
+
+// A random (Tr, Tc) block mask with about a third of the blocks off and, when there is more than
+// one row of blocks, one row of blocks entirely off (those query rows attend nothing).
+std::vector<std::uint8_t> random_block_mask(const AttentionProblem& p, std::mt19937& gen) {
+    const std::int64_t Tr = tile_count(p.seq_q, p.block_mask.block_q);
+    const std::int64_t Tc = tile_count(p.seq_kv, p.block_mask.block_kv);
+    std::vector<std::uint8_t> mask(Tr * Tc);
+    for (auto& m : mask) m = gen() % 3 != 0;
+    if (Tr > 1) std::fill_n(mask.begin() + (gen() % Tr) * Tc, Tc, 0);
+    return mask;
+}
+
+}  // namespace
+
+TEST_CASE("variants: plain and bottom-right causal attention on the odd-shape grid") {
+    for (auto [Nq, Nkv] : kSeqPairs)
+        for (std::int64_t d : {3, 37, 64})
+            for (bool causal : {false, true}) {
+                AttentionProblem p = make_problem(2, 3, 3, Nq, Nkv, d);
+                p.causal = causal;
+                on_every_backend(p);
+            }
+}
+
+TEST_CASE("variants: GQA with ratios 2 and 3 and MQA (ratio H), causal or not") {
+    for (auto [Nq, Nkv] : kSeqPairs)
+        for (std::int64_t Hkv : {3, 2, 1})  // H = 6: ratios 2, 3 and 6 (MQA)
+            for (bool causal : {false, true}) {
+                AttentionProblem p = make_problem(2, 6, Hkv, Nq, Nkv, 19);
+                p.causal = causal;
+                on_every_backend(p);
+            }
+}
+
+TEST_CASE("variants: softmax scale other than 1/sqrt(d), including 0 and negative") {
+    for (float scale : {0.3f, 2.5f, 0.0f, -0.7f})
+        for (bool causal : {false, true}) {
+            AttentionProblem p = make_problem(1, 4, 2, 113, 59, 21);
+            p.scale = scale;
+            p.causal = causal;
+            on_every_backend(p);
+        }
+}
+
+TEST_CASE("variants: random block masks with empty rows of blocks, alone and with causal") {
+    std::mt19937 gen(Catch::rngSeed() + 6);
+    for (auto [Nq, Nkv] : kSeqPairs)
+        for (bool causal : {false, true})
+            for (int repeat = 0; repeat < 2; ++repeat) {
+                AttentionProblem p = make_problem(2, 4, 2, Nq, Nkv, 13);
+                p.causal = causal;
+                // Block sizes of the mask, 1..40: often larger than N, rarely dividing it.
+                p.block_q = 1 + gen() % 40, p.block_kv = 1 + gen() % 40;
+                p.block_mask = {nullptr, p.block_q, p.block_kv};
+                const std::vector<std::uint8_t> mask = random_block_mask(p, gen);
+                p.block_mask.data = mask.data();
+                on_every_backend(p);
+            }
+}
+
+TEST_CASE("variants: explicit block sizes and SRAM sizes M give the same attention") {
+    for (auto [Br, Bc] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+             {1, 1}, {1, 13}, {7, 1}, {5, 3}, {32, 32}, {64, 16}, {300, 300}})
+        for (bool causal : {false, true}) {
+            AttentionProblem p = make_problem(1, 2, 1, 113, 87, 24);
+            p.block_q = Br, p.block_kv = Bc, p.causal = causal;
+            on_every_backend(p);
+        }
+    for (std::int64_t M : {4 * 24, 1000, 16384, 1 << 20}) {
+        AttentionProblem p = make_problem(2, 2, 2, 87, 113, 24);
+        p.sram_floats = M;
+        on_every_backend(p);
+    }
+}
+
+TEST_CASE("variants: every dtype each backend lists, on causal GQA") {
+    for (const Backend& b : available_backends())
+        for (DType t : b.dtypes)
+            for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                     {1, 37}, {37, 1}, {57, 113}, {113, 57}}) {
+                AttentionProblem p = make_problem(2, 4, 2, Nq, Nkv, 32);
+                p.causal = true;
+                if (test::backend_accepts(b, p)) check_against_reference(b, p, t);
+            }
+}
