@@ -1,17 +1,23 @@
 // tests/test_cli.cpp — the command-line contract of DESIGN.md: `run` writes correct outputs, and
-// any bad input gives exit status 2, a message starting "error:", and no output created or changed.
+// any bad input gives exit status 2, a message starting "error:", and no output created or changed
+// (issue 8: a long list of bad inputs, hostile files, and output paths that cannot be written).
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "helpers.hpp"
 #include "npy.hpp"
+#include "npy_files.hpp"
 
 using namespace flashattn;
+using test::npy_dict;
+using test::npy_file;
+using test::read_file;
+using test::write_file;
 namespace fs = std::filesystem;
 
 namespace {
@@ -25,21 +31,9 @@ Result flashattn_cli(const std::string& args, const fs::path& dir) {
     const fs::path err_file = dir / "stderr.txt";
     const std::string cmd = std::string(FLASHATTN_EXE) + " " + args + " 2> " + err_file.string() + " > /dev/null";
     const int raw = std::system(cmd.c_str());
-    std::ifstream in(err_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, ss.str()};
-}
-
-void write_file(const fs::path& path, const std::string& bytes) {
-    std::ofstream(path, std::ios::binary) << bytes;
-}
-
-std::string read_file(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    const std::string err = read_file(err_file);
+    fs::remove(err_file);
+    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, err};
 }
 
 struct TempDir {
@@ -48,8 +42,68 @@ struct TempDir {
         path = fs::temp_directory_path() / ("flashattn_cli_" + std::to_string(test::next_seed()));
         fs::create_directories(path);
     }
-    ~TempDir() { fs::remove_all(path); }
+    ~TempDir() {
+        std::error_code ec;
+        fs::permissions(path / "readonly", fs::perms::owner_all, ec);
+        fs::remove_all(path, ec);
+    }
 };
+
+// What a refused command must leave behind: no temporary file anywhere in `dir`.
+void check_no_temporaries(const fs::path& dir) {
+    for (const auto& entry : fs::recursive_directory_iterator(dir))
+        CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
+}
+
+// A refused command exits 2 and says why on a line starting "error:" (progress lines such as
+// scalar's block sizes may come before it).
+void check_refused(const Result& r) {
+    CHECK(r.status == 2);
+    CHECK((r.err.rfind("error:", 0) == 0 || r.err.find("\nerror:") != std::string::npos));
+}
+
+// A directory of valid and broken inputs for `run`: q (2,3,5,8), k (2,1,7,8), and more.
+struct Inputs {
+    TempDir tmp;
+    std::string q, k, io;
+    explicit Inputs() {
+        const std::vector<float> q_values(2 * 3 * 5 * 8, 0.5f), k_values(2 * 1 * 7 * 8, 0.25f);
+        write_file(tmp.path / "q.npy", npy::serialize_float32({2, 3, 5, 8}, q_values.data()));
+        write_file(tmp.path / "k.npy", npy::serialize_float32({2, 1, 7, 8}, k_values.data()));
+        q = file("q.npy"), k = file("k.npy");
+        io = " --q " + q + " --k " + k + " --v " + k;
+    }
+    std::string file(const std::string& name) const { return (tmp.path / name).string(); }
+    // Writes a float32 array of that shape (zeros) and returns its path.
+    std::string array(const std::string& name, const std::vector<std::int64_t>& shape) const {
+        std::int64_t n = 1;
+        for (std::int64_t d : shape) n *= d;
+        const std::vector<float> zeros(n, 0.0f);
+        write_file(tmp.path / name, npy::serialize_float32(shape, zeros.data()));
+        return file(name);
+    }
+    std::string raw(const std::string& name, const std::string& bytes) const {
+        write_file(tmp.path / name, bytes);
+        return file(name);
+    }
+};
+
+// Runs `flashattn ARGS --out OUT --lse OUT.lse` with OUT an existing file and with OUT a fresh
+// name: both runs must be refused and leave the existing file as it was and create nothing.
+void check_refused_with_outputs(const std::string& args, const fs::path& dir) {
+    const fs::path existing = dir / "existing.npy", fresh = dir / "fresh.npy";
+    write_file(existing, "keep me");
+    for (const char* left : {"fresh.npy", "fresh.npy.lse", "existing.npy.lse"}) fs::remove(dir / left);
+    for (const fs::path& out : {existing, fresh}) {
+        const Result r = flashattn_cli(args + " --out " + out.string() + " --lse " + out.string() + ".lse", dir);
+        INFO("flashattn " << args << " --out " << out.filename() << "\nstderr: " << r.err);
+        check_refused(r);
+        CHECK(read_file(existing) == "keep me");
+        CHECK_FALSE(fs::exists(fresh));
+        CHECK_FALSE(fs::exists(fs::path(out.string() + ".lse")));
+    }
+    check_no_temporaries(dir);
+}
 
 }  // namespace
 
@@ -85,50 +139,197 @@ TEST_CASE("flashattn run writes O and LSE that match float64 attention, (B,H,N,d
         }
 }
 
-TEST_CASE("flashattn: bad input gives exit 2, 'error:' and leaves outputs untouched") {
-    TempDir tmp;
-    const std::vector<float> q(2 * 3 * 5 * 8, 0.5f), k(2 * 1 * 7 * 8, 0.25f);
-    write_file(tmp.path / "q.npy", npy::serialize_float32({2, 3, 5, 8}, q.data()));
-    write_file(tmp.path / "k.npy", npy::serialize_float32({2, 1, 7, 8}, k.data()));
-    write_file(tmp.path / "k2.npy", npy::serialize_float32({2, 2, 7, 8}, k.data()));
-    write_file(tmp.path / "kd.npy", npy::serialize_float32({2, 1, 7, 7}, k.data()));
-    write_file(tmp.path / "junk.npy", "this is not an npy file");
-    write_file(tmp.path / "mask.npy", npy::serialize_float32({1, 1}, q.data()));
-    const std::string q_ = (tmp.path / "q.npy").string(), k_ = (tmp.path / "k.npy").string();
-    const fs::path existing = tmp.path / "existing.npy";
-    write_file(existing, "keep me");
-    const fs::path fresh = tmp.path / "fresh.npy";
-    const std::string io = " --q " + q_ + " --k " + k_ + " --v " + k_;
+TEST_CASE("flashattn: bad options give exit 2, 'error:' and leave outputs untouched") {
+    const Inputs in;
+    const std::string& io = in.io;
     const std::vector<std::string> bad = {
         "run --backend nosuch" + io,
-        "run --backend scalar --q " + q_ + " --k " + (tmp.path / "k2.npy").string() + " --v " + k_,
-        "run --backend scalar --q " + q_ + " --k " + (tmp.path / "kd.npy").string() + " --v " +
-            (tmp.path / "kd.npy").string(),
-        "run --backend scalar --q " + (tmp.path / "junk.npy").string() + " --k " + k_ + " --v " + k_,
-        "run --backend scalar --q " + (tmp.path / "missing.npy").string() + " --k " + k_ + " --v " + k_,
         "run --backend scalar" + io + " --scale inf",
+        "run --backend scalar" + io + " --scale nan",
+        "run --backend scalar" + io + " --scale 1e39",  // finite as a double, inf as a float
         "run --backend scalar" + io + " --scale abc",
         "run --backend scalar" + io + " --block-q 0 --block-kv 4",
+        "run --backend scalar" + io + " --block-q -1 --block-kv 4",
         "run --backend scalar" + io + " --block-q 4",
         "run --backend scalar" + io + " --sram-bytes 8",
+        "run --backend scalar" + io + " --sram-bytes -4096",
         "run --backend scalar" + io + " --sram-bytes 4096 --block-q 2 --block-kv 2",
-        "run --backend scalar" + io + " --block-mask " + (tmp.path / "mask.npy").string() +
-            " --block-q 2 --block-kv 2",
         "run --backend scalar" + io + " --dtype f64",
         "run --backend scalar" + io + " --no-such-option",
-        "run --backend scalar --q " + q_,
+        "run --backend scalar --q " + in.q,
+        "",
+        "nosuchcommand",
+        "demo --seq 0",
+        "demo --dim 257",
+        "demo --heads 0",
+        "demo --batch -1",
+        "demo --seq abc",
     };
-    for (const std::string& args : bad)
-        for (const fs::path& out : {existing, fresh}) {
-            const Result r = flashattn_cli(args + " --out " + out.string() + " --lse " + out.string() + ".lse", tmp.path);
-            INFO("flashattn " << args << "\nstderr: " << r.err);
-            CHECK(r.status == 2);
-            CHECK(r.err.rfind("error:", 0) == 0);
-            CHECK(read_file(existing) == "keep me");
-            CHECK_FALSE(fs::exists(fresh));
-            CHECK_FALSE(fs::exists(fs::path(out.string() + ".lse")));
-        }
-    // No temporary file is left behind either.
-    for (const auto& entry : fs::directory_iterator(tmp.path))
-        CHECK(entry.path().string().find(".tmp.") == std::string::npos);
+    for (const std::string& args : bad) check_refused_with_outputs(args, in.tmp.path);
+}
+
+TEST_CASE("flashattn run: arrays of the wrong rank or of mismatched shapes are refused") {
+    const Inputs in;
+    const std::string q = " --q " + in.q, k = " --k " + in.k + " --v " + in.k;
+    const std::vector<std::string> bad = {
+        // rank 3, 1, 0 and 5 (with K/V of the same rank)
+        "--q " + in.array("q3.npy", {3, 5, 8}) + " --k " + in.array("k3.npy", {1, 7, 8}) + " --v " + in.file("k3.npy"),
+        "--q " + in.array("q1.npy", {8}) + " --k " + in.array("k1.npy", {8}) + " --v " + in.file("k1.npy"),
+        "--q " + in.array("q0.npy", {}) + " --k " + in.array("k0.npy", {}) + " --v " + in.file("k0.npy"),
+        "--q " + in.array("q5.npy", {1, 2, 3, 5, 8}) + " --k " + in.array("k5.npy", {1, 2, 1, 7, 8}) +
+            " --v " + in.file("k5.npy"),
+        // Q (N, d) with K (B, H, N, d)
+        "--q " + in.array("q2d.npy", {5, 8}) + k,
+        // K and V of different shapes
+        q + " --k " + in.k + " --v " + in.array("v6.npy", {2, 1, 6, 8}),
+        // batch, head dimension and head count that do not match Q
+        q + " --k " + in.array("kb.npy", {1, 1, 7, 8}) + " --v " + in.file("kb.npy"),
+        q + " --k " + in.array("kd.npy", {2, 1, 7, 7}) + " --v " + in.file("kd.npy"),
+        q + " --k " + in.array("kh.npy", {2, 2, 7, 8}) + " --v " + in.file("kh.npy"),  // 3 % 2
+        q + " --k " + in.array("kh4.npy", {2, 6, 7, 8}) + " --v " + in.file("kh4.npy"),
+        // empty sequences and head dimension 0 or beyond 256
+        "--q " + in.array("qn0.npy", {2, 3, 0, 8}) + k,
+        q + " --k " + in.array("kn0.npy", {2, 1, 0, 8}) + " --v " + in.file("kn0.npy"),
+        "--q " + in.array("qd0.npy", {5, 0}) + " --k " + in.array("kd0.npy", {7, 0}) + " --v " + in.file("kd0.npy"),
+        "--q " + in.array("qd.npy", {5, 300}) + " --k " + in.array("kdd.npy", {7, 300}) + " --v " + in.file("kdd.npy"),
+    };
+    for (const std::string& args : bad) check_refused_with_outputs("run --backend standard " + args, in.tmp.path);
+}
+
+TEST_CASE("flashattn run: hostile, empty and non-file inputs are refused") {
+    const Inputs in;
+    const std::string k = " --k " + in.k + " --v " + in.k;
+    fs::create_directories(in.tmp.path / "dir.npy");
+    const std::vector<std::string> bad_q = {
+        in.raw("empty.npy", ""),
+        in.file("dir.npy"),
+        in.file("missing.npy"),
+        in.raw("junk.npy", "this is not an npy file"),
+        in.raw("f64.npy", npy_file(npy_dict("<f8", "(2, 3, 5, 8)"), 1, 8 * 240)),
+        in.raw("be.npy", npy_file(npy_dict(">f4", "(2, 3, 5, 8)"), 1, 4 * 240)),
+        in.raw("i32.npy", npy_file(npy_dict("<i4", "(2, 3, 5, 8)"), 1, 4 * 240)),
+        in.raw("u8.npy", npy_file(npy_dict("|u1", "(2, 3, 5, 8)"), 1, 240)),
+        in.raw("fortran.npy", npy_file(npy_dict("<f4", "(2, 3, 5, 8)", "True"), 1, 4 * 240)),
+        in.raw("v9.npy", [] { std::string f = npy_file(npy_dict("<f4", "(2, 3, 5, 8)"), 1, 960); f[6] = 9; return f; }()),
+        in.raw("past.npy", [] { std::string f = npy_file(npy_dict("<f4", "(2, 3, 5, 8)"), 1, 960); f[9] = 0x7F; return f; }()),
+        in.raw("short.npy", npy_file(npy_dict("<f4", "(2, 3, 5, 8)"), 1, 959)),
+        in.raw("claims.npy", npy_file(npy_dict("<f4", "(1024, 1024, 1024, 64)"), 1, 960)),
+        in.raw("overflow.npy", npy_file(npy_dict("<f4", "(4294967296, 4294967296, 1, 1)"), 1, 960)),
+    };
+    for (const std::string& q : bad_q) check_refused_with_outputs("run --backend scalar --q " + q + k, in.tmp.path);
+    // The same files as K or V.
+    for (const std::string& bad : {in.file("empty.npy"), in.file("dir.npy"), in.file("f64.npy")}) {
+        check_refused_with_outputs("run --backend scalar --q " + in.q + " --k " + bad + " --v " + in.k, in.tmp.path);
+        check_refused_with_outputs("run --backend scalar --q " + in.q + " --k " + in.k + " --v " + bad, in.tmp.path);
+    }
+}
+
+TEST_CASE("flashattn run: block masks of the wrong dtype, shape or values are refused") {
+    const Inputs in;
+    // q has N_q = 5, k has N_kv = 7: blocks of 2 x 3 give (Tr, Tc) = (3, 3).
+    const std::string run = "run --backend scalar" + in.io + " --block-q 2 --block-kv 3 --block-mask ";
+    const auto mask = [&](const std::string& name, const std::string& descr, const std::string& shape,
+                          const std::string& bytes) {
+        return in.raw(name, npy_file(npy_dict(descr, shape), 1, 0) + bytes);
+    };
+    const std::string ones9(9, '\x01');
+    const std::vector<std::string> bad = {
+        run + in.array("mf.npy", {3, 3}),                               // float32
+        run + mask("mi.npy", "<i4", "(3, 3)", std::string(36, '\0')),  // int32
+        run + mask("m2.npy", "|u1", "(3, 3)", ones9.substr(0, 8) + "\x02"),  // a 2
+        run + mask("mb.npy", "|b1", "(3, 3)", ones9.substr(0, 8) + "\x07"),  // a bool byte of 7
+        run + mask("ms.npy", "|u1", "(3, 4)", ones9 + "\x01\x01\x01"),       // (3, 4)
+        run + mask("mt.npy", "|u1", "(3, 3, 1)", ones9),                     // rank 3
+        run + mask("m1.npy", "|u1", "(9,)", ones9),                          // rank 1
+        run + in.raw("me.npy", ""),                                          // empty file
+        run + in.file("missing_mask.npy"),
+        "run --backend scalar" + in.io + " --block-mask " + mask("mn.npy", "|u1", "(3, 3)", ones9),
+        "run --backend scalar" + in.io + " --sram-bytes 4096 --block-mask " + in.file("mn.npy"),
+    };
+    for (const std::string& args : bad) check_refused_with_outputs(args, in.tmp.path);
+}
+
+TEST_CASE("flashattn run: outputs that cannot be written are refused and change nothing") {
+    const Inputs in;
+    const fs::path dir = in.tmp.path;
+    const std::string run = "run --backend scalar" + in.io;
+    const fs::path existing = dir / "existing.npy", existing_lse = dir / "existing_lse.npy";
+    const fs::path out_dir = dir / "out_dir.npy";
+    fs::create_directories(out_dir);
+    const fs::path fifo = dir / "fifo.npy";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    struct Case {
+        std::string outputs;
+        const char* why;
+    };
+    std::vector<Case> cases = {
+        {" --out " + out_dir.string(), "--out is a directory"},
+        {" --out " + existing.string() + " --lse " + out_dir.string(),
+         "--lse is a directory (O would be written first)"},
+        {" --out " + (dir / "no_such_dir" / "o.npy").string(), "directory does not exist"},
+        {" --out " + existing.string() + " --lse " + (dir / "no_such_dir" / "l.npy").string(),
+         "--lse directory does not exist"},
+        {" --out " + (dir / "q.npy" / "o.npy").string(), "a file used as a directory"},
+        {" --out /proc/flashattn_cannot_write_here.npy", "a directory nobody can create files in"},
+        {" --out " + existing.string() + " --lse " + existing.string(), "--out and --lse are one file"},
+        {" --out " + existing.string() + " --lse " + dir.string() + "/./existing.npy", "the same, spelled differently"},
+        {" --out " + fifo.string(), "--out is a FIFO (never replaced by a regular file)"},
+        {" --out ''", "--out is empty"},
+    };
+    // Permissions do not stop root, so a read-only directory is a test only for other users.
+    if (::geteuid() != 0) {
+        fs::create_directories(dir / "readonly");
+        fs::permissions(dir / "readonly", fs::perms::owner_read | fs::perms::owner_exec);
+        cases.push_back({" --out " + (dir / "readonly" / "o.npy").string(), "read-only directory"});
+    }
+    for (const Case& c : cases) {
+        write_file(existing, "keep O");
+        write_file(existing_lse, "keep LSE");
+        const Result r = flashattn_cli(run + c.outputs, dir);
+        INFO(c.why << "\nflashattn " << run << c.outputs << "\nstderr: " << r.err);
+        check_refused(r);
+        CHECK(read_file(existing) == "keep O");
+        CHECK(read_file(existing_lse) == "keep LSE");
+        CHECK(fs::is_directory(out_dir));
+        CHECK(fs::is_fifo(fifo));
+        CHECK_FALSE(fs::exists(dir / "o.npy"));
+        check_no_temporaries(dir);
+    }
+}
+
+TEST_CASE("flashattn run: a successful run replaces existing outputs whole, with the usual mode") {
+    const Inputs in;
+    const fs::path out = in.tmp.path / "o.npy", lse = in.tmp.path / "l.npy";
+    write_file(out, std::string(100000, 'x'));  // longer than the new file: no stale tail
+    write_file(lse, "old");
+    const mode_t old_mask = ::umask(022);
+    const Result r = flashattn_cli("run --backend scalar" + in.io + " --out " + out.string() +
+                                       " --lse " + lse.string(), in.tmp.path);
+    ::umask(old_mask);
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    CHECK(npy::load(out.string()).shape == std::vector<std::int64_t>{2, 3, 5, 8});
+    CHECK(npy::load(lse.string()).shape == std::vector<std::int64_t>{2, 3, 5});
+    CHECK((fs::status(out).permissions() & fs::perms::all) ==
+          (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read));
+    check_no_temporaries(in.tmp.path);
+    // Block sizes far beyond N are one tile, not an error.
+    const Result huge = flashattn_cli("run --backend scalar" + in.io + " --out " + out.string() +
+                                          " --block-q 9223372036854775807 --block-kv 4294967296",
+                                      in.tmp.path);
+    INFO(huge.err);
+    CHECK(huge.status == 0);
+}
+
+TEST_CASE("flashattn demo: a problem too large for memory is a clean error, not a crash") {
+    TempDir tmp;
+    for (const std::string args : {
+             "demo --seq 1099511627776 --dim 1 --heads 1",  // 4 TiB of inputs
+             "demo --seq 1048576 --dim 1 --heads 1",         // 4 MiB inputs, 8 TiB float64 S
+             "demo --batch 1048576 --heads 1048576 --seq 1048576 --dim 256",  // validate()
+         }) {
+        const Result r = flashattn_cli(args, tmp.path);
+        INFO("flashattn " << args << "\nstderr: " << r.err);
+        check_refused(r);
+    }
 }
