@@ -232,7 +232,8 @@ Array parse(const std::string& contents, const std::string& name) {
     const char* data = contents.data() + h.data_offset;
     if (a.type == ElementType::float32) {
         a.floats.resize(h.count);
-        std::memcpy(a.floats.data(), data, h.data_bytes);  // host is little-endian, as '<f4'
+        if (h.count > 0)  // (an empty vector's data() may be null, which memcpy must not get)
+            std::memcpy(a.floats.data(), data, h.data_bytes);  // host is little-endian, as '<f4'
     } else {
         a.bytes.assign(data, data + h.data_bytes);
     }
@@ -265,7 +266,7 @@ Array load(const std::string& path) {
         data = reinterpret_cast<char*>(a.bytes.data());
     }
     in.seekg(static_cast<std::streamoff>(h.data_offset));
-    if (!in.read(data, static_cast<std::streamsize>(h.data_bytes)))
+    if (h.data_bytes > 0 && !in.read(data, static_cast<std::streamsize>(h.data_bytes)))
         throw std::runtime_error(path + ": read failed (file changed while reading?)");
     check_bools(a, path);
     return a;
