@@ -14,6 +14,7 @@
 #include <random>
 
 #include "backends_under_test.hpp"
+#include "input_dependence.hpp"
 #include "common/tiling.hpp"
 
 using namespace flashattn;
@@ -44,50 +45,6 @@ ProblemData dyadic_data(const AttentionProblem& p) {
 std::size_t at(std::int64_t b, std::int64_t h, std::int64_t heads, std::int64_t rows,
                std::int64_t row, std::int64_t d, std::int64_t c) {
     return static_cast<std::size_t>(((b * heads + h) * rows + row) * d + c);
-}
-
-bool row_has_nan(const std::vector<float>& x, std::size_t begin, std::int64_t d) {
-    return std::any_of(x.begin() + begin, x.begin() + begin + d, [](float v) { return v != v; });
-}
-
-// Where DESIGN.md's rule puts NaN, worked out from the inputs alone (not from any backend):
-// O[i][c] is NaN iff row i attends some key and (Q_i has a NaN, or a key j it attends has a NaN
-// in K_j, or a NaN in V_j[c]); LSE[i] is NaN iff row i attends some key and (Q_i or an attended
-// K_j has a NaN). A row that attends nothing reads no input and is O = 0, LSE = -inf.
-struct NanPattern {
-    std::vector<bool> O, lse;
-    bool operator==(const NanPattern& o) const { return O == o.O && lse == o.lse; }
-};
-
-NanPattern expected_nans(const AttentionProblem& p, const ProblemData& in) {
-    NanPattern e{std::vector<bool>(p.q_elements()), std::vector<bool>(p.lse_elements())};
-    const std::int64_t d = p.dim;
-    for (std::int64_t b = 0; b < p.batch; ++b)
-        for (std::int64_t h = 0; h < p.heads; ++h)
-            for (std::int64_t i = 0; i < p.seq_q; ++i) {
-                bool attends = false, score_nan = row_has_nan(in.Q, at(b, h, p.heads, p.seq_q, i, d, 0), d);
-                std::vector<bool> value_nan(d, false);
-                for (std::int64_t j = 0; j < p.seq_kv; ++j) {
-                    if (!p.key_visible(i, j)) continue;
-                    attends = true;
-                    const std::size_t kv = at(b, p.kv_head(h), p.heads_kv, p.seq_kv, j, d, 0);
-                    score_nan = score_nan || row_has_nan(in.K, kv, d);
-                    for (std::int64_t c = 0; c < d; ++c)
-                        value_nan[c] = value_nan[c] || in.V[kv + c] != in.V[kv + c];
-                }
-                e.lse[p.lse_offset(b, h) + i] = attends && score_nan;
-                for (std::int64_t c = 0; c < d; ++c)
-                    e.O[at(b, h, p.heads, p.seq_q, i, d, c)] = attends && (score_nan || value_nan[c]);
-            }
-    return e;
-}
-
-template <class T>
-NanPattern nans_of(const std::vector<T>& O, const std::vector<T>& lse) {
-    NanPattern n{std::vector<bool>(O.size()), std::vector<bool>(lse.size())};
-    for (std::size_t k = 0; k < O.size(); ++k) n.O[k] = O[k] != O[k];
-    for (std::size_t k = 0; k < lse.size(); ++k) n.lse[k] = lse[k] != lse[k];
-    return n;
 }
 
 bool attends_any(const AttentionProblem& p, std::int64_t i) {
@@ -293,7 +250,7 @@ TEST_CASE("edge: subnormal inputs are computed, not turned into NaN") {
     }
 }
 
-TEST_CASE("NaN in Q row i makes exactly row i NaN; NaN in K/V row j exactly the rows that attend j") {
+TEST_CASE("NaN in Q row i makes exactly row i NaN, NaN in K/V row j exactly the rows that attend j") {
     struct Placement {
         const char* what;
         bool causal;
@@ -340,15 +297,15 @@ TEST_CASE("NaN in Q row i makes exactly row i NaN; NaN in K/V row j exactly the 
             ProblemData in = random_problem_data(p, test::next_seed());
             place.poison(in, p);
             INFO(place.what << (with_mask ? ", with a block mask" : ""));
-            const NanPattern expected = expected_nans(p, in);
+            const test::OutputFlags expected = test::expected_nans(p, in);
             const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
-            CHECK(nans_of(ref.O, ref.lse) == expected);  // the reference obeys the rule too
+            CHECK(test::nans_of(ref.O, ref.lse) == expected);  // the reference obeys the rule too
             // The placement really poisons some rows (and not all of them), or it shows nothing.
             const auto poisoned = std::count(expected.O.begin(), expected.O.end(), true);
             CHECK((poisoned > 0) == place.makes_nan);
             CHECK(poisoned < p.q_elements());
             on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
-                CHECK(nans_of(out.O, out.lse) == expected);
+                CHECK(test::nans_of(out.O, out.lse) == expected);
             });
         }
 }
