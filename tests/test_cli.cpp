@@ -39,7 +39,9 @@ Result flashattn_cli(const std::string& args, const fs::path& dir) {
 struct TempDir {
     fs::path path;
     TempDir() {
-        path = fs::temp_directory_path() / ("flashattn_cli_" + std::to_string(test::next_seed()));
+        // The process id: ctest runs test cases as parallel processes, and the seeds repeat.
+        path = fs::temp_directory_path() /
+               ("flashattn_cli_" + std::to_string(::getpid()) + "_" + std::to_string(test::next_seed()));
         fs::create_directories(path);
     }
     ~TempDir() {
