@@ -29,7 +29,8 @@ struct Result {
 
 Result flashattn_cli(const std::string& args, const fs::path& dir) {
     const fs::path err_file = dir / "stderr.txt";
-    const std::string cmd = std::string(FLASHATTN_EXE) + " " + args + " 2> " + err_file.string() + " > /dev/null";
+    const std::string cmd =
+        std::string(FLASHATTN_EXE) + " " + args + " 2> " + err_file.string() + " > /dev/null";
     const int raw = std::system(cmd.c_str());
     const std::string err = read_file(err_file);
     fs::remove(err_file);
@@ -40,8 +41,8 @@ struct TempDir {
     fs::path path;
     TempDir() {
         // The process id: ctest runs test cases as parallel processes, and the seeds repeat.
-        path = fs::temp_directory_path() /
-               ("flashattn_cli_" + std::to_string(::getpid()) + "_" + std::to_string(test::next_seed()));
+        path = fs::temp_directory_path() / ("flashattn_cli_" + std::to_string(::getpid()) + "_" +
+                                            std::to_string(test::next_seed()));
         fs::create_directories(path);
     }
     ~TempDir() {
@@ -95,9 +96,11 @@ struct Inputs {
 void check_refused_with_outputs(const std::string& args, const fs::path& dir) {
     const fs::path existing = dir / "existing.npy", fresh = dir / "fresh.npy";
     write_file(existing, "keep me");
-    for (const char* left : {"fresh.npy", "fresh.npy.lse", "existing.npy.lse"}) fs::remove(dir / left);
+    for (const char* left : {"fresh.npy", "fresh.npy.lse", "existing.npy.lse"})
+        fs::remove(dir / left);
     for (const fs::path& out : {existing, fresh}) {
-        const Result r = flashattn_cli(args + " --out " + out.string() + " --lse " + out.string() + ".lse", dir);
+        const Result r =
+            flashattn_cli(args + " --out " + out.string() + " --lse " + out.string() + ".lse", dir);
         INFO("flashattn " << args << " --out " << out.filename() << "\nstderr: " << r.err);
         check_refused(r);
         CHECK(read_file(existing) == "keep me");
@@ -126,9 +129,10 @@ TEST_CASE("flashattn run writes O and LSE that match float64 attention, (B,H,N,d
             write_file(tmp.path / "v.npy", npy::serialize_float32(ks, in.V.data()));
             const fs::path out = tmp.path / "o.npy", lse = tmp.path / "lse.npy";
             const Result r = flashattn_cli(
-                "run --backend " + backend + " --causal --q " + (tmp.path / "q.npy").string() + " --k " +
-                    (tmp.path / "k.npy").string() + " --v " + (tmp.path / "v.npy").string() +
-                    " --out " + out.string() + " --lse " + lse.string() + " --block-q 5 --block-kv 7",
+                "run --backend " + backend + " --causal --q " + (tmp.path / "q.npy").string() +
+                    " --k " + (tmp.path / "k.npy").string() + " --v " +
+                    (tmp.path / "v.npy").string() + " --out " + out.string() + " --lse " +
+                    lse.string() + " --block-q 5 --block-kv 7",
                 tmp.path);
             INFO(r.err);
             REQUIRE(r.status == 0);
@@ -175,11 +179,14 @@ TEST_CASE("flashattn run: arrays of the wrong rank or of mismatched shapes are r
     const std::string q = " --q " + in.q, k = " --k " + in.k + " --v " + in.k;
     const std::vector<std::string> bad = {
         // rank 3, 1, 0 and 5 (with K/V of the same rank)
-        "--q " + in.array("q3.npy", {3, 5, 8}) + " --k " + in.array("k3.npy", {1, 7, 8}) + " --v " + in.file("k3.npy"),
-        "--q " + in.array("q1.npy", {8}) + " --k " + in.array("k1.npy", {8}) + " --v " + in.file("k1.npy"),
-        "--q " + in.array("q0.npy", {}) + " --k " + in.array("k0.npy", {}) + " --v " + in.file("k0.npy"),
-        "--q " + in.array("q5.npy", {1, 2, 3, 5, 8}) + " --k " + in.array("k5.npy", {1, 2, 1, 7, 8}) +
-            " --v " + in.file("k5.npy"),
+        "--q " + in.array("q3.npy", {3, 5, 8}) + " --k " + in.array("k3.npy", {1, 7, 8}) + " --v " +
+            in.file("k3.npy"),
+        "--q " + in.array("q1.npy", {8}) + " --k " + in.array("k1.npy", {8}) + " --v " +
+            in.file("k1.npy"),
+        "--q " + in.array("q0.npy", {}) + " --k " + in.array("k0.npy", {}) + " --v " +
+            in.file("k0.npy"),
+        "--q " + in.array("q5.npy", {1, 2, 3, 5, 8}) + " --k " +
+            in.array("k5.npy", {1, 2, 1, 7, 8}) + " --v " + in.file("k5.npy"),
         // Q (N, d) with K (B, H, N, d)
         "--q " + in.array("q2d.npy", {5, 8}) + k,
         // K and V of different shapes
@@ -192,10 +199,13 @@ TEST_CASE("flashattn run: arrays of the wrong rank or of mismatched shapes are r
         // empty sequences and head dimension 0 or beyond 256
         "--q " + in.array("qn0.npy", {2, 3, 0, 8}) + k,
         q + " --k " + in.array("kn0.npy", {2, 1, 0, 8}) + " --v " + in.file("kn0.npy"),
-        "--q " + in.array("qd0.npy", {5, 0}) + " --k " + in.array("kd0.npy", {7, 0}) + " --v " + in.file("kd0.npy"),
-        "--q " + in.array("qd.npy", {5, 300}) + " --k " + in.array("kdd.npy", {7, 300}) + " --v " + in.file("kdd.npy"),
+        "--q " + in.array("qd0.npy", {5, 0}) + " --k " + in.array("kd0.npy", {7, 0}) + " --v " +
+            in.file("kd0.npy"),
+        "--q " + in.array("qd.npy", {5, 300}) + " --k " + in.array("kdd.npy", {7, 300}) + " --v " +
+            in.file("kdd.npy"),
     };
-    for (const std::string& args : bad) check_refused_with_outputs("run --backend standard " + args, in.tmp.path);
+    for (const std::string& args : bad)
+        check_refused_with_outputs("run --backend standard " + args, in.tmp.path);
 }
 
 TEST_CASE("flashattn run: hostile, empty and non-file inputs are refused") {
@@ -212,32 +222,46 @@ TEST_CASE("flashattn run: hostile, empty and non-file inputs are refused") {
         in.raw("i32.npy", npy_file(npy_dict("<i4", "(2, 3, 5, 8)"), 1, 4 * 240)),
         in.raw("u8.npy", npy_file(npy_dict("|u1", "(2, 3, 5, 8)"), 1, 240)),
         in.raw("fortran.npy", npy_file(npy_dict("<f4", "(2, 3, 5, 8)", "True"), 1, 4 * 240)),
-        in.raw("v9.npy", [] { std::string f = npy_file(npy_dict("<f4", "(2, 3, 5, 8)"), 1, 960); f[6] = 9; return f; }()),
-        in.raw("past.npy", [] { std::string f = npy_file(npy_dict("<f4", "(2, 3, 5, 8)"), 1, 960); f[9] = 0x7F; return f; }()),
+        in.raw("v9.npy",
+               [] {
+                   std::string f = npy_file(npy_dict("<f4", "(2, 3, 5, 8)"), 1, 960);
+                   f[6] = 9;
+                   return f;
+               }()),
+        in.raw("past.npy",
+               [] {
+                   std::string f = npy_file(npy_dict("<f4", "(2, 3, 5, 8)"), 1, 960);
+                   f[9] = 0x7F;
+                   return f;
+               }()),
         in.raw("short.npy", npy_file(npy_dict("<f4", "(2, 3, 5, 8)"), 1, 959)),
         in.raw("claims.npy", npy_file(npy_dict("<f4", "(1024, 1024, 1024, 64)"), 1, 960)),
         in.raw("overflow.npy", npy_file(npy_dict("<f4", "(4294967296, 4294967296, 1, 1)"), 1, 960)),
     };
-    for (const std::string& q : bad_q) check_refused_with_outputs("run --backend scalar --q " + q + k, in.tmp.path);
+    for (const std::string& q : bad_q)
+        check_refused_with_outputs("run --backend scalar --q " + q + k, in.tmp.path);
     // The same files as K or V.
     for (const std::string& bad : {in.file("empty.npy"), in.file("dir.npy"), in.file("f64.npy")}) {
-        check_refused_with_outputs("run --backend scalar --q " + in.q + " --k " + bad + " --v " + in.k, in.tmp.path);
-        check_refused_with_outputs("run --backend scalar --q " + in.q + " --k " + in.k + " --v " + bad, in.tmp.path);
+        check_refused_with_outputs(
+            "run --backend scalar --q " + in.q + " --k " + bad + " --v " + in.k, in.tmp.path);
+        check_refused_with_outputs(
+            "run --backend scalar --q " + in.q + " --k " + in.k + " --v " + bad, in.tmp.path);
     }
 }
 
 TEST_CASE("flashattn run: block masks of the wrong dtype, shape or values are refused") {
     const Inputs in;
     // q has N_q = 5, k has N_kv = 7: blocks of 2 x 3 give (Tr, Tc) = (3, 3).
-    const std::string run = "run --backend scalar" + in.io + " --block-q 2 --block-kv 3 --block-mask ";
-    const auto mask = [&](const std::string& name, const std::string& descr, const std::string& shape,
-                          const std::string& bytes) {
+    const std::string run =
+        "run --backend scalar" + in.io + " --block-q 2 --block-kv 3 --block-mask ";
+    const auto mask = [&](const std::string& name, const std::string& descr,
+                          const std::string& shape, const std::string& bytes) {
         return in.raw(name, npy_file(npy_dict(descr, shape), 1, 0) + bytes);
     };
     const std::string ones9(9, '\x01');
     const std::vector<std::string> bad = {
-        run + in.array("mf.npy", {3, 3}),                               // float32
-        run + mask("mi.npy", "<i4", "(3, 3)", std::string(36, '\0')),  // int32
+        run + in.array("mf.npy", {3, 3}),                                    // float32
+        run + mask("mi.npy", "<i4", "(3, 3)", std::string(36, '\0')),        // int32
         run + mask("m2.npy", "|u1", "(3, 3)", ones9.substr(0, 8) + "\x02"),  // a 2
         run + mask("mb.npy", "|b1", "(3, 3)", ones9.substr(0, 8) + "\x07"),  // a bool byte of 7
         run + mask("ms.npy", "|u1", "(3, 4)", ones9 + "\x01\x01\x01"),       // (3, 4)
@@ -273,8 +297,10 @@ TEST_CASE("flashattn run: outputs that cannot be written are refused and change 
          "--lse directory does not exist"},
         {" --out " + (dir / "q.npy" / "o.npy").string(), "a file used as a directory"},
         {" --out /proc/flashattn_cannot_write_here.npy", "a directory nobody can create files in"},
-        {" --out " + existing.string() + " --lse " + existing.string(), "--out and --lse are one file"},
-        {" --out " + existing.string() + " --lse " + dir.string() + "/./existing.npy", "the same, spelled differently"},
+        {" --out " + existing.string() + " --lse " + existing.string(),
+         "--out and --lse are one file"},
+        {" --out " + existing.string() + " --lse " + dir.string() + "/./existing.npy",
+         "the same, spelled differently"},
         {" --out " + fifo.string(), "--out is a FIFO (never replaced by a regular file)"},
         {" --out ''", "--out is empty"},
     };
@@ -305,15 +331,17 @@ TEST_CASE("flashattn run: a successful run replaces existing outputs whole, with
     write_file(out, std::string(100000, 'x'));  // longer than the new file: no stale tail
     write_file(lse, "old");
     const mode_t old_mask = ::umask(022);
-    const Result r = flashattn_cli("run --backend scalar" + in.io + " --out " + out.string() +
-                                       " --lse " + lse.string(), in.tmp.path);
+    const Result r = flashattn_cli(
+        "run --backend scalar" + in.io + " --out " + out.string() + " --lse " + lse.string(),
+        in.tmp.path);
     ::umask(old_mask);
     INFO(r.err);
     REQUIRE(r.status == 0);
     CHECK(npy::load(out.string()).shape == std::vector<std::int64_t>{2, 3, 5, 8});
     CHECK(npy::load(lse.string()).shape == std::vector<std::int64_t>{2, 3, 5});
     CHECK((fs::status(out).permissions() & fs::perms::all) ==
-          (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read));
+          (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+           fs::perms::others_read));
     check_no_temporaries(in.tmp.path);
     // Block sizes far beyond N are one tile, not an error.
     const Result huge = flashattn_cli("run --backend scalar" + in.io + " --out " + out.string() +
@@ -327,7 +355,7 @@ TEST_CASE("flashattn demo: a problem too large for memory is a clean error, not 
     TempDir tmp;
     for (const std::string args : {
              "demo --seq 1099511627776 --dim 1 --heads 1",  // 4 TiB of inputs
-             "demo --seq 1048576 --dim 1 --heads 1",         // 4 MiB inputs, 8 TiB float64 S
+             "demo --seq 1048576 --dim 1 --heads 1",        // 4 MiB inputs, 8 TiB float64 S
              "demo --batch 1048576 --heads 1048576 --seq 1048576 --dim 256",  // validate()
          }) {
         const Result r = flashattn_cli(args, tmp.path);

@@ -9,13 +9,12 @@
 // of the softmax, not of rounding luck.
 #include <algorithm>
 #include <array>
-#include <functional>
 #include <numeric>
 #include <random>
 
 #include "backends_under_test.hpp"
-#include "input_dependence.hpp"
 #include "common/tiling.hpp"
+#include "input_dependence.hpp"
 
 using namespace flashattn;
 using test::check_against_reference;
@@ -26,7 +25,8 @@ namespace {
 
 // Multiples of 1/8 in [-range, range].
 std::vector<float> dyadic(std::int64_t count, std::mt19937_64& gen, float range = 2.0f) {
-    std::uniform_int_distribution<int> steps(-static_cast<int>(8 * range), static_cast<int>(8 * range));
+    std::uniform_int_distribution<int> steps(-static_cast<int>(8 * range),
+                                             static_cast<int>(8 * range));
     std::vector<float> v(static_cast<std::size_t>(count));
     for (float& x : v) x = static_cast<float>(steps(gen)) / 8.0f;
     return v;
@@ -70,9 +70,10 @@ void on_every_backend(const AttentionProblem& p, const ProblemData& in) {
 }  // namespace
 
 TEST_CASE("edge: N = 1 and d = 1, alone and together, causal or not") {
-    for (auto [Nq, Nkv, d] : std::vector<std::array<std::int64_t, 3>>{
-             {1, 1, 1}, {1, 1, 64}, {1, 1, 111}, {1, 203, 1}, {203, 1, 1}, {1, 57, 59},
-             {57, 1, 3}, {113, 203, 1}})
+    const std::vector<std::array<std::int64_t, 3>> shapes = {{1, 1, 1},   {1, 1, 64},   {1, 1, 111},
+                                                             {1, 203, 1}, {203, 1, 1},  {1, 57, 59},
+                                                             {57, 1, 3},  {113, 203, 1}};
+    for (auto [Nq, Nkv, d] : shapes)
         for (bool causal : {false, true}) {
             AttentionProblem p = make_problem(2, 3, 3, Nq, Nkv, d);
             p.causal = causal;
@@ -97,17 +98,10 @@ TEST_CASE("edge: a single key gives O = V of that key on every backend") {
 TEST_CASE("edge: fully masked rows give O = 0 and LSE = -inf exactly, never NaN") {
     std::mt19937 gen(Catch::rngSeed() + 11);
     std::vector<std::uint8_t> mask;
-    const auto cases = [&] {
-        std::vector<AttentionProblem> list;
-        for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
-                 {9, 4}, {113, 7}, {5, 1}, {203, 113}}) {
-            AttentionProblem p = make_problem(2, 4, 2, Nq, Nkv, 13);
-            p.causal = true;  // bottom-right: rows i < Nq - Nkv attend nothing
-            list.push_back(p);
-        }
-        return list;
-    }();
-    for (AttentionProblem p : cases) {
+    for (auto [Nq, Nkv] :
+         std::vector<std::pair<std::int64_t, std::int64_t>>{{9, 4}, {113, 7}, {5, 1}, {203, 113}}) {
+        AttentionProblem p = make_problem(2, 4, 2, Nq, Nkv, 13);
+        p.causal = true;  // bottom-right: rows i < Nq - Nkv attend nothing
         const ProblemData in = random_problem_data(p, test::next_seed());
         on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
             for (std::int64_t bh = 0; bh < p.batch * p.heads; ++bh)
@@ -116,7 +110,10 @@ TEST_CASE("edge: fully masked rows give O = 0 and LSE = -inf exactly, never NaN"
                     const bool masked = i < p.seq_q - p.seq_kv;
                     INFO("row " << i << (masked ? " (fully masked)" : ""));
                     CHECK(masked == !attends_any(p, i));
-                    if (!masked) { CHECK(std::isfinite(lse)); continue; }
+                    if (!masked) {
+                        CHECK(std::isfinite(lse));
+                        continue;
+                    }
                     CHECK(lse == -std::numeric_limits<float>::infinity());
                     for (std::int64_t c = 0; c < p.dim; ++c)
                         CHECK(out.O[(bh * p.seq_q + i) * p.dim + c] == 0.0f);
@@ -131,22 +128,23 @@ TEST_CASE("edge: fully masked rows give O = 0 and LSE = -inf exactly, never NaN"
         mask.assign(tile_count(p.seq_q, 5) * tile_count(p.seq_kv, 4), 0);
         if (variant != 1)
             for (auto& m : mask) m = gen() % 3 != 0;
-        if (variant == 0) std::fill_n(mask.begin() + 2 * tile_count(p.seq_kv, 4), tile_count(p.seq_kv, 4), 0);
+        if (variant == 0)
+            std::fill_n(mask.begin() + 2 * tile_count(p.seq_kv, 4), tile_count(p.seq_kv, 4), 0);
         if (variant == 2) std::fill(mask.end() - tile_count(p.seq_kv, 4), mask.end(), 0);
         p.block_mask = {mask.data(), 5, 4};
-        on_every_backend(p, random_problem_data(p, test::next_seed()),
-                         [&](const Backend&, const Outputs& out) {
-            std::int64_t masked_rows = 0;
-            for (std::int64_t h = 0; h < p.heads; ++h)
-                for (std::int64_t i = 0; i < p.seq_q; ++i) {
-                    if (attends_any(p, i)) continue;
-                    ++masked_rows;
-                    CHECK(out.lse[h * p.seq_q + i] == -std::numeric_limits<float>::infinity());
-                    for (std::int64_t c = 0; c < p.dim; ++c)
-                        CHECK(out.O[(h * p.seq_q + i) * p.dim + c] == 0.0f);
-                }
-            CHECK(masked_rows >= 5 * p.heads);  // the case really has fully masked rows
-        });
+        on_every_backend(
+            p, random_problem_data(p, test::next_seed()), [&](const Backend&, const Outputs& out) {
+                std::int64_t masked_rows = 0;
+                for (std::int64_t h = 0; h < p.heads; ++h)
+                    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+                        if (attends_any(p, i)) continue;
+                        ++masked_rows;
+                        CHECK(out.lse[h * p.seq_q + i] == -std::numeric_limits<float>::infinity());
+                        for (std::int64_t c = 0; c < p.dim; ++c)
+                            CHECK(out.O[(h * p.seq_q + i) * p.dim + c] == 0.0f);
+                    }
+                CHECK(masked_rows >= 5 * p.heads);  // the case really has fully masked rows
+            });
     }
 }
 
@@ -250,37 +248,39 @@ TEST_CASE("edge: subnormal inputs are computed, not turned into NaN") {
     }
 }
 
-TEST_CASE("NaN in Q row i makes exactly row i NaN, NaN in K/V row j exactly the rows that attend j") {
+TEST_CASE(
+    "NaN in Q row i makes exactly row i NaN, NaN in K/V row j exactly the rows that attend j") {
+    // One NaN at (b, head, row, col) of Q, K or V; row -1: that column of every row of the head.
     struct Placement {
         const char* what;
         bool causal;
         std::int64_t Nq, Nkv;
-        std::function<void(ProblemData&, const AttentionProblem&)> poison;
+        char tensor;
+        std::int64_t b, head, row, col;
         bool makes_nan = true;
     };
-    const float nan = std::numeric_limits<float>::quiet_NaN();
     const std::vector<Placement> placements = {
-        {"Q row 3 of (b=1, h=2)", false, 13, 17,
-         [&](ProblemData& in, const AttentionProblem& p) { in.Q[at(1, 2, p.heads, p.seq_q, 3, p.dim, 4)] = nan; }},
-        {"K row 5 of (b=0, kv head 1), causal", true, 13, 13,
-         [&](ProblemData& in, const AttentionProblem& p) { in.K[at(0, 1, p.heads_kv, p.seq_kv, 5, p.dim, 0)] = nan; }},
-        {"K row 5, causal with N_q < N_kv", true, 7, 19,
-         [&](ProblemData& in, const AttentionProblem& p) { in.K[at(1, 0, p.heads_kv, p.seq_kv, 5, p.dim, 2)] = nan; }},
-        {"K row 15, causal with N_q < N_kv (attended by the last rows only)", true, 7, 19,
-         [&](ProblemData& in, const AttentionProblem& p) { in.K[at(1, 0, p.heads_kv, p.seq_kv, 15, p.dim, 2)] = nan; }},
-        {"V row 8 column 2 only", false, 11, 23,
-         [&](ProblemData& in, const AttentionProblem& p) { in.V[at(0, 1, p.heads_kv, p.seq_kv, 8, p.dim, 2)] = nan; }},
-        {"V row 0, causal with N_q > N_kv (first rows attend nothing)", true, 29, 11,
-         [&](ProblemData& in, const AttentionProblem& p) { in.V[at(1, 1, p.heads_kv, p.seq_kv, 0, p.dim, 6)] = nan; }},
-        {"V row 10 (the last key), causal", true, 11, 11,
-         [&](ProblemData& in, const AttentionProblem& p) { in.V[at(0, 0, p.heads_kv, p.seq_kv, 10, p.dim, 1)] = nan; }},
-        {"Q row of a fully masked row (it attends nothing: O = 0)", true, 29, 11,
-         [&](ProblemData& in, const AttentionProblem& p) { in.Q[at(0, 3, p.heads, p.seq_q, 2, p.dim, 0)] = nan; },
+        {"Q row 3 of (b=1, h=2)", false, 13, 17, 'Q', 1, 2, 3, 4},
+        {"K row 5 of (b=0, kv head 1), causal", true, 13, 13, 'K', 0, 1, 5, 0},
+        {"K row 5, causal with N_q < N_kv", true, 7, 19, 'K', 1, 0, 5, 2},
+        {"K row 15, causal, N_q < N_kv (only the last rows attend it)", true, 7, 19, 'K', 1, 0, 15,
+         2},
+        {"V row 8 column 2 only", false, 11, 23, 'V', 0, 1, 8, 2},
+        {"V row 0, causal, N_q > N_kv (the first rows attend nothing)", true, 29, 11, 'V', 1, 1, 0,
+         6},
+        {"V row 10 (the last key), causal", true, 11, 11, 'V', 0, 0, 10, 1},
+        {"Q of a fully masked row (it attends nothing: O = 0)", true, 29, 11, 'Q', 0, 3, 2, 0,
          false},
-        {"NaN everywhere in K of one kv head", false, 9, 9,
-         [&](ProblemData& in, const AttentionProblem& p) {
-             std::fill_n(in.K.begin() + at(1, 1, p.heads_kv, p.seq_kv, 0, p.dim, 0), p.seq_kv * p.dim, nan);
-         }},
+        {"every K row of one kv head", false, 9, 9, 'K', 1, 1, -1, 3},
+    };
+    const auto poison = [](const Placement& where, const AttentionProblem& p, ProblemData& in) {
+        std::vector<float>& x = where.tensor == 'Q' ? in.Q : where.tensor == 'K' ? in.K : in.V;
+        const std::int64_t heads = where.tensor == 'Q' ? p.heads : p.heads_kv;
+        const std::int64_t rows = where.tensor == 'Q' ? p.seq_q : p.seq_kv;
+        for (std::int64_t r = 0; r < rows; ++r)
+            if (where.row < 0 || r == where.row)
+                x[at(where.b, where.head, heads, rows, r, p.dim, where.col)] =
+                    std::numeric_limits<float>::quiet_NaN();
     };
     for (const Placement& place : placements)
         for (int with_mask = 0; with_mask < 2; ++with_mask) {
@@ -295,7 +295,7 @@ TEST_CASE("NaN in Q row i makes exactly row i NaN, NaN in K/V row j exactly the 
                 p.block_mask = {mask.data(), 3, 4};
             }
             ProblemData in = random_problem_data(p, test::next_seed());
-            place.poison(in, p);
+            poison(place, p, in);
             INFO(place.what << (with_mask ? ", with a block mask" : ""));
             const test::OutputFlags expected = test::expected_nans(p, in);
             const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
@@ -310,24 +310,26 @@ TEST_CASE("NaN in Q row i makes exactly row i NaN, NaN in K/V row j exactly the 
         }
 }
 
-TEST_CASE("property: adding one vector u to every key leaves O unchanged, LSE shifts by scale q_i.u") {
+TEST_CASE(
+    "property: adding one vector u to every key leaves O unchanged, LSE shifts by scale q_i.u") {
     std::mt19937_64 gen(test::next_seed());
     for (int variant = 0; variant < 4; ++variant) {
-        AttentionProblem p = make_problem(2, 6, variant == 2 ? 2 : 6, 37, variant == 3 ? 17 : 53, 12);
+        AttentionProblem p =
+            make_problem(2, 6, variant == 2 ? 2 : 6, 37, variant == 3 ? 17 : 53, 12);
         p.causal = variant == 1 || variant == 3;
         p.scale = 0.25f;  // a power of two keeps the dyadic scores exact
         const ProblemData in = dyadic_data(p);
-        for (const Backend& b : available_backends()) {
-            if (!test::backend_accepts(b, p)) continue;
-            const DType t = test::test_dtype(b);
+        for (const Backend& backend : available_backends()) {
+            if (!test::backend_accepts(backend, p)) continue;
+            const DType t = test::test_dtype(backend);
             // |u| up to 64 shifts scores by hundreds (a form that skipped the max subtraction
             // would overflow exp); bf16 keeps 8 bits, so k + u must stay within +-10 there.
             const std::vector<float> u = dyadic(p.dim, gen, t == DType::bf16 ? 8.0f : 64.0f);
             ProblemData shifted = in;
             for (std::size_t k = 0; k < shifted.K.size(); ++k) shifted.K[k] += u[k % p.dim];
-            INFO(b.name << " " << test::describe(p));
-            const Outputs a = check_against_reference(b, p, in, t);
-            const Outputs s = check_against_reference(b, p, shifted, t);
+            INFO(backend.name << " " << test::describe(p));
+            const Outputs a = check_against_reference(backend, p, in, t);
+            const Outputs s = check_against_reference(backend, p, shifted, t);
             const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
             const Reference ref_s =
                 reference_attention(p, shifted.Q.data(), shifted.K.data(), shifted.V.data());
@@ -336,15 +338,16 @@ TEST_CASE("property: adding one vector u to every key leaves O unchanged, LSE sh
             double worst_o = 0, worst_lse = 0;
             for (std::size_t k = 0; k < a.O.size(); ++k)
                 worst_o = std::max(worst_o, double(std::fabs(a.O[k] - s.O[k])));
-            for (std::int64_t b_ = 0; b_ < p.batch; ++b_)
+            for (std::int64_t b = 0; b < p.batch; ++b)
                 for (std::int64_t h = 0; h < p.heads; ++h)
                     for (std::int64_t i = 0; i < p.seq_q; ++i) {
                         double qu = 0;
                         for (std::int64_t c = 0; c < p.dim; ++c)
-                            qu += double(in.Q[at(b_, h, p.heads, p.seq_q, i, p.dim, c)]) * u[c];
-                        const std::int64_t r = p.lse_offset(b_, h) + i;
+                            qu += double(in.Q[at(b, h, p.heads, p.seq_q, i, p.dim, c)]) * u[c];
+                        const std::int64_t r = p.lse_offset(b, h) + i;
                         if (!attends_any(p, i)) continue;  // -inf both times
-                        worst_lse = std::max(worst_lse, std::fabs(double(s.lse[r]) - a.lse[r] - p.scale * qu));
+                        worst_lse = std::max(worst_lse,
+                                             std::fabs(double(s.lse[r]) - a.lse[r] - p.scale * qu));
                     }
             INFO("max |O(K+u) - O(K)| = " << worst_o << ", LSE shift error " << worst_lse);
             CHECK(worst_o <= bound.O + bound_s.O);

@@ -57,7 +57,9 @@ TEST_CASE("npy round trip of float32 arrays, versions 1 to 3") {
     CHECK(npy::parse(npy_file(npy_dict("<f4", "(0, 5)")), "e").size() == 0);
     CHECK(npy::parse(npy_file(npy_dict("<f4", "()"), 1, 4), "s").size() == 1);
     // Python 2's long suffix and double quotes, as old numpy wrote them.
-    CHECK(npy::parse(npy_file("{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2L, 3L)}", 1, 24), "p")
+    CHECK(npy::parse(npy_file("{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2L, 3L)}",
+                              1, 24),
+                     "p")
               .shape == std::vector<std::int64_t>{2, 3});
 }
 
@@ -69,10 +71,12 @@ TEST_CASE("npy reader rejects a wrong magic string, version or header length") {
     rejects(std::string("\x93NUMPY", 6), "ends inside");
     rejects(std::string("\x93NUMPY\x01\x00\x10", 9), "ends inside");
     rejects(std::string("\x93NUMPY\x02\x00\x10\x00", 10), "ends inside the header length");
-    for (auto [major, minor] : std::vector<std::pair<int, int>>{{0, 0}, {1, 1}, {4, 0}, {255, 255}}) {
+    for (auto [major, minor] :
+         std::vector<std::pair<int, int>>{{0, 0}, {1, 1}, {4, 0}, {255, 255}}) {
         std::string v = npy_file(kGood, 1, 24);
         v[6] = char(major), v[7] = char(minor);
-        rejects(v, "unsupported format version " + std::to_string(major) + "." + std::to_string(minor));
+        rejects(
+            v, "unsupported format version " + std::to_string(major) + "." + std::to_string(minor));
     }
     std::string long_header = npy_file(kGood, 1, 24);
     long_header[8] = char(0xFF), long_header[9] = char(0x7F);
@@ -107,13 +111,18 @@ TEST_CASE("npy reader rejects malformed header dicts") {
     rejects(npy_file(npy_dict("<f4", "(2, 3.0)"), 1, 24), "shape");
     rejects(npy_file(npy_dict("<f4", "[2, 3]"), 1, 24), "expected '('");
     rejects(npy_file("{'descr': '<f4', 'shape': (2, 3), }", 1, 24), "lacks");
-    rejects(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", 1, 24), "key");
+    rejects(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", 1, 24),
+            "key");
     rejects(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3", 1, 24), "shape");
-    rejects(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'descr': '<f8'}", 1, 24),
+    rejects(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'descr': '<f8'}", 1,
+                     24),
             "twice");
-    rejects(npy_file("{'descr': '<f4, 'fortran_order': False, 'shape': (2, 3), }", 1, 24), "header");
-    rejects(npy_file("{'descr': '<f4', 'fortran_order': 0, 'shape': (2, 3), }", 1, 24), "True or False");
-    rejects(npy_file("'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)", 1, 24), "expected '{'");
+    rejects(npy_file("{'descr': '<f4, 'fortran_order': False, 'shape': (2, 3), }", 1, 24),
+            "header");
+    rejects(npy_file("{'descr': '<f4', 'fortran_order': 0, 'shape': (2, 3), }", 1, 24),
+            "True or False");
+    rejects(npy_file("'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)", 1, 24),
+            "expected '{'");
     rejects(npy_file(kGood + " junk", 1, 24), "trailing");
     std::string with_nul = "{'descr': '<f4'";
     with_nul += '\0';
@@ -125,7 +134,8 @@ TEST_CASE("npy load checks the file before reading it") {
     const fs::path dir = tmp.path / "a_directory.npy";
     fs::create_directories(dir);
     CHECK_THROWS_WITH(npy::load(dir.string()), Catch::Contains("not a regular file"));
-    CHECK_THROWS_WITH(npy::load((tmp.path / "missing.npy").string()), Catch::Contains("cannot open"));
+    CHECK_THROWS_WITH(npy::load((tmp.path / "missing.npy").string()),
+                      Catch::Contains("cannot open"));
     const fs::path fifo = tmp.path / "fifo.npy";
     REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
     CHECK_THROWS_WITH(npy::load(fifo.string()), Catch::Contains("not a regular file"));  // no hang

@@ -44,15 +44,20 @@ const std::vector<BadCase> kBadProblems = {
     {"K/V elements = 2x2x4611686018427387904x5",
      [](AttentionProblem& p) { p.seq_kv = std::int64_t{1} << 62; }},
     {"scale = inf", [](AttentionProblem& p) { p.scale = std::numeric_limits<float>::infinity(); }},
-    {"scale = -inf", [](AttentionProblem& p) { p.scale = -std::numeric_limits<float>::infinity(); }},
+    {"scale = -inf",
+     [](AttentionProblem& p) { p.scale = -std::numeric_limits<float>::infinity(); }},
     {"block_q = -4", [](AttentionProblem& p) { p.block_q = -4, p.block_kv = 4; }},
     {"block_q/block_kv = 4/0", [](AttentionProblem& p) { p.block_q = 4; }},
     {"sram_floats = -1", [](AttentionProblem& p) { p.sram_floats = -1; }},
     {"sram_floats = 19", [](AttentionProblem& p) { p.sram_floats = 19; }},  // < 4d = 20
     {"block mask block_q = 0",
-     [](AttentionProblem& p) { p.block_mask = {&kMaskByte, 0, 4}; }},
+     [](AttentionProblem& p) {
+         p.block_mask = {&kMaskByte, 0, 4};
+     }},
     {"block mask block_kv = -2",
-     [](AttentionProblem& p) { p.block_mask = {&kMaskByte, 4, -2}; }},
+     [](AttentionProblem& p) {
+         p.block_mask = {&kMaskByte, 4, -2};
+     }},
 };
 
 }  // namespace
@@ -120,8 +125,9 @@ TEST_CASE("standard attention too large for memory is std::runtime_error, not a 
     p.dim = 1;
     const std::vector<float> x(p.q_elements(), 0.5f);
     std::vector<float> O(p.q_elements()), lse(p.lse_elements());
-    CHECK_THROWS_AS(standard_attention<float>(p, x.data(), x.data(), x.data(), O.data(), lse.data()),
-                    std::runtime_error);
+    CHECK_THROWS_AS(
+        standard_attention<float>(p, x.data(), x.data(), x.data(), O.data(), lse.data()),
+        std::runtime_error);
     std::vector<double> O64(p.q_elements()), lse64(p.lse_elements());
     CHECK_THROWS_WITH(
         standard_attention<double>(p, x.data(), x.data(), x.data(), O64.data(), lse64.data()),
@@ -142,7 +148,8 @@ TEST_CASE("standard attention too large for memory is std::runtime_error, not a 
 
 TEST_CASE("working-memory sizes that overflow are std::runtime_error") {
     CHECK(work_elements(1 << 20, 1 << 20) == std::int64_t{1} << 40);
-    CHECK_THROWS_AS(work_elements(std::int64_t{1} << 40, std::int64_t{1} << 40), std::runtime_error);
+    CHECK_THROWS_AS(work_elements(std::int64_t{1} << 40, std::int64_t{1} << 40),
+                    std::runtime_error);
     CHECK_THROWS_AS(WorkBuffer<double>(std::size_t(-1) / 4), std::runtime_error);
     CHECK_THROWS_AS(require_memory(1e30, "a test buffer"), std::runtime_error);
     CHECK_THROWS_WITH(require_memory(1e30, "a test buffer"), Catch::Contains("a test buffer"));

@@ -49,14 +49,22 @@ struct Case {
 
 float special_value(int kind, float unit) {
     switch (kind) {
-        case 0: return std::numeric_limits<float>::quiet_NaN();
-        case 1: return std::numeric_limits<float>::infinity();
-        case 2: return -std::numeric_limits<float>::infinity();
-        case 3: return (unit < 0.5f ? -1e30f : 1e30f);
-        case 4: return (2 * unit - 1) * kTame;  // huge but tame
-        case 5: return 1e-40f * (unit + 0.1f);  // subnormal
-        case 6: return 0.0f;
-        default: return -0.0f;
+        case 0:
+            return std::numeric_limits<float>::quiet_NaN();
+        case 1:
+            return std::numeric_limits<float>::infinity();
+        case 2:
+            return -std::numeric_limits<float>::infinity();
+        case 3:
+            return (unit < 0.5f ? -1e30f : 1e30f);
+        case 4:
+            return (2 * unit - 1) * kTame;  // huge but tame
+        case 5:
+            return 1e-40f * (unit + 0.1f);  // subnormal
+        case 6:
+            return 0.0f;
+        default:
+            return -0.0f;
     }
 }
 
@@ -71,20 +79,34 @@ Case make_case(FuzzedDataProvider& fdp) {
     p.dim = fdp.ConsumeIntegralInRange<std::int64_t>(1, 40);
     p.causal = fdp.ConsumeBool();
     switch (fdp.ConsumeIntegralInRange(0, 6)) {
-        case 0: break;  // default 1/sqrt(d)
-        case 1: p.scale = 0.0f; break;
-        case 2: p.scale = -0.5f; break;
-        case 3: p.scale = 1e-3f; break;
-        case 4: p.scale = 64.0f; break;
-        default: p.scale = fdp.ConsumeFloatingPointInRange(-4.0f, 4.0f); break;
+        case 0:
+            break;  // default 1/sqrt(d)
+        case 1:
+            p.scale = 0.0f;
+            break;
+        case 2:
+            p.scale = -0.5f;
+            break;
+        case 3:
+            p.scale = 1e-3f;
+            break;
+        case 4:
+            p.scale = 64.0f;
+            break;
+        default:
+            p.scale = fdp.ConsumeFloatingPointInRange(-4.0f, 4.0f);
+            break;
     }
     switch (fdp.ConsumeIntegralInRange(0, 3)) {
-        case 0: break;  // the form's default tiles
+        case 0:
+            break;  // the form's default tiles
         case 1:
             p.block_q = fdp.ConsumeIntegralInRange<std::int64_t>(1, 64);
             p.block_kv = fdp.ConsumeIntegralInRange<std::int64_t>(1, 64);
             break;
-        case 2: p.sram_floats = 4 * p.dim + fdp.ConsumeIntegralInRange<std::int64_t>(0, 20000); break;
+        case 2:
+            p.sram_floats = 4 * p.dim + fdp.ConsumeIntegralInRange<std::int64_t>(0, 20000);
+            break;
         default: {  // Algorithm 5: a random block mask over random blocks
             p.block_q = fdp.ConsumeIntegralInRange<std::int64_t>(1, 20);
             p.block_kv = fdp.ConsumeIntegralInRange<std::int64_t>(1, 20);
@@ -96,7 +118,8 @@ Case make_case(FuzzedDataProvider& fdp) {
     static const float kStddev[] = {1.0f, 1e-3f, 30.0f, 300.0f};
     const float stddev = kStddev[fdp.ConsumeIntegralInRange(0, 3)];
     const std::uint64_t seed = fdp.ConsumeIntegral<std::uint32_t>();
-    c.in = {random_normal(p.q_elements(), seed, stddev), random_normal(p.kv_elements(), seed + 1, stddev),
+    c.in = {random_normal(p.q_elements(), seed, stddev),
+            random_normal(p.kv_elements(), seed + 1, stddev),
             random_normal(p.kv_elements(), seed + 2, stddev)};
     const int specials = fdp.ConsumeIntegralInRange(0, 6);
     for (int s = 0; s < specials; ++s) {
@@ -122,7 +145,8 @@ std::string describe(const AttentionProblem& p) {
 
 [[noreturn]] void finding(const AttentionProblem& p, const std::string& backend, const char* what,
                           std::size_t at, double out, double ref, double bound) {
-    std::fprintf(stderr, "fuzz_backends: %s: %s at element %zu: out %.9g, ref %.9g, bound %.3g\n  %s\n",
+    std::fprintf(stderr,
+                 "fuzz_backends: %s: %s at element %zu: out %.9g, ref %.9g, bound %.3g\n  %s\n",
                  backend.c_str(), what, at, out, ref, bound, describe(p).c_str());
     std::abort();
 }
@@ -217,7 +241,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         for (std::size_t k = 0; k < ref.O.size(); ++k) {
             const bool is_nan = std::isnan(out.O[k]);
             if (nan.O[k]) {
-                if (!is_nan) finding(p, b.name, "O should be NaN (reads a NaN)", k, out.O[k], ref.O[k], 0);
+                if (!is_nan)
+                    finding(p, b.name, "O should be NaN (reads a NaN)", k, out.O[k], ref.O[k], 0);
             } else if (!wild.O[k]) {
                 const double bound = 2 * e_std_o + 1e-6 + slack.O[k];
                 if (is_nan || !(std::fabs(out.O[k] - ref.O[k]) <= bound))
@@ -226,12 +251,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         }
         for (std::size_t r = 0; r < ref.lse.size(); ++r) {
             if (nan.lse[r]) {
-                if (!std::isnan(out.lse[r])) finding(p, b.name, "LSE should be NaN", r, out.lse[r], ref.lse[r], 0);
+                if (!std::isnan(out.lse[r]))
+                    finding(p, b.name, "LSE should be NaN", r, out.lse[r], ref.lse[r], 0);
             } else if (!wild.lse[r]) {
                 const double bound = 2 * e_std_lse + 1e-6 + slack.lse[r];
-                const bool ok = std::isinf(ref.lse[r]) ? out.lse[r] == ref.lse[r]  // -inf: no key
-                                                       : std::fabs(out.lse[r] - ref.lse[r]) <= bound;
-                if (!ok) finding(p, b.name, "LSE off the float64 reference", r, out.lse[r], ref.lse[r], bound);
+                const bool ok = std::isinf(ref.lse[r])
+                                    ? out.lse[r] == ref.lse[r]  // -inf: no key
+                                    : std::fabs(out.lse[r] - ref.lse[r]) <= bound;
+                if (!ok)
+                    finding(p, b.name, "LSE off the float64 reference", r, out.lse[r], ref.lse[r],
+                            bound);
             }
         }
     }

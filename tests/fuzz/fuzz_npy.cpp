@@ -35,10 +35,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // back unchanged through the writer and the reader.
     const auto count = static_cast<std::size_t>(a.size());
     if (a.type == npy::ElementType::float32) {
-        if (a.floats.size() != count || !a.bytes.empty()) finding("float32 array of the wrong size");
-        const npy::Array again = npy::parse(npy::serialize_float32(a.shape, a.floats.data()), "again");
+        if (a.floats.size() != count || !a.bytes.empty())
+            finding("float32 array of the wrong size");
+        const npy::Array again =
+            npy::parse(npy::serialize_float32(a.shape, a.floats.data()), "again");
         if (again.shape != a.shape || again.floats.size() != count ||
-            (count > 0 && std::memcmp(again.floats.data(), a.floats.data(), count * sizeof(float)) != 0))
+            (count > 0 &&
+             std::memcmp(again.floats.data(), a.floats.data(), count * sizeof(float)) != 0))
             finding("float32 array changed through serialize_float32 and parse");
     } else {
         if (a.bytes.size() != count || !a.floats.empty()) finding("byte array of the wrong size");
