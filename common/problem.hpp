@@ -155,4 +155,11 @@ inline void validate(const AttentionProblem& p) {
     }
 }
 
+// Throws std::invalid_argument when an input or output array is missing (a null pointer): the
+// entry points that take raw arrays check before they touch one.
+inline void require_array(const void* data, const char* name) {
+    if (data == nullptr)
+        throw std::invalid_argument(std::string(name) + " = null: the array is required");
+}
+
 }  // namespace flashattn

@@ -77,6 +77,7 @@ bool Backend::supports(DType t) const {
 
 void run_backend(const Backend& backend, const AttentionProblem& problem, const float* Q,
                  const float* K, const float* V, float* O, float* lse, DType dtype) {
+    require_array(O, "O");
     auto prepared = backend.prepare(problem, Q, K, V, dtype);
     prepared->execute();
     prepared->fetch(O, lse);
@@ -113,6 +114,7 @@ public:
     }
 
     void fetch(float* O, float* lse) override {
+        require_array(O, "O");
         std::copy(O_.begin(), O_.end(), O);
         if (lse) std::copy(lse_.begin(), lse_.end(), lse);
     }
@@ -141,6 +143,7 @@ Backend cpu_backend(std::string name, std::string summary, CpuAttentionFn fn) {
     b.prepare = [fn](const AttentionProblem& p, const float* Q, const float* K, const float* V,
                      DType dtype) -> std::unique_ptr<PreparedAttention> {
         validate(p);
+        require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
         return std::make_unique<PreparedCpu>(fn, p, Q, K, V, dtype);
     };
     return b;

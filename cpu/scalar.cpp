@@ -154,6 +154,7 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
 void scalar_attention(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                       float* O, float* lse, IoCounter* io, ScalarTrace* trace) {
     const ScalarPlan plan = scalar_plan(p);  // validates
+    require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V"), require_array(O, "O");
     IoCounter local;
     IoCounter& counter = io ? *io : local;
     WorkBuffer<float> l(p.seq_q), m(p.seq_q);  // the "HBM" statistics of one (batch, head)

@@ -109,6 +109,7 @@ template <class Real>
 void standard_attention(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                         Real* O, Real* lse) {
     validate(p);
+    require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V"), require_array(O, "O");
     const std::int64_t pairs = p.batch * p.heads;
     // S of Algorithm 0 is N_q x N_kv per (batch, head) pair, one per thread at a time: the O(N^2)
     // memory that FlashAttention removes, and the first thing to run out for long sequences.
