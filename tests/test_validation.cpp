@@ -89,6 +89,30 @@ TEST_CASE("every backend refuses an invalid problem before reading its inputs") 
         }
 }
 
+TEST_CASE("every backend refuses a missing (null) input or output array") {
+    const AttentionProblem p = small_problem();
+    const std::vector<float> q(p.q_elements(), 0.5f), kv(p.kv_elements(), 0.5f);
+    std::vector<float> O(p.q_elements()), lse(p.lse_elements());
+    for (const Backend& b : available_backends()) {
+        INFO(b.name);
+        const DType t = test::test_dtype(b);
+        CHECK_THROWS_WITH(b.prepare(p, nullptr, kv.data(), kv.data(), t),
+                          Catch::Contains("Q = null"));
+        CHECK_THROWS_WITH(b.prepare(p, q.data(), nullptr, kv.data(), t),
+                          Catch::Contains("K = null"));
+        CHECK_THROWS_WITH(b.prepare(p, q.data(), kv.data(), nullptr, t),
+                          Catch::Contains("V = null"));
+        CHECK_THROWS_WITH(run_backend(b, p, q.data(), kv.data(), kv.data(), nullptr, lse.data(), t),
+                          Catch::Contains("O = null"));
+        CHECK_NOTHROW(run_backend(b, p, q.data(), kv.data(), kv.data(), O.data(), nullptr, t));
+    }
+    CHECK_THROWS_WITH(scalar_attention(p, q.data(), nullptr, kv.data(), O.data(), nullptr),
+                      Catch::Contains("K = null"));
+    CHECK_THROWS_WITH(
+        standard_attention<float>(p, q.data(), kv.data(), kv.data(), nullptr, nullptr),
+        Catch::Contains("O = null"));
+}
+
 TEST_CASE("every backend refuses a dtype it does not list, and the CPU forms list all three") {
     for (const Backend& b : available_backends()) {
         INFO(b.name);
