@@ -11,8 +11,7 @@ What it prints (full logs and CSVs go to --out):
   3. ncu dram bytes (read + write, all kernels of one execute) for cuda-standard vs cuda-fa2 at
      B=16, H=16, N=1024, d=64 (the paper reports 40.3 GB vs 4.4 GB at GPT-2 scale: 9.2x).
 
-Our timings come from `flashattn bench --json` when that command exists, else from the throwaway
-harness `flashattn_cuda_timing` (same JSON contract). PyTorch is timed with CUDA events after
+Our timings come from `flashattn bench --json` (all our backends in one process, interleaved). PyTorch is timed with CUDA events after
 warm-up, median of many repeats; the inputs are 100+ MB per tensor at the bar shapes, far beyond
 the 50 MB L2. FLOPs = 4*B*H*N^2*d (halved for causal).
 """
@@ -42,24 +41,18 @@ def flops(B, H, N, d, causal=False):
 
 
 def run_ours(bin_dir, backends, B, H, N, d, causal=False, repeat=20, warmup=3, extra=(), env=None):
-    """JSON rows of our backends: `flashattn bench` if it works, else the timing harness."""
+    """JSON rows of our backends from `flashattn bench --json` (interleaved, same inputs)."""
     args = ["--backends", ",".join(backends), "--batch", str(B), "--heads", str(H), "--seq",
-            str(N), "--dim", str(d), "--repeat", str(repeat), "--json"] + list(extra)
+            str(N), "--dim", str(d), "--repeat", str(repeat), "--warmup", str(warmup),
+            "--json"] + list(extra)
     if causal:
         args.append("--causal")
-    full_env = dict(os.environ, **(env or {}))
-    err = "no flashattn or flashattn_cuda_timing in " + bin_dir
-    for cmd in ([os.path.join(bin_dir, "flashattn"), "bench"] + args,
-                [os.path.join(bin_dir, "flashattn_cuda_timing"), "--warmup", str(warmup)] + args):
-        if not os.path.exists(cmd[0]):
-            continue
-        r = subprocess.run(cmd, capture_output=True, text=True, env=full_env)
-        if r.returncode == 0:
-            rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-            if rows:
-                return rows
-        err = r.stderr.strip()
-    raise RuntimeError("timing failed: " + err)
+    cmd = [os.path.join(bin_dir, "flashattn"), "bench"] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    if r.returncode != 0 or not rows:
+        raise RuntimeError("flashattn bench failed: " + " ".join(cmd) + "\n" + r.stderr.strip())
+    return [row for row in rows if row.get("kind", "attention") == "attention"]
 
 
 def torch_time(B, H, N, d, backend_name, causal=False, repeat=20, warmup=3):
@@ -100,7 +93,7 @@ def ncu_dram_bytes(bin_dir, backend, B, H, N, d, extra=(), out_dir=None):
     """dram__bytes_read.sum + dram__bytes_write.sum over every kernel of one execute()."""
     cmd = ["ncu", "--clock-control", "none", "--metrics",
            "dram__bytes_read.sum,dram__bytes_write.sum", "--csv", "--print-units", "base",
-           os.path.join(bin_dir, "flashattn_cuda_timing"), "--backends", backend, "--batch",
+           os.path.join(bin_dir, "flashattn"), "bench", "--backends", backend, "--batch",
            str(B), "--heads", str(H), "--seq", str(N), "--dim", str(d), "--repeat", "1",
            "--warmup", "0"] + list(extra)
     r = subprocess.run(cmd, capture_output=True, text=True)

@@ -4,7 +4,13 @@
 #   2. the CUDA test suite (tests/test_cuda.cpp) against the float64 reference;
 #   3. compute-sanitizer memcheck, racecheck and synccheck over the suite's [sanitize] shapes;
 #   4. cuda/compare_torch.py: our backends vs PyTorch SDPA (EFFICIENT_ATTENTION, MATH) in fp32,
-#      N and block-size sweeps, ncu HBM bytes of cuda-standard vs cuda-fa2.
+#      N and block-size sweeps, ncu HBM bytes of cuda-standard vs cuda-fa2;
+#   5. cuda-tc: its suite, compute-sanitizer on small cases, cuda/compare_tc.py (vs PyTorch's
+#      FLASH_ATTENTION and cuDNN on FlashAttention's benchmark grid);
+#   6. the host CPU: omp vs PyTorch's CPU attention (docs/scripts/omp_vs_torch_cpu.sh), and
+#      `flashattn bench` rows showing causal and block-sparse time falling with the work kept.
+# PHASES selects steps (default "build tests sanitize compare"), e.g. PHASES="compare" with
+# SKIP_BUILD=1 re-times an existing build.
 # A short summary is printed last; full logs and CSVs go to $OUT (default build/gpu_check).
 #
 # Usage: cuda/gpu_check.sh [DEPS_PREFIX]
@@ -38,25 +44,57 @@ step() {  # step NAME LOGFILE COMMAND...: run, log, remember PASS/FAIL
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 
-if [ -z "${SKIP_BUILD:-}" ]; then
+if [ -z "${SKIP_BUILD:-}" ] && [[ " ${PHASES:-build} " == *" build "* ]]; then
     step "build" build.log bash -c "cmake -S . -B '$BUILD_DIR' -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90a} ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS} && \
+        -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90a} -DFLASHATTN_NVCC_SPLIT_COMPILE=0 \
+        ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS} && \
         cmake --build '$BUILD_DIR' -j$(nproc)"
 fi
 BIN=$BUILD_DIR/bin
 
+PHASES=${PHASES:-build tests sanitize compare}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
 LIMIT=${STEP_TIMEOUT:+timeout $STEP_TIMEOUT}
-step "CUDA tests (test_cuda, all)" test_cuda.log $LIMIT "$BIN/test_cuda" --durations yes
-for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
-    step "compute-sanitizer $tool [sanitize]" "sanitizer_$tool.log" \
-        $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/test_cuda" "[sanitize]"
-done
-step "compare with PyTorch" compare_torch.log \
-    python3 cuda/compare_torch.py --bin-dir "$BIN" --out "$OUT" ${QUICK:+--quick} \
-    ${FA2_VARIANTS:+--variants "$FA2_VARIANTS"} ${COMPARE_ARGS:-}
+if has tests; then
+    # Every suite: CPU, the registry-wide variant/edge-case suites (which now include the CUDA
+    # backends), test_cuda and test_cuda_tc.
+    step "ctest (every suite, CUDA included)" ctest.log \
+        $LIMIT ctest --test-dir "$BUILD_DIR" -j8 --output-on-failure
+fi
+if has sanitize; then
+    SMALL_TC="2,3,203,64,1,f16 1,2,517,128,0,bf16 1,2,300,256,1,f16 1,2,77,32,0,bf16 1,2,130,96,1,f16"
+    for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
+        step "compute-sanitizer $tool [sanitize]" "sanitizer_$tool.log" \
+            $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/test_cuda" "[sanitize]"
+        step "compute-sanitizer $tool cuda-tc small" "sanitizer_tc_$tool.log" \
+            $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/tc_bench" --repeat 1 \
+            --warmup 0 --no-check $SMALL_TC
+    done
+    step "compute-sanitizer memcheck cuda-tc block masks" sanitizer_tc_mask.log \
+        $LIMIT compute-sanitizer --tool memcheck --error-exitcode 1 "$BIN/test_cuda_tc" "cuda-tc: block masks*"
+fi
+if has compare; then
+    step "compare with PyTorch (fp32)" compare_torch.log \
+        python3 cuda/compare_torch.py --bin-dir "$BIN" --out "$OUT" ${QUICK:+--quick} \
+        ${FA2_VARIANTS:+--variants "$FA2_VARIANTS"} ${COMPARE_ARGS:-}
+    step "cuda-tc vs PyTorch flash/cuDNN (fp16, bf16)" compare_tc.log \
+        bash -c "python3 cuda/compare_tc.py --tc-bench '$BIN/tc_bench' --repeat ${TC_REPEAT:-20} \
+                 --json '$OUT/compare_tc.json' > '$OUT/compare_tc.txt'"
+    step "omp vs PyTorch CPU (16 threads)" omp_vs_torch.log \
+        bash docs/scripts/omp_vs_torch_cpu.sh "$BIN/flashattn" "$(nproc)"
+    step "causal and block-sparse bench rows" bench_variants.log bash -c "
+        for args in '' '--causal' '--block-q 128 --block-kv 128 --block-density 0.5' \
+                    '--block-q 128 --block-kv 128 --block-density 0.25'; do
+            '$BIN/flashattn' bench --backends cuda-tc --dtype f16 --batch 4 --heads 16 \
+                --seq 4096 --dim 64 --repeat 10 \$args 2>/dev/null | sed -n '1,5p' || true
+            '$BIN/flashattn' bench --backends cuda-standard,cuda-fa1,cuda-fa2 --batch 4 --heads 16 \
+                --seq 4096 --dim 64 --repeat 5 \$args | sed -n '1,6p'
+        done"
+fi
 
 echo
-cat "$OUT/compare_torch.txt" 2>/dev/null
+for f in compare_torch.txt compare_tc.txt; do cat "$OUT/$f" 2>/dev/null; echo; done
+tail -4 "$OUT/omp_vs_torch.log" 2>/dev/null
 echo
 printf '%s\n' "${SUMMARY[@]}"
 ! printf '%s\n' "${SUMMARY[@]}" | grep -q '^FAIL'

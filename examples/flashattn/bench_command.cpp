@@ -22,11 +22,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include "commands.hpp"
+#include "common/tiling.hpp"
 #include "cpu/registry.hpp"
 #include "format.hpp"
 #include "gemm_ceiling.hpp"
@@ -45,6 +47,8 @@ struct BenchOptions {
     std::optional<int> threads;
     bool json = false, gemm_ceiling = false;
     std::uint64_t seed = 2022;
+    std::optional<std::int64_t> block_q, block_kv, sram_bytes;
+    std::optional<double> block_density;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -134,6 +138,18 @@ void check_options(const BenchOptions& o) {
     if (o.heads_kv) positive("--heads-kv", *o.heads_kv);
     if (o.seq_kv) positive("--seq-kv", *o.seq_kv);
     if (o.threads) positive("--threads", *o.threads);
+    if (o.block_q) positive("--block-q", *o.block_q);
+    if (o.block_kv) positive("--block-kv", *o.block_kv);
+    if (o.block_q.has_value() != o.block_kv.has_value())
+        throw std::invalid_argument("--block-q and --block-kv must be given together");
+    if (o.sram_bytes) positive("--sram-bytes", *o.sram_bytes);
+    if (o.block_density) {
+        if (!o.block_q)
+            throw std::invalid_argument("--block-density needs --block-q and --block-kv (its blocks)");
+        if (!(*o.block_density > 0.0 && *o.block_density <= 1.0))
+            throw std::invalid_argument("--block-density = " + std::to_string(*o.block_density) +
+                                        ": must be in (0, 1]");
+    }
     if (o.warmup < 0)
         throw std::invalid_argument("--warmup = " + std::to_string(o.warmup) +
                                     ": must not be negative");
@@ -147,6 +163,19 @@ int bench(const BenchOptions& o) {
     AttentionProblem p;
     p.batch = o.batch, p.heads = o.heads, p.heads_kv = o.heads_kv.value_or(o.heads);
     p.seq_q = o.seq, p.seq_kv = o.seq_kv.value_or(o.seq), p.dim = o.dim, p.causal = o.causal;
+    p.block_q = o.block_q.value_or(0), p.block_kv = o.block_kv.value_or(0);
+    p.sram_floats = o.sram_bytes.value_or(0) / 4;
+    // Block-sparse (Algorithm 5): a random (Tr, Tc) mask keeping a fraction of the blocks, so the
+    // time of the flash forms can be seen falling with the work kept.
+    std::vector<std::uint8_t> mask;
+    if (o.block_density) {
+        std::mt19937_64 gen(o.seed + 99);
+        std::bernoulli_distribution keep(*o.block_density);
+        mask.resize(static_cast<std::size_t>(tile_count(p.seq_q, p.block_q) *
+                                             tile_count(p.seq_kv, p.block_kv)));
+        for (auto& m : mask) m = keep(gen) ? 1 : 0;
+        p.block_mask = {mask.data(), p.block_q, p.block_kv};
+    }
     validate(p);
 
     // One thread count for every CPU backend: OpenMP's, and Eigen's (standard's GEMMs, SGEMM).
@@ -234,6 +263,9 @@ int bench(const BenchOptions& o) {
                 row["batch"] = p.batch, row["heads"] = p.heads, row["heads_kv"] = p.heads_kv;
                 row["seq_q"] = p.seq_q, row["seq_kv"] = p.seq_kv, row["dim"] = p.dim;
                 row["causal"] = p.causal, row["dtype"] = to_string(dtype);
+                if (p.block_q) row["block_q"] = p.block_q, row["block_kv"] = p.block_kv;
+                if (p.sram_floats) row["sram_bytes"] = *o.sram_bytes;
+                if (o.block_density) row["block_density"] = *o.block_density;
             } else {
                 row["m"] = row["n"] = row["k"] = SgemmCeiling::kSize;
                 row["dtype"] = "f32";
@@ -259,6 +291,10 @@ int bench(const BenchOptions& o) {
         (long long)p.batch, (long long)p.heads, (long long)p.heads_kv, (long long)p.seq_q,
         (long long)p.seq_kv, (long long)p.dim, p.causal ? " causal" : "", to_string(dtype).c_str(),
         threads, o.warmup, o.repeat);
+    if (o.block_density)
+        std::printf("block-sparse: %zu of %zu blocks of %lldx%lld kept (density %.2f)\n",
+                    static_cast<std::size_t>(std::count(mask.begin(), mask.end(), 1)), mask.size(),
+                    (long long)p.block_q, (long long)p.block_kv, *o.block_density);
     std::vector<std::string> header = {"backend", "device",  "median ms", "min ms",
                                        "max ms",  "GFLOP/s", "vs first",  "working mem"};
     if (ceiling) header.push_back("of SGEMM");
@@ -324,6 +360,14 @@ Command add_bench_command(CLI::App& app) {
     cmd->add_flag("--gemm-ceiling", o->gemm_ceiling,
                   "Also time Eigen SGEMM 2048^3 with the same threads (the machine's GEMM rate)");
     cmd->add_option("--seed", o->seed, "Random seed of the inputs")->capture_default_str();
+    cmd->add_option("--block-q", o->block_q, "Query block size Br of the tiled forms (with --block-kv)");
+    cmd->add_option("--block-kv", o->block_kv, "Key/value block size Bc (with --block-q)");
+    cmd->add_option("--sram-bytes", o->sram_bytes,
+                    "SRAM size M in bytes for the forms that derive Br, Bc from it (Algorithm 1 line 1)")
+        ->excludes("--block-q");
+    cmd->add_option("--block-density", o->block_density,
+                    "Block-sparse run: a random mask over --block-q x --block-kv blocks keeping this\n"
+                    "fraction (0, 1]; FLOPs and GFLOP/s stay those of the dense problem");
     return {cmd, [o] { return bench(*o); }};
 }
 
