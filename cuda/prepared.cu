@@ -27,6 +27,7 @@ PreparedCuda::PreparedCuda(const std::string& backend_name, const AttentionProbl
                            const float* Q, const float* K, const float* V, DType dtype)
     : problem_(problem) {
     validate(problem);
+    require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
     if (dtype != DType::f32)
         throw std::invalid_argument("dtype = " + to_string(dtype) + ": " + backend_name +
                                     " computes in float32 only (cuda-tc runs f16/bf16)");
@@ -50,6 +51,7 @@ PreparedCuda::PreparedCuda(const std::string& backend_name, const AttentionProbl
 }
 
 void PreparedCuda::fetch(float* O, float* lse) {
+    require_array(O, "O");
     O_.download(O);
     if (lse) lse_.download(lse);
 }

@@ -83,6 +83,7 @@ public:
     }
 
     void fetch(float* O, float* lse) override {
+        require_array(O, "O");
         FA_CUDA_CHECK(cudaMemcpy(O, o_.data(), o_.bytes(), cudaMemcpyDeviceToHost));
         if (lse) FA_CUDA_CHECK(cudaMemcpy(lse, lse_.data(), lse_.bytes(), cudaMemcpyDeviceToHost));
     }
@@ -107,6 +108,7 @@ Backend make_backend(std::string name, std::string summary, std::optional<TcTile
     b.prepare = [tile](const AttentionProblem& p, const float* Q, const float* K, const float* V,
                        DType dtype) -> std::unique_ptr<PreparedAttention> {
         tc_check_problem(p, dtype);
+        require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
         const TcTileShape shape = tile ? *tile : tc_tile_shapes(p.dim, dtype).front();
         return std::make_unique<PreparedTc>(p, Q, K, V, dtype, shape);
     };

@@ -88,7 +88,7 @@ TEST_CASE("flashattn bench --json: one row per backend, in order, with every pro
     CHECK(rows[1].at("extra_bytes").get<std::size_t>() >= 37 * 53 * sizeof(float));
 }
 
-TEST_CASE("flashattn bench: the table has a 'vs first' column; --gemm-ceiling adds the SGEMM row") {
+TEST_CASE("flashattn bench: the table has a 'vs first' column, and --gemm-ceiling adds the SGEMM row") {
     const Result table = bench_cli(
         "bench --backends standard,omp --batch 1 --heads 2 --seq 64 --dim 16 --repeat 2 --dtype "
         "bf16");

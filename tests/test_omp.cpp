@@ -114,7 +114,7 @@ TEST_CASE("omp: output and LSE are bitwise identical for 1, 2, 3 and 4 threads")
     }
 }
 
-TEST_CASE("omp: bottom-right causal both ways; fully masked rows give O = 0 and LSE = -inf") {
+TEST_CASE("omp: bottom-right causal both ways, and fully masked rows give O = 0 and LSE = -inf") {
     ThreadCount scope(2);
     for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
              {1, 1}, {1, 300}, {300, 1}, {7, 203}, {203, 7}, {129, 129}, {200, 333}, {333, 200}}) {
