@@ -88,7 +88,7 @@ if has compare; then
             '$BIN/flashattn' bench --backends cuda-tc --dtype f16 --batch 4 --heads 16 \
                 --seq 4096 --dim 64 --repeat 10 \$args 2>/dev/null | sed -n '1,5p' || true
             '$BIN/flashattn' bench --backends cuda-standard,cuda-fa1,cuda-fa2 --batch 4 --heads 16 \
-                --seq 4096 --dim 64 --repeat 5 \$args | sed -n '1,6p'
+                --seq 4096 --dim 64 --repeat 5 \$args | sed -n '1,8p'
         done"
 fi
 
