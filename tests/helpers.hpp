@@ -27,9 +27,11 @@ inline std::string describe(const AttentionProblem& p) {
 
 // A problem of the given shape, everything else default (scale 1/sqrt(d), no mask).
 inline AttentionProblem make_problem(std::int64_t B, std::int64_t H, std::int64_t Hkv,
-                                     std::int64_t Nq, std::int64_t Nkv, std::int64_t d) {
+                                     std::int64_t Nq, std::int64_t Nkv, std::int64_t d,
+                                     bool causal = false) {
     AttentionProblem p;
     p.batch = B, p.heads = H, p.heads_kv = Hkv, p.seq_q = Nq, p.seq_kv = Nkv, p.dim = d;
+    p.causal = causal;
     return p;
 }
 

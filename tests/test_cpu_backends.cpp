@@ -8,30 +8,15 @@
 using namespace flashattn;
 using flashattn::test::check_against_reference;
 
-namespace {
-
-AttentionProblem make(std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t Nq,
-                      std::int64_t Nkv, std::int64_t d) {
-    AttentionProblem p;
-    p.batch = B, p.heads = H, p.heads_kv = Hkv, p.seq_q = Nq, p.seq_kv = Nkv, p.dim = d;
-    return p;
-}
-
-// (N_q, N_kv) pairs: equal, N_q < N_kv and N_q > N_kv, none a multiple of a block size.
-const std::vector<std::pair<std::int64_t, std::int64_t>> kSeqPairs = {
-    {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 1023}, {1023, 203}};
-const std::vector<std::int64_t> kDims = {1, 3, 59, 64, 111, 128, 256};
-
-}  // namespace
-
 TEST_CASE("standard float32 and scalar match float64 attention on the odd-shape grid") {
     const std::string name = GENERATE(as<std::string>{}, "standard", "scalar");
     const Backend& backend = find_backend(name);
-    for (auto [Nq, Nkv] : kSeqPairs)
-        for (std::int64_t d : kDims) {
+    for (auto [Nq, Nkv] : test::kOddSeqPairs)
+        for (std::int64_t d : test::kOddDims) {
             // Keep the largest problems to one (batch, head) pair; B*H > 1 everywhere else.
             const bool big = Nq * Nkv * d > 20'000'000;
-            check_against_reference(backend, make(big ? 1 : 2, big ? 1 : 3, big ? 1 : 3, Nq, Nkv, d));
+            check_against_reference(
+                backend, test::make_problem(big ? 1 : 2, big ? 1 : 3, big ? 1 : 3, Nq, Nkv, d));
         }
 }
 
@@ -39,7 +24,7 @@ TEST_CASE("scalar: any block sizes, including 1 and larger than N, give the same
     const Backend& scalar = find_backend("scalar");
     for (auto [Br, Bc] : std::vector<std::pair<std::int64_t, std::int64_t>>{
              {1, 1}, {1, 7}, {5, 1}, {3, 5}, {16, 64}, {64, 16}, {2000, 2000}}) {
-        AttentionProblem p = make(2, 2, 2, 113, 203, 59);
+        AttentionProblem p = test::make_problem(2, 2, 2, 113, 203, 59);
         p.block_q = Br, p.block_kv = Bc;
         check_against_reference(scalar, p);
     }
@@ -48,7 +33,7 @@ TEST_CASE("scalar: any block sizes, including 1 and larger than N, give the same
 TEST_CASE("scalar: block sizes derived from M by Algorithm 1 line 1") {
     const Backend& scalar = find_backend("scalar");
     for (std::int64_t M : {4 * 59, 1000, 4096, 16384, 100000}) {
-        AttentionProblem p = make(1, 2, 2, 203, 113, 59);
+        AttentionProblem p = test::make_problem(1, 2, 2, 203, 113, 59);
         p.sram_floats = M;
         check_against_reference(scalar, p);
     }
@@ -62,14 +47,14 @@ TEST_CASE("variants: scale, bottom-right causal, GQA/MQA and block masks on the 
              {1, 1}, {1, 113}, {113, 1}, {7, 203}, {203, 7}, {113, 113}, {203, 113}}) {
         for (bool causal : {false, true})
             for (std::int64_t Hkv : {6, 3, 2, 1}) {  // MHA, GQA ratios 2 and 3, MQA
-                AttentionProblem p = make(2, 6, Hkv, Nq, Nkv, 37);
+                AttentionProblem p = test::make_problem(2, 6, Hkv, Nq, Nkv, 37);
                 p.causal = causal;
                 p.scale = 0.3f;
                 check_against_reference(backend, p);
             }
         // Random block masks (including all-zero rows of blocks), alone and with causal.
         for (bool causal : {false, true}) {
-            AttentionProblem p = make(1, 2, 1, Nq, Nkv, 19);
+            AttentionProblem p = test::make_problem(1, 2, 1, Nq, Nkv, 19);
             p.causal = causal;
             p.block_q = 1 + gen() % 40, p.block_kv = 1 + gen() % 40;
             std::vector<std::uint8_t> mask(tile_count(Nq, p.block_q) * tile_count(Nkv, p.block_kv));

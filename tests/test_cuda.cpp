@@ -27,14 +27,6 @@ namespace {
 
 const std::vector<std::string> kCudaBackends = {"cuda-standard", "cuda-fa1", "cuda-fa2"};
 
-AttentionProblem make(std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t Nq,
-                      std::int64_t Nkv, std::int64_t d, bool causal = false) {
-    AttentionProblem p;
-    p.batch = B, p.heads = H, p.heads_kv = Hkv, p.seq_q = Nq, p.seq_kv = Nkv, p.dim = d;
-    p.causal = causal;
-    return p;
-}
-
 // A random (Tr, Tc) block mask over blocks of bq x bkv, with the first row of blocks all zero
 // (rows that attend nothing) when there is more than one row of blocks.
 struct RandomMask {
@@ -61,7 +53,7 @@ TEST_CASE("cuda backends match float64 attention on the odd-shape grid", "[grid]
         for (std::int64_t d : {1, 3, 59, 64, 111, 128, 256}) {
             const bool big = Nq * Nkv * d > 20'000'000;  // keep the CPU reference quick
             const std::int64_t BH = big ? 1 : 3;
-            check_against_reference(backend, make(big ? 1 : 2, BH, BH, Nq, Nkv, d));
+            check_against_reference(backend, test::make_problem(big ? 1 : 2, BH, BH, Nq, Nkv, d));
         }
 }
 
@@ -72,7 +64,7 @@ TEST_CASE("cuda backends: many query and key tiles, causal both ways", "[quick]"
              {1000, 1000}, {300, 1100}, {1100, 300}, {1, 1100}})
         for (std::int64_t d : {64, 128})
             for (bool causal : {false, true})
-                check_against_reference(backend, make(1, 2, 2, Nq, Nkv, d, causal));
+                check_against_reference(backend, test::make_problem(1, 2, 2, Nq, Nkv, d, causal));
 }
 
 TEST_CASE("cuda backends: scale, bottom-right causal, GQA/MQA and block masks", "[quick]") {
@@ -83,21 +75,21 @@ TEST_CASE("cuda backends: scale, bottom-right causal, GQA/MQA and block masks", 
              {1, 1}, {1, 113}, {113, 1}, {7, 203}, {203, 7}, {113, 113}, {203, 113}}) {
         for (bool causal : {false, true})
             for (std::int64_t Hkv : {6, 3, 2, 1}) {  // MHA, GQA ratios 2 and 3, MQA
-                AttentionProblem p = make(2, 6, Hkv, Nq, Nkv, 37, causal);
+                AttentionProblem p = test::make_problem(2, 6, Hkv, Nq, Nkv, 37, causal);
                 p.scale = 0.3f;
                 check_against_reference(backend, p);
             }
         // Random block masks with small blocks (tiles straddle mask blocks), alone and causal.
         // cuda-fa1 takes the mask's blocks as its tiles, as the CLI passes them.
         for (bool causal : {false, true}) {
-            AttentionProblem p = make(1, 2, 1, Nq, Nkv, 19, causal);
+            AttentionProblem p = test::make_problem(1, 2, 1, Nq, Nkv, 19, causal);
             RandomMask mask(p, 1 + gen() % 40, 1 + gen() % 40, gen, true);
             check_against_reference(backend, p);
         }
     }
     // Mask blocks as large as the flash kernels' tiles, so whole tiles are skipped.
     for (bool causal : {false, true}) {
-        AttentionProblem p = make(2, 2, 1, 700, 900, 64, causal);
+        AttentionProblem p = test::make_problem(2, 2, 1, 700, 900, 64, causal);
         RandomMask mask(p, 128, 64, gen, true);
         check_against_reference(backend, p);
     }
@@ -106,18 +98,18 @@ TEST_CASE("cuda backends: scale, bottom-right causal, GQA/MQA and block masks", 
 TEST_CASE("cuda-fa1: block sizes from the device's M, from a given M, or given directly") {
     const Backend& fa1 = find_backend("cuda-fa1");
     for (std::int64_t M : {4 * 59, 1000, 4096, 16384, 40000}) {
-        AttentionProblem p = make(1, 2, 2, 203, 313, 59);
+        AttentionProblem p = test::make_problem(1, 2, 2, 203, 313, 59);
         p.sram_floats = M;
         check_against_reference(fa1, p);
     }
     for (auto [Br, Bc] : std::vector<std::pair<std::int64_t, std::int64_t>>{
              {1, 1}, {1, 7}, {5, 1}, {3, 5}, {16, 64}, {64, 16}, {100, 250}, {2000, 2000}}) {
-        AttentionProblem p = make(2, 2, 1, 113, 203, 59, true);
+        AttentionProblem p = test::make_problem(2, 2, 1, 113, 203, 59, true);
         p.block_q = Br, p.block_kv = Bc;
         check_against_reference(fa1, p);
     }
     for (std::int64_t d : {1, 2, 64, 128, 200, 256}) {  // device M, lowered until S_ij fits
-        const AttentionProblem p = make(1, 2, 2, 301, 517, d, d % 2 == 0);
+        const AttentionProblem p = test::make_problem(1, 2, 2, 301, 517, d, d % 2 == 0);
         const cuda::Fa1Plan plan = cuda::fa1_plan(p, cuda::device_limits().smem_per_block_optin,
                                             cuda::device_limits().sm_count);
         INFO("d = " << d << ": M = " << plan.M << ", Br = " << plan.blocks.Br
@@ -140,8 +132,8 @@ TEST_CASE("cuda-fa2: every compiled kernel configuration matches float64 attenti
         INFO("variant " << v.name);
         for (std::int64_t d : {v.max_dim / 2 + 1, v.max_dim - 5, v.max_dim})
             for (bool causal : {false, true})
-                check_against_reference(fa2, make(2, 2, 1, 203, 333, d, causal));
-        AttentionProblem p = make(1, 2, 2, 300, 250, v.max_dim - 1, true);
+                check_against_reference(fa2, test::make_problem(2, 2, 1, 203, 333, d, causal));
+        AttentionProblem p = test::make_problem(1, 2, 2, 300, 250, v.max_dim - 1, true);
         RandomMask mask(p, 1 + gen() % 90, 1 + gen() % 90, gen, false);
         check_against_reference(fa2, p);
     }
@@ -154,7 +146,7 @@ TEST_CASE("cuda backends: large finite logits stay finite and accurate", "[quick
     // make the 2x rule a coin toss between two valid float32 summation orders.
     const std::string name = GENERATE(from_range(kCudaBackends));
     for (bool causal : {false, true}) {
-        AttentionProblem p = make(1, 2, 2, 150, 250, 64, causal);
+        AttentionProblem p = test::make_problem(1, 2, 2, 150, 250, 64, causal);
         p.scale = 64.0f;
         const std::uint64_t seed = test::next_seed();
         INFO(name << (causal ? " causal" : "") << " seed=" << seed);
@@ -168,7 +160,7 @@ TEST_CASE("cuda backends: large finite logits stay finite and accurate", "[quick
 TEST_CASE("cuda backends: rows with no visible key give O = 0 and LSE = -inf", "[quick]") {
     const std::string name = GENERATE(from_range(kCudaBackends));
     // Bottom-right causal with N_q > N_kv: rows i < N_q - N_kv see no key.
-    const AttentionProblem p = make(1, 2, 2, 300, 100, 64, true);
+    const AttentionProblem p = test::make_problem(1, 2, 2, 300, 100, 64, true);
     const ProblemData in = random_problem_data(p, test::next_seed());
     const test::Outputs out = test::run_poisoned(find_backend(name), p, in);
     for (std::int64_t h = 0; h < 2; ++h)
@@ -184,7 +176,7 @@ TEST_CASE("cuda backends: a NaN reaches exactly the rows that attend it", "[quic
     const std::string name = GENERATE(from_range(kCudaBackends));
     const Backend& backend = find_backend(name);
     const std::int64_t N = 150, d = 64, j = 100, col = 7;  // causal: rows i >= j attend key j
-    const AttentionProblem p = make(1, 1, 1, N, N, d, true);
+    const AttentionProblem p = test::make_problem(1, 1, 1, N, N, d, true);
     // cuda-standard's P V GEMM computes 0 * V for masked keys (documented in standard.cu), so a
     // NaN in V is checked on the flash kernels only.
     for (char where : std::string(name == "cuda-standard" ? "QK" : "QKV")) {
@@ -211,7 +203,7 @@ TEST_CASE("cuda backends: repeated runs give bitwise identical results", "[quick
     const Backend& backend = find_backend(name);
     for (std::int64_t d : {64, 111})
         for (bool causal : {false, true}) {
-            const AttentionProblem p = make(2, 4, 2, 777, 1031, d, causal);
+            const AttentionProblem p = test::make_problem(2, 4, 2, 777, 1031, d, causal);
             const ProblemData in = random_problem_data(p, test::next_seed());
             std::vector<float> first(p.q_elements()), again(p.q_elements());
             std::vector<float> first_lse(p.lse_elements()), again_lse(p.lse_elements());
@@ -234,7 +226,7 @@ TEST_CASE("cuda backends: repeated runs give bitwise identical results", "[quick
 }
 
 TEST_CASE("cuda backends: working memory is S/P for standard, l and m for fa1, none for fa2") {
-    const AttentionProblem p = make(2, 4, 2, 333, 517, 64);
+    const AttentionProblem p = test::make_problem(2, 4, 2, 333, 517, 64);
     const ProblemData in = random_problem_data(p, test::next_seed());
     const auto extra = [&](const std::string& name) {
         auto prepared =
@@ -248,7 +240,7 @@ TEST_CASE("cuda backends: working memory is S/P for standard, l and m for fa1, n
 }
 
 TEST_CASE("cuda backends: bad requests are std::invalid_argument naming the field") {
-    const AttentionProblem p = make(1, 2, 2, 64, 64, 64);
+    const AttentionProblem p = test::make_problem(1, 2, 2, 64, 64, 64);
     const ProblemData in = random_problem_data(p, test::next_seed());
     for (const std::string& name : kCudaBackends) {
         const Backend& backend = find_backend(name);
@@ -261,7 +253,7 @@ TEST_CASE("cuda backends: bad requests are std::invalid_argument naming the fiel
                           Catch::Contains("heads_kv = 3"));
     }
     // cuda-fa1 tiles that cannot fit in shared memory.
-    AttentionProblem big = make(1, 1, 1, 3000, 3000, 256);
+    AttentionProblem big = test::make_problem(1, 1, 1, 3000, 3000, 256);
     const ProblemData big_in = random_problem_data(big, test::next_seed());
     big.block_q = 3000, big.block_kv = 3000;
     CHECK_THROWS_AS(find_backend("cuda-fa1").prepare(big, big_in.Q.data(), big_in.K.data(),
@@ -280,11 +272,11 @@ TEST_CASE("cuda backends: small shapes for compute-sanitizer", "[sanitize]") {
     std::mt19937 gen(Catch::rngSeed() + 17);
     for (std::int64_t d : {59, 64, 130})  // 16-byte and 4-byte copies; two kernel configurations
         for (bool causal : {false, true}) {
-            AttentionProblem p = make(1, 2, 1, 131, 203, d, causal);  // GQA, ragged tails
+            AttentionProblem p = test::make_problem(1, 2, 1, 131, 203, d, causal);  // GQA, ragged tails
             if (name == "cuda-fa1") p.block_q = 48, p.block_kv = 80;  // several i and j steps
             check_against_reference(backend, p);
         }
-    AttentionProblem p = make(1, 1, 1, 150, 200, 64);
+    AttentionProblem p = test::make_problem(1, 1, 1, 150, 200, 64);
     RandomMask mask(p, 30, 70, gen, name == "cuda-fa1");
     check_against_reference(backend, p);
 }

@@ -28,14 +28,6 @@ using flashattn::test::run_poisoned;
 
 namespace {
 
-AttentionProblem make(std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t Nq,
-                      std::int64_t Nkv, std::int64_t d, bool causal = false) {
-    AttentionProblem p;
-    p.batch = B, p.heads = H, p.heads_kv = Hkv, p.seq_q = Nq, p.seq_kv = Nkv, p.dim = d;
-    p.causal = causal;
-    return p;
-}
-
 const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
 
 // (N_q, N_kv): equal, N_q < N_kv and N_q > N_kv; none a multiple of any tile size.
@@ -52,7 +44,7 @@ TEST_CASE("cuda-tc matches float64 attention by the 2x rule on odd shapes, every
                 for (bool causal : {false, true}) {
                     const bool big = Nq * Nkv * d > 10'000'000;
                     check_against_reference(
-                        backend, make(big ? 1 : 2, big ? 2 : 3, big ? 2 : 3, Nq, Nkv, d, causal),
+                        backend, test::make_problem(big ? 1 : 2, big ? 2 : 3, big ? 2 : 3, Nq, Nkv, d, causal),
                         dtype);
                 }
 }
@@ -62,8 +54,8 @@ TEST_CASE("cuda-tc: many tiles in both directions (N = 1023 and 2047)") {
     for (DType dtype : kDtypes)
         for (std::int64_t d : {64, 128})
             for (bool causal : {false, true}) {
-                check_against_reference(backend, make(2, 2, 2, 1023, 1023, d, causal), dtype);
-                check_against_reference(backend, make(1, 1, 1, 2047, 2047, d, causal), dtype);
+                check_against_reference(backend, test::make_problem(2, 2, 2, 1023, 1023, d, causal), dtype);
+                check_against_reference(backend, test::make_problem(1, 1, 1, 2047, 2047, d, causal), dtype);
             }
 }
 
@@ -73,7 +65,7 @@ TEST_CASE("cuda-tc: bottom-right causal both ways, GQA/MQA, and any scale") {
         for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
                  {1, 113}, {113, 1}, {7, 203}, {203, 7}, {113, 1023}, {1023, 113}, {203, 203}})
             for (std::int64_t Hkv : {6, 3, 2, 1}) {  // MHA, GQA ratios 2 and 3, MQA
-                AttentionProblem p = make(2, 6, Hkv, Nq, Nkv, 64, true);
+                AttentionProblem p = test::make_problem(2, 6, Hkv, Nq, Nkv, 64, true);
                 p.scale = 0.3f;
                 check_against_reference(backend, p, dtype);
             }
@@ -81,7 +73,7 @@ TEST_CASE("cuda-tc: bottom-right causal both ways, GQA/MQA, and any scale") {
     for (DType dtype : kDtypes)
         for (float scale : {-0.2f, 0.0f, 8.0f})
             for (bool causal : {false, true}) {
-                AttentionProblem p = make(2, 2, 1, 203, 113, 128, causal);
+                AttentionProblem p = test::make_problem(2, 2, 1, 203, 113, 128, causal);
                 p.scale = scale;
                 check_against_reference(backend, p, dtype);
             }
@@ -95,7 +87,7 @@ TEST_CASE("cuda-tc: block masks skip invisible tiles and mask partial ones") {
                  {7, 203}, {203, 7}, {203, 203}, {1023, 517}})
             for (bool causal : {false, true})
                 for (std::int64_t d : {64, 128}) {
-                    AttentionProblem p = make(1, 2, 1, Nq, Nkv, d, causal);
+                    AttentionProblem p = test::make_problem(1, 2, 1, Nq, Nkv, d, causal);
                     // Mask blocks that do not line up with the kernel's tiles, and ones that do.
                     const bool aligned = gen() % 3 == 0;
                     p.block_q = aligned ? 128 : 1 + gen() % 150;
@@ -114,15 +106,15 @@ TEST_CASE("cuda-tc: every compiled tile shape computes the same attention") {
         for (std::int64_t d : tc::tc_head_dims())
             for (const tc::TcTileShape& tile : tc::tc_tile_shapes(d, dtype)) {
                 const Backend backend = tc::tc_backend_with_tile(tile);
-                check_against_reference(backend, make(2, 2, 1, 203, 517, d, false), dtype);
-                check_against_reference(backend, make(1, 2, 2, 517, 517, d, true), dtype);
+                check_against_reference(backend, test::make_problem(2, 2, 1, 203, 517, d, false), dtype);
+                check_against_reference(backend, test::make_problem(1, 2, 2, 517, 517, d, true), dtype);
             }
 }
 
 TEST_CASE("cuda-tc: repeated runs give bit-identical outputs (no race)") {
     const Backend backend = tc::tc_backend();
     for (DType dtype : kDtypes) {
-        const AttentionProblem p = make(2, 4, 2, 1023, 1111, 128, true);
+        const AttentionProblem p = test::make_problem(2, 4, 2, 1023, 1111, 128, true);
         const ProblemData in = random_problem_data(p, flashattn::test::next_seed());
         auto prepared = backend.prepare(p, in.Q.data(), in.K.data(), in.V.data(), dtype);
         std::vector<float> O0(p.q_elements()), lse0(p.lse_elements());
@@ -144,7 +136,7 @@ TEST_CASE("cuda-tc: repeated runs give bit-identical outputs (no race)") {
 TEST_CASE("cuda-tc: a NaN input makes exactly the rows that see it NaN") {
     const Backend backend = tc::tc_backend();
     for (DType dtype : kDtypes) {
-        const AttentionProblem p = make(1, 1, 1, 203, 203, 64, true);
+        const AttentionProblem p = test::make_problem(1, 1, 1, 203, 203, 64, true);
         ProblemData in = random_problem_data(p, flashattn::test::next_seed());
         in.Q[57 * p.dim + 3] = std::numeric_limits<float>::quiet_NaN();   // query row 57
         in.K[150 * p.dim + 9] = std::numeric_limits<float>::quiet_NaN();  // key 150: rows >= 150
@@ -164,7 +156,7 @@ TEST_CASE("cuda-tc rejects what it cannot run with std::invalid_argument naming 
     const Backend backend = tc::tc_backend();
     const float x[1] = {0.0f};
     for (std::int64_t d : {1, 3, 59, 80, 111, 192}) {
-        const AttentionProblem p = make(1, 1, 1, 1, 1, d);
+        const AttentionProblem p = test::make_problem(1, 1, 1, 1, 1, d);
         std::vector<float> q(d, 0.5f);
         try {
             backend.prepare(p, q.data(), q.data(), q.data(), DType::f16);
@@ -174,9 +166,9 @@ TEST_CASE("cuda-tc rejects what it cannot run with std::invalid_argument naming 
             CHECK_THAT(e.what(), Catch::Contains("32, 64, 96, 128, 256"));
         }
     }
-    CHECK_THROWS_AS(backend.prepare(make(1, 1, 1, 1, 1, 64), x, x, x, DType::f32),
+    CHECK_THROWS_AS(backend.prepare(test::make_problem(1, 1, 1, 1, 1, 64), x, x, x, DType::f32),
                     std::invalid_argument);
-    CHECK_THROWS_AS(backend.prepare(make(1, 4, 3, 1, 1, 64), x, x, x, DType::f16),
+    CHECK_THROWS_AS(backend.prepare(test::make_problem(1, 4, 3, 1, 1, 64), x, x, x, DType::f16),
                     std::invalid_argument);  // heads_kv must divide heads
 }
 
