@@ -21,12 +21,14 @@ inline DType test_dtype(const Backend& b) {
     return b.supports(DType::f32) ? DType::f32 : b.dtypes.front();
 }
 
-// Whether the backend takes problem p at all (see above). Prepares it on zero inputs.
+// Whether the backend takes problem p at all (see above). Runs it once on zero inputs: a CUDA
+// form may check its limits when it launches, not only in prepare().
 inline bool backend_accepts(const Backend& b, const AttentionProblem& p) {
     if (b.device == "cpu") return true;
     const std::vector<float> q(p.q_elements(), 0.0f), kv(p.kv_elements(), 0.0f);
+    std::vector<float> O(p.q_elements()), lse(p.lse_elements());
     try {
-        b.prepare(p, q.data(), kv.data(), kv.data(), test_dtype(b));
+        run_backend(b, p, q.data(), kv.data(), kv.data(), O.data(), lse.data(), test_dtype(b));
     } catch (const std::invalid_argument& e) {
         WARN(b.name << " does not support " << describe(p) << ": " << e.what());
         return false;
