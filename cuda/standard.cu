@@ -36,6 +36,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "cpu/workspace.hpp"
 #include "cuda/check.hpp"
 #include "cuda/prepared.hpp"
 #include "cuda/softmax_device.cuh"
@@ -141,7 +142,9 @@ public:
     PreparedStandard(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                      DType dtype)
         : PreparedCuda("cuda-standard", p, Q, K, V, dtype) {
-        S_ = workspace<float>(static_cast<std::size_t>(p.batch * p.heads * p.seq_q * p.seq_kv));
+        // B*H*N_q*N_kv can overflow int64 for sizes validate() accepts: work_elements checks.
+        S_ = workspace<float>(
+            static_cast<std::size_t>(work_elements(p.batch * p.heads * p.seq_q, p.seq_kv)));
         if (p.causal || p.block_mask.active()) {
             bad_rows_ = workspace<std::uint8_t>(static_cast<std::size_t>(p.batch * p.heads_kv * p.seq_kv));
             bad_count_ = workspace<int>(1);
