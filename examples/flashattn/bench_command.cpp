@@ -30,6 +30,7 @@
 #include "commands.hpp"
 #include "common/tiling.hpp"
 #include "cpu/registry.hpp"
+#include "cpu/workspace.hpp"
 #include "format.hpp"
 #include "gemm_ceiling.hpp"
 #include "verify.hpp"
@@ -195,6 +196,10 @@ int bench(const BenchOptions& o) {
         backends.push_back(&b);
     }
 
+    // The inputs and each backend's O and LSE, before any of them is allocated.
+    const double q = double(p.q_elements()), kv = double(p.kv_elements());
+    require_memory(sizeof(float) * (q + 2 * kv + double(backends.size()) * (q + p.lse_elements())),
+                   "bench's inputs and outputs");
     const ProblemData data = random_problem_data(p, o.seed);
     std::vector<std::unique_ptr<PreparedAttention>> prepared;
     std::vector<Contender> contenders;
