@@ -351,12 +351,14 @@ TEST_CASE("flashattn run: a successful run replaces existing outputs whole, with
     CHECK(huge.status == 0);
 }
 
-TEST_CASE("flashattn demo: a problem too large for memory is a clean error, not a crash") {
+TEST_CASE("flashattn demo and bench: a problem too large for memory is a clean error") {
     TempDir tmp;
     for (const std::string args : {
              "demo --seq 1099511627776 --dim 1 --heads 1",  // 4 TiB of inputs
              "demo --seq 1048576 --dim 1 --heads 1",        // 4 MiB inputs, 8 TiB float64 S
              "demo --batch 1048576 --heads 1048576 --seq 1048576 --dim 256",  // validate()
+             "bench --backends scalar --batch 1 --heads 1 --seq 1099511627776 --dim 1",
+             "bench --backends standard --batch 1 --heads 1 --seq 1048576 --dim 1 --repeat 1",
          }) {
         const Result r = flashattn_cli(args, tmp.path);
         INFO("flashattn " << args << "\nstderr: " << r.err);
