@@ -25,13 +25,16 @@
 // P = exp(S - m) / l. Masks are applied while reading S (bottom-right causal, block mask).
 // A fully masked row gives P = 0 (so O = 0) and LSE = -inf; a NaN score makes the row NaN.
 //
-// Masked keys are absent from the sum, not "0 times V_j": the P V GEMM would compute 0 * NaN = NaN
-// for a NaN or inf in a V row that a query row masks (PyTorch's MATH backend leaks it so). With a
-// mask, V rows holding a non-finite value are found first (a cheap pass over V); if there are
-// any, the GEMM reads a copy of V with those rows zeroed and a fix-up kernel adds P_ij * V_j back
-// for exactly the (i, j) that are visible -- the same treatment as cpu/standard.cpp.
+// Masked keys and non-finite V: the P V GEMM multiplies a masked key by P = 0, and 0 * NaN (or
+// 0 * inf) is NaN, so a NaN in a V row would leak into query rows that mask that key (PyTorch's
+// MATH backend does this). DESIGN.md's rule is that only rows that attend key j see V_j, so when
+// a mask is active and V holds a non-finite value (checked once in prepare()), line 3 runs
+// masked_pv_kernel instead, which leaves masked keys out of the sum as the flash kernels do. The
+// GEMM stays the path for every finite input.
 #include <cublas_v2.h>
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -78,39 +81,19 @@ __global__ void softmax_rows_kernel(const AttentionProblem p, float* __restrict_
     if (lane == 0) lse[row] = log_sum_exp(state);
 }
 
-// Flags the K/V rows of V that hold a NaN or inf, and counts them.
-__global__ void flag_nonfinite_rows_kernel(const float* __restrict__ V, std::int64_t rows, int d,
-                                           std::uint8_t* __restrict__ bad, int* __restrict__ count) {
-    const std::int64_t r = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    bool finite = true;
-    for (int k = 0; k < d; ++k) finite = finite && isfinite(V[r * d + k]);
-    bad[r] = finite ? 0 : 1;
-    if (!finite) atomicAdd(count, 1);
-}
-
-// V with the flagged rows zeroed: what the P V GEMM reads when some rows are non-finite.
-__global__ void zero_flagged_rows_kernel(const float* __restrict__ V,
-                                         const std::uint8_t* __restrict__ bad, std::int64_t n,
-                                         int d, float* __restrict__ V_clean) {
-    const std::int64_t e = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-    if (e < n) V_clean[e] = bad[e / d] ? 0.0f : V[e];
-}
-
-// One warp per query row: O_i += P_ij V_j for every flagged key j that row i may attend.
-__global__ void add_flagged_rows_kernel(const AttentionProblem p, const float* __restrict__ P,
-                                        const float* __restrict__ V,
-                                        const std::uint8_t* __restrict__ bad, float* __restrict__ O) {
-    const int lane = threadIdx.x % 32;
-    const std::int64_t row = std::int64_t{blockIdx.x} * kSoftmaxWarps + threadIdx.x / 32;
-    if (row >= p.batch * p.heads * p.seq_q) return;
+// Algorithm 0 line 3 without the GEMM, for the rare case above: O_i = sum over the keys j that
+// row i attends of P_ij V_j. One block per query row, threads over the d columns.
+__global__ void masked_pv_kernel(const AttentionProblem p, const float* __restrict__ P,
+                                 const float* __restrict__ V, float* __restrict__ O) {
+    const std::int64_t row = blockIdx.x;  // (b, h, i) flattened, as in S and O
     const std::int64_t i = row % p.seq_q, bh = row / p.seq_q;
-    const std::int64_t kv_row0 = p.kv_offset(bh / p.heads, bh % p.heads) / p.dim;
-    for (std::int64_t j = 0; j < p.seq_kv; ++j) {
-        if (!bad[kv_row0 + j] || !p.key_visible(i, j)) continue;
-        const float P_ij = P[row * p.seq_kv + j];
-        for (std::int64_t k = lane; k < p.dim; k += 32)
-            O[row * p.dim + k] += P_ij * V[(kv_row0 + j) * p.dim + k];
+    const float* V_h = V + p.kv_offset(bh / p.heads, bh % p.heads);
+    const float* P_row = P + row * p.seq_kv;
+    for (std::int64_t c = threadIdx.x; c < p.dim; c += blockDim.x) {
+        float o = 0.0f;
+        for (std::int64_t j = 0; j < p.seq_kv; ++j)
+            if (p.key_visible(i, j)) o += P_row[j] * V_h[j * p.dim + c];
+        O[row * p.dim + c] = o;
     }
 }
 
@@ -145,10 +128,9 @@ public:
         // B*H*N_q*N_kv can overflow int64 for sizes validate() accepts: work_elements checks.
         S_ = workspace<float>(
             static_cast<std::size_t>(work_elements(p.batch * p.heads * p.seq_q, p.seq_kv)));
-        if (p.causal || p.block_mask.active()) {
-            bad_rows_ = workspace<std::uint8_t>(static_cast<std::size_t>(p.batch * p.heads_kv * p.seq_kv));
-            bad_count_ = workspace<int>(1);
-        }
+        masked_nonfinite_v_ = (p.causal || p.block_mask.active()) &&
+                              std::any_of(V, V + p.kv_elements(),
+                                          [](float x) { return !std::isfinite(x); });
     }
 
     void execute() override {
@@ -177,44 +159,27 @@ public:
             p, S_.data(), lse_.data());
         FA_CUDA_CHECK_LAUNCH();
 
-        // Masked keys must be absent from line 3: find V rows with a NaN or inf (masked runs only).
-        const float* V_gemm = V_.data();
-        int bad = 0;
-        if (bad_rows_.size() > 0) {
-            const std::int64_t kv_rows = p.batch * p.heads_kv * p.seq_kv;
-            FA_CUDA_CHECK(cudaMemset(bad_count_.data(), 0, sizeof(int)));
-            flag_nonfinite_rows_kernel<<<static_cast<unsigned>((kv_rows + 255) / 256), 256>>>(
-                V_.data(), kv_rows, d, bad_rows_.data(), bad_count_.data());
-            FA_CUDA_CHECK_LAUNCH();
-            FA_CUDA_CHECK(cudaMemcpy(&bad, bad_count_.data(), sizeof(int), cudaMemcpyDeviceToHost));
-            if (bad > 0) {  // rare: zero those rows for the GEMM, add them back where visible
-                const std::int64_t n = p.kv_elements();
-                if (V_clean_.size() == 0) V_clean_ = workspace<float>(static_cast<std::size_t>(n));
-                zero_flagged_rows_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(
-                    V_.data(), bad_rows_.data(), n, d, V_clean_.data());
-                FA_CUDA_CHECK_LAUNCH();
-                V_gemm = V_clean_.data();
-            }
-        }
-
         // Line 3: O^T (d x g*N_q) = V^T (d x N_kv) * P^T (N_kv x g*N_q).
-        FA_CUBLAS_CHECK(cublasSgemmStridedBatched(
-            cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, d, group_rows, n_kv, &one, V_gemm, d,
-            kv_stride, S_.data(), n_kv, s_stride, &zero, O_.data(), d, q_stride, kv_heads));
-        if (bad > 0) {
-            add_flagged_rows_kernel<<<static_cast<unsigned>(blocks), kSoftmaxWarps * 32>>>(
-                p, S_.data(), V_.data(), bad_rows_.data(), O_.data());
+        if (masked_nonfinite_v_) {  // see the header: masked keys must stay out of the sum
+            if (rows > std::numeric_limits<int>::max())
+                throw std::invalid_argument("batch*heads*seq_q = " + std::to_string(rows) +
+                                            ": too many rows for one masked P V launch");
+            masked_pv_kernel<<<static_cast<unsigned>(rows), 128>>>(p, S_.data(), V_.data(),
+                                                                    O_.data());
             FA_CUDA_CHECK_LAUNCH();
+            synchronize();
+            return;
         }
+        FA_CUBLAS_CHECK(cublasSgemmStridedBatched(
+            cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, d, group_rows, n_kv, &one, V_.data(), d,
+            kv_stride, S_.data(), n_kv, s_stride, &zero, O_.data(), d, q_stride, kv_heads));
         synchronize();
     }
 
 private:
     CublasHandle cublas_;
     DeviceBuffer<float> S_;  // S, then P in place: the N_q x N_kv matrices of Algorithm 0
-    DeviceBuffer<std::uint8_t> bad_rows_;  // masked runs: which K/V rows of V are non-finite
-    DeviceBuffer<int> bad_count_;
-    DeviceBuffer<float> V_clean_;  // allocated only when some are
+    bool masked_nonfinite_v_ = false;  // a mask is active and V has a NaN or inf: no PV GEMM
 };
 
 }  // namespace
