@@ -47,6 +47,7 @@
 // D = 256 needs ~214 KB of shared memory per block, which Hopper has and Ampere (163 KB) does
 // not -- the backend says so instead of launching.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
@@ -57,6 +58,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/check.hpp"
 #include "cuda/fa2.hpp"
+#include "cuda/fa2_tf32.cuh"
 #include "cuda/prepared.hpp"
 #include "cuda/softmax_device.cuh"
 
@@ -353,24 +355,49 @@ void launch_fa2(const AttentionProblem& p, const float* Q, const float* K, const
     FA_CUDA_CHECK_LAUNCH();
 }
 
-// The compiled configurations, smallest D first; the first one whose D covers d is the default.
-// FLASHATTN_FA2_VARIANT=<name> picks another one that covers d (the tuning knob of
-// cuda/gpu_check.sh; docs/cuda_fp32_notes.md records which won and by how much).
+// The tensor-core kernel (fa2_tf32.cuh) on its 3D grid (Tr, heads, batch).
+template <class C>
+void launch_fa2_tf32(const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                     float* O, float* lse) {
+    const tc::TcParams params = tc::make_params(p, Q, K, V, O, lse);
+    auto kernel = p.block_mask.active() ? fa2_tf32_kernel<C, true> : fa2_tf32_kernel<C, false>;
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(C::SMEM_BYTES)));
+    const dim3 grid(unsigned(tile_count(p.seq_q, C::Br)), unsigned(p.heads), unsigned(p.batch));
+    kernel<<<grid, C::THREADS, C::SMEM_BYTES>>>(params);
+    FA_CUDA_CHECK_LAUNCH();
+}
+
+// The compiled configurations, smallest D first; the first one whose D covers d (and whose
+// kernel takes the problem, see usable()) is the default. FLASHATTN_FA2_VARIANT=<name> picks
+// another one that covers d (the tuning knob of cuda/gpu_check.sh; docs/cuda_fp32_notes.md
+// records which won and by how much).
 struct Fa2Variant {
     const char* name;
     int max_dim;
     std::size_t smem_bytes;
+    bool tensor_cores;  // the 3xTF32 kernel: finite inputs and cuda-tc's grid limits only
     void (*launch)(const AttentionProblem&, const float*, const float*, const float*, float*,
                    float*);
 };
 template <class C>
 constexpr Fa2Variant variant(const char* name) {
-    return {name, C::D, C::SMEM_BYTES, &launch_fa2<C>};
+    return {name, C::D, C::SMEM_BYTES, false, &launch_fa2<C>};
+}
+template <class C>
+constexpr Fa2Variant tf32_variant(const char* name) {
+    return {name, C::D, C::SMEM_BYTES, true, &launch_fa2_tf32<C>};
 }
 // The first entry for each D is the default; the others stay for the tuning comparison that
 // docs/cuda_fp32_notes.md records (every one of them is checked by tests/test_cuda.cpp).
-//                         D   Br  Bc  threads  blocks/SM  TM
+// Tensor cores (v4), Tf32Tile<D, warps (Br = 16 warps), Bc, CTAs per SM>:
 const Fa2Variant kVariants[] = {
+    tf32_variant<Tf32Tile<64, 8, 64, 1>>("d64_tf32_128x64"),
+    tf32_variant<Tf32Tile<64, 4, 32, 3>>("d64_tf32_64x32"),
+    tf32_variant<Tf32Tile<128, 8, 64, 1>>("d128_tf32_128x64"),
+    tf32_variant<Tf32Tile<128, 8, 32, 1>>("d128_tf32_128x32"),
+    tf32_variant<Tf32Tile<128, 4, 32, 2>>("d128_tf32_64x32"),
+// FP32 FMAs (v1-v3):       D   Br  Bc  threads  blocks/SM  TM
     variant<Fa2Config<64, 128, 32, 256, 2>>("d64_128x32_2b"),
     variant<Fa2Config<64, 128, 64, 256, 1>>("d64_128x64"),
     variant<Fa2Config<64, 128, 64, 512, 1>>("d64_128x64_t512"),
@@ -382,11 +409,25 @@ const Fa2Variant kVariants[] = {
     variant<Fa2Config<256, 64, 64, 256, 1>>("d256_64x64"),
 };
 
-const Fa2Variant& choose_variant(std::int64_t dim) {
+// Whether the tensor-core kernel may run this problem: every input finite (tf32_mma.cuh: the split
+// turns inf into NaN, and a masked key's P = 0 times a NaN in V would be NaN, where the FFMA
+// kernel leaves masked keys out), and cuda-tc's grid (Tr, heads, batch) and int row indices.
+bool tensor_cores_usable(const AttentionProblem& p, const float* Q, const float* K,
+                         const float* V) {
+    const auto finite = [](const float* x, std::int64_t n) {
+        return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
+    };
+    constexpr std::int64_t kMaxGrid = 65535, kMaxSeq = std::int64_t{1} << 30;
+    return p.heads <= kMaxGrid && p.batch <= kMaxGrid && p.seq_q <= kMaxSeq &&
+           p.seq_kv <= kMaxSeq && finite(Q, p.q_elements()) && finite(K, p.kv_elements()) &&
+           finite(V, p.kv_elements());
+}
+
+const Fa2Variant& choose_variant(std::int64_t dim, bool tensor_cores) {
     const char* wanted = std::getenv("FLASHATTN_FA2_VARIANT");
     const Fa2Variant* first = nullptr;
     for (const Fa2Variant& v : kVariants) {
-        if (v.max_dim < dim) continue;
+        if (v.max_dim < dim || (v.tensor_cores && !tensor_cores)) continue;
         if (!first) first = &v;
         if (wanted && std::string(wanted) == v.name) return v;
     }
@@ -407,7 +448,8 @@ class PreparedFa2 final : public PreparedCuda {
 public:
     PreparedFa2(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                 DType dtype)
-        : PreparedCuda("cuda-fa2", p, Q, K, V, dtype), variant_(choose_variant(p.dim)) {
+        : PreparedCuda("cuda-fa2", p, Q, K, V, dtype),
+          variant_(choose_variant(p.dim, tensor_cores_usable(p, Q, K, V))) {
         const std::size_t have = device_limits().smem_per_block_optin;
         if (variant_.smem_bytes > have)
             throw std::invalid_argument(

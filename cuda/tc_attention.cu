@@ -174,18 +174,7 @@ void tc_check_problem(const AttentionProblem& p, DType dtype) {
 void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
     const AttentionProblem& p = args.problem;
     tc_check_problem(p, args.dtype);
-    TcParams params;
-    params.Q = args.Q;
-    params.K = args.K;
-    params.V = args.V;
-    params.O = args.O;
-    params.lse = args.lse;
-    params.problem = p;
-    // The kernel needs c = |scale| log2(e) > 0 (see exp2_shifted). Scale 0 means every visible
-    // key gets weight 1: any c small enough that |s| c rounds 2^(s c) to exactly 1 does that.
-    const float scale = std::fabs(p.softmax_scale());
-    params.scale_log2 = scale > 0 ? scale * kLog2e : 1e-30f;
-    params.lse_scale = scale;
+    const TcParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
     const bool launched = args.dtype == DType::f16
                               ? dispatch<__half>(p.dim, tile, params)
                               : dispatch<__nv_bfloat16>(p.dim, tile, params);

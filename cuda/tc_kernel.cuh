@@ -60,6 +60,7 @@
 //    dependent steps instead of a chain of Bc/4 (measured +3-8% at d = 64, docs/cuda_tc.md).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "common/online_softmax.hpp"
@@ -80,6 +81,15 @@ struct TcParams {
     float scale_log2;          // c = |scale| log2(e) > 0 (a negative scale is folded into Q)
     float lse_scale;           // |scale|: LSE = m |scale| + log(l) for raw-score maxima m
 };
+
+// The parameters of one launch. The kernels need c = |scale| log2(e) > 0 (see exp2_shifted).
+// Scale 0 means every visible key gets weight 1: any c small enough that |s| c rounds 2^(s c) to
+// exactly 1 does that.
+inline TcParams make_params(const AttentionProblem& p, const void* Q, const void* K,
+                            const void* V, float* O, float* lse) {
+    const float scale = std::fabs(p.softmax_scale());
+    return {Q, K, V, O, lse, p, scale > 0 ? scale * kLog2e : 1e-30f, scale};
+}
 
 // The compile-time shape of one CTA's work.
 template <class T_, int D_, int kWarps_, int kMTiles_, int Bc_, int kStages_>
@@ -348,7 +358,9 @@ __device__ __forceinline__ void accumulate_pv(float (&O)[Cfg::kMTiles][Cfg::D / 
 
 // FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),
 // written for the rows that exist. l_i is first summed over the quad (each lane held a partial
-// sum over its own columns).
+// sum over its own columns). O's rows are p.dim floats apart; columns p.dim..D-1 (the zero padding
+// of a head dim that is not one of the compiled D, as cuda-fa2's tensor-core kernel has) are not
+// written.
 template <class Cfg>
 __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], const float (&m)[2],
                                              const float (&l)[2], const TcParams& params,
@@ -363,12 +375,21 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
         l_row += __shfl_xor_sync(0xffffffffu, l_row, 2);
         const int row = row0 + lane / 4 + 8 * r;
         if (row >= p.seq_q) continue;
-        float* O_row = O_head + std::int64_t(row) * Cfg::D + 2 * (lane % 4);
+        float* O_row = O_head + std::int64_t(row) * p.dim + 2 * (lane % 4);
+        if (p.dim == Cfg::D) {
 #pragma unroll
-        for (int dt = 0; dt < Cfg::D / 8; ++dt)
-            *reinterpret_cast<float2*>(O_row + 8 * dt) =
-                make_float2(normalize_output(O[dt][2 * r], l_row),
-                            normalize_output(O[dt][2 * r + 1], l_row));
+            for (int dt = 0; dt < Cfg::D / 8; ++dt)
+                *reinterpret_cast<float2*>(O_row + 8 * dt) =
+                    make_float2(normalize_output(O[dt][2 * r], l_row),
+                                normalize_output(O[dt][2 * r + 1], l_row));
+        } else {  // padded d (possibly odd: no 8-byte stores)
+#pragma unroll
+            for (int dt = 0; dt < Cfg::D / 8; ++dt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (8 * dt + 2 * (lane % 4) + e < p.dim)
+                        O_row[8 * dt + e] = normalize_output(O[dt][2 * r + e], l_row);
+        }
         if (lane % 4 == 0) lse_head[row] = log_sum_exp(SoftmaxState{m[r] * params.lse_scale, l_row});
     }
 }

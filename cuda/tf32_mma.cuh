@@ -60,23 +60,41 @@ __device__ __forceinline__ Split split(float x) {
     return {big, to_tf32(x - __uint_as_float(big))};  // x - big is exact in fp32
 }
 
-// c += a b for one 16 x 8 x 8 product of tf32 values.
+// c += a b for one 16 x 8 x 8 product of tf32 values. Not volatile: the instruction has no side
+// effect, so the compiler may interleave independent products.
 __device__ __forceinline__ void mma_m16n8k8(float (&c)[4], std::uint32_t a0, std::uint32_t a1,
                                             std::uint32_t a2, std::uint32_t a3, std::uint32_t b0,
                                             std::uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// c += a b in fp32 accuracy: the three products of the 3xTF32 split, small ones first.
+// c[n] += a b[n] (n < kN) in fp32 accuracy: one A fragment against kN B fragments (b[n][0], b[n][1]
+// = b0, b1), the three products of the 3xTF32 split, small ones first. Pass by pass over n, so
+// that consecutive mma's write different accumulators and need not wait for each other.
+template <int kN>
+__device__ __forceinline__ void mma_3xtf32(float (&c)[kN][4], const Split (&a)[4],
+                                           const Split (&b)[kN][2]) {
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+        mma_m16n8k8(c[n], a[0].small, a[1].small, a[2].small, a[3].small, b[n][0].big,
+                    b[n][1].big);
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+        mma_m16n8k8(c[n], a[0].big, a[1].big, a[2].big, a[3].big, b[n][0].small, b[n][1].small);
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+        mma_m16n8k8(c[n], a[0].big, a[1].big, a[2].big, a[3].big, b[n][0].big, b[n][1].big);
+}
+
+// c += a b for a single accumulator (three dependent products: prefer the kN form in loops).
 __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const Split (&a)[4], Split b0,
                                            Split b1) {
-    mma_m16n8k8(c, a[0].small, a[1].small, a[2].small, a[3].small, b0.big, b1.big);
-    mma_m16n8k8(c, a[0].big, a[1].big, a[2].big, a[3].big, b0.small, b1.small);
-    mma_m16n8k8(c, a[0].big, a[1].big, a[2].big, a[3].big, b0.big, b1.big);
+    float(&c1)[1][4] = *reinterpret_cast<float(*)[1][4]>(&c);
+    const Split b[1][2] = {{b0, b1}};
+    mma_3xtf32<1>(c1, a, b);
 }
 
 }  // namespace flashattn::tf32
