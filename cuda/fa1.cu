@@ -698,6 +698,11 @@ Fa1Plan fa1_plan(const AttentionProblem& p, std::size_t smem_per_block_bytes, in
             throw too_big("block_q/block_kv",
                           std::to_string(p.block_q) + "/" + std::to_string(p.block_kv),
                           plan.blocks);
+        // Line 8 stages m_i, l_i one row per thread (line 1 itself never gives Br > d <= 256).
+        if (plan.blocks.Br > kThreads)
+            throw std::invalid_argument("block_q = " + std::to_string(p.block_q) +
+                                        ": cuda-fa1 takes at most " + std::to_string(kThreads) +
+                                        " query rows per block");
     } else if (p.sram_floats > 0) {  // Alg1 L1 on the M the caller asked for
         plan.M = p.sram_floats;
         plan.blocks = clamp_to_seq(block_sizes_from_sram(plan.M, d));
