@@ -70,6 +70,23 @@ FA_HOST_DEVICE inline float exp2_shifted(float s, float shift, float scale_log2)
 #endif
 }
 
+// The same value with the difference taken first: 2^((s - m) c). One instruction more than
+// exp2_shifted, but s - m is exact when s and m are close (Sterbenz), so a score at or near the
+// row maximum gets the weight fp32 standard attention gives it; in s c - m c both products are
+// rounded, which at large logits (|s c| ~ 1e4, ulp ~ 1e-3) moves the weight by ~0.1%. For the
+// fp32 kernels, which are held to fp32 standard attention's accuracy. m = -inf (nothing visible
+// yet) gives 0, as exp2_shifted does.
+FA_HOST_DEVICE inline float exp2_of_difference(float s, float m, float scale_log2) {
+    const float x = m == -INFINITY ? -INFINITY : (s - m) * scale_log2;
+#if defined(__CUDA_ARCH__)
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    return std::exp2(x);
+#endif
+}
+
 // (m, l) of one row: the running maximum and the running sum of exp(s - m).
 struct SoftmaxState {
     float m = -INFINITY;

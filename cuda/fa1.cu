@@ -361,14 +361,21 @@ __device__ __forceinline__ void scores_tc(const AttentionProblem& p, const Fa1La
                                             tf32::split(lo.y), tf32::split(hi.y)};
             const tf32::Split a_second[4] = {tf32::split(lo.z), tf32::split(hi.z),
                                              tf32::split(lo.w), tf32::split(hi.w)};
+            // A fresh accumulator per 16 dims, added in fp32 (tensor cores truncate their sums:
+            // see "Accuracy" in cuda/fa2_tf32.cuh).
+            float part[kTilesPerUnit][4] = {};
 #pragma unroll
             for (int n = 0; n < kTilesPerUnit; ++n) {
                 if (tile0 + n >= key_tiles) break;  // the same for the whole warp
                 const float4 b =
                     *reinterpret_cast<const float4*>(k_at + 8 * n * L.qk_stride + k);
-                tf32::mma_3xtf32(acc[n], a_first, tf32::split(b.x), tf32::split(b.y));
-                tf32::mma_3xtf32(acc[n], a_second, tf32::split(b.z), tf32::split(b.w));
+                tf32::mma_3xtf32(part[n], a_first, tf32::split(b.x), tf32::split(b.y));
+                tf32::mma_3xtf32(part[n], a_second, tf32::split(b.z), tf32::split(b.w));
             }
+#pragma unroll
+            for (int n = 0; n < kTilesPerUnit; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[n][e] += part[n][e];
         }
 #pragma unroll
         for (int n = 0; n < kTilesPerUnit; ++n) {
@@ -496,12 +503,17 @@ __device__ __forceinline__ void update_output_tc(const Fa1Layout& L, const float
             const tf32::Split a[4] = {tf32::split(lo.x), tf32::split(hi.x), tf32::split(lo.y),
                                       tf32::split(hi.y)};
             const float* v_row = v_at + 8 * s * L.v_stride;
+            float part[kTilesPerUnit][4] = {};  // fresh per 8 keys, added in fp32 (as above)
 #pragma unroll
             for (int n = 0; n < kTilesPerUnit; ++n) {
                 if (tile0 + n >= dim_tiles) break;  // the same for the whole warp
-                tf32::mma_3xtf32(pv[n], a, tf32::split(v_row[8 * n]),
+                tf32::mma_3xtf32(part[n], a, tf32::split(v_row[8 * n]),
                                  tf32::split(v_row[L.v_stride + 8 * n]));
             }
+#pragma unroll
+            for (int n = 0; n < kTilesPerUnit; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pv[n][e] += part[n][e];
         }
 #pragma unroll
         for (int n = 0; n < kTilesPerUnit; ++n)

@@ -266,7 +266,9 @@ __device__ __forceinline__ void mask_scores(float (&S)[Cfg::Bc / 8][4], const At
 //   l_i   = exp(scale (m_i - m_new)) l_i + rowsum(P~)    (the lane's partial row sum)
 //   O_i  *= exp(scale (m_i - m_new))
 // The rule itself (nan_max, exp2_shift, exp2_shifted) is common/online_softmax.hpp's.
-template <class Cfg>
+// kExactDifference: exponents as (s - m) c (exp2_of_difference) instead of s c - m c, for the fp32
+// kernel (cuda/fa2_tf32.cuh), which is held to fp32 accuracy at large logits too.
+template <class Cfg, bool kExactDifference = false>
 __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
                                                float (&l)[2], float (&O)[Cfg::D / 8][4],
                                                float scale_log2) {
@@ -295,7 +297,9 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         shift[r] = exp2_shift(m_new[r], scale_log2);
-        old_scale[r] = exp2_shifted(m[r], shift[r], scale_log2);  // 0 while m_i = -inf
+        old_scale[r] = kExactDifference  // 0 while m_i = -inf
+                           ? exp2_of_difference(m[r], m_new[r], scale_log2)
+                           : exp2_shifted(m[r], shift[r], scale_log2);
         m[r] = m_new[r];
         l[r] *= old_scale[r];
     }
@@ -306,7 +310,9 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) S[nt][e] = exp2_shifted(S[nt][e], shift[e / 2], scale_log2);
+        for (int e = 0; e < 4; ++e)
+            S[nt][e] = kExactDifference ? exp2_of_difference(S[nt][e], m_new[e / 2], scale_log2)
+                                        : exp2_shifted(S[nt][e], shift[e / 2], scale_log2);
     // rowsum(P~), the same pairwise tree.
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
