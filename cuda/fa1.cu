@@ -24,49 +24,33 @@
 // GPU mapping: the j loop must stay outside the i loop, so the query blocks cannot be spread over
 // the grid the way FlashAttention-2 does. Instead each (batch, head) gets `row_groups` thread
 // blocks, each owning a contiguous range of query blocks (its own rows of O, l, m -- no two
-// blocks touch the same row) and running lines 5-13 over them in the paper's order. All 8 warps
-// of a block cooperate on each step. Br and Bc come from line 1, so they are whatever M gives
-// (e.g. Br = 64, Bc = 227 for d = 64 on an H100): every loop handles ragged edges.
-//
-// Two paths for lines 9-12, chosen once per call on the host:
-//   * tensor cores (every value of Q, K, V finite -- the normal case): line 9 (S_ij = Q_i K_j^T)
-//     and line 12's P~ V_j are sums of mma.m16n8k8 products in 3xTF32 (cuda/tf32_mma.cuh), as
-//     accurate as fp32 FMAs. Each warp computes 16 x 32 units of S_ij or O_i; S_ij goes from the
-//     accumulators to shared memory, lines 10-11 take the row statistics there (8 lanes per row)
-//     and leave P~ in place for line 12's A operand. Q_i, K_j, V_j and S_ij are padded with zeros
-//     to whole tiles (Br to 16 rows, Bc to 8 keys, d to 16 dims), masked and padding keys score
-//     -inf, so no product needs a bounds check.
-//   * FFMA (an inf or NaN anywhere in Q, K or V): the v3 kernel, 64 x 64 chunks of S_ij and O_i
-//     where each thread owns a 4 x 4 register micro-tile. 3xTF32 cannot serve these inputs: its
-//     split turns inf into NaN (inf - inf), and an mma multiplies a masked key by 0 where IEEE
-//     needs it absent (0 * NaN = NaN).
+// blocks touch the same row) and running lines 5-13 over them in the paper's order. All 256
+// threads of a block cooperate on each step; S_ij and O_i are computed in 64 x 64 chunks where
+// each thread owns a 4 x 4 register micro-tile. Br and Bc come from line 1, so they are whatever
+// M gives (e.g. Br = 64, Bc = 227 for d = 64 on an H100): every chunk loop handles ragged edges.
 //
 // Masks: tiles the masks rule out entirely are skipped (no K_j load when none of the block's
-// query blocks sees it); per-key masking only on partial tiles. On the FFMA path a masked key is
-// left out of P~ V_j on those tiles (masked_p), so a NaN in a V row a query row does not attend
-// stays out; on the tensor-core path V is finite, and a masked key's P~ = 0 adds exactly 0.
+// query blocks sees it); per-key masking only on partial tiles. A masked key is left out of
+// P~ V_j on those tiles (masked_p), so a NaN in a V row a query row does not attend stays out.
 //
 // Versions (H100, B=4 H=32 N=4096 d=64, non-causal; docs/cuda_fp32_notes.md):
 //   v1  lines 10-11 by one warp per row (a serial chain of shuffles per row)       41.8 ms
 //   v2  lines 9-11 fused: each row's statistics in the registers of the lanes that
 //       computed its scores; Q_i, m_i, l_i of the next step fetched during line 12  32.2 ms
 //   v3  clamped V/O column reads instead of selects, deeper unrolling               31.0 ms
-//   v4  line 9 and line 12 on tensor cores (3xTF32); v3 stays as the path for
-//       non-finite inputs                                                           (TBD) ms
+//   v4  (tried, reverted) lines 9 and 12 on tensor cores (3xTF32 mma, the primitives of
+//       cuda/tf32_mma.cuh), S_ij through shared memory, statistics 8 lanes per row:
+//       42.8 ms on an H200 where v3 took 30.3 ms -- slower. ncu: 8 warps per SM (the tiles
+//       fill M), 5 cycles between a warp's instructions (dependent mma chains, 45% of the
+//       stalls), ~2x the instructions per step of v3. Notes in docs/cuda_fp32_notes.md.
 //   (cuda-standard: 28.7 ms)
 //
-// Weaknesses (honest): 1 block of 8 warps per SM (the tiles fill M by design), so latency is
-// hidden only by the independent mma's of a warp; three tf32 products (and two splits per
-// operand value) per fp32 product; S_ij makes a round trip through shared memory between the
-// products (lines 10-11 need whole rows); the short last group of key or dim tiles leaves some
-// warps idle (e.g. Bc = 227: 29 key tiles in groups of 4); K_j, V_j are not overlapped with the
-// previous step; the padding to whole tiles costs shared memory (so line 1's M gives a smaller
-// Bc at some d: 104 instead of 112 at d = 128) and wasted products at small d; Br = min(Bc, d)
-// makes tiny d (d = 1 -> Br = 1, padded to 16 rows) very slow; one host pass over the inputs per
-// call decides the path. The FFMA path (v3) was slower than cuda-standard's cuBLAS without a
-// mask (0.92x at d = 64, 0.60x at d = 128), faster with the causal mask (1.3x at N = 4096).
+// Weaknesses (honest): slower than cuda-standard's cuBLAS without a mask (0.92x at d = 64,
+// 0.60x at d = 128) though faster with the causal mask (1.3x at N = 4096); 1 block of 8 warps
+// per SM (the tiles fill M by design), latency-bound (ncu: issue slots 53% busy); K_j, V_j are
+// not overlapped with the previous step; d is rounded up to a multiple of 4; Br = min(Bc, d)
+// makes tiny d (d = 1 -> Br = 1) very slow.
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -79,69 +63,47 @@
 #include "cuda/fa1.hpp"
 #include "cuda/prepared.hpp"
 #include "cuda/softmax_device.cuh"
-#include "cuda/tf32_mma.cuh"
 
 namespace flashattn::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // 8 warps; the FFMA path: 16 x 16 threads, 4 x 4 micro-tiles
-constexpr int kWarps = kThreads / 32;
-constexpr int kChunk = 64;  // FFMA path: S_ij and O_i in 64 x 64 chunks
+constexpr int kThreads = 256;  // 16 x 16 threads, each owning a 4 x 4 micro-tile of a 64 x 64 chunk
+constexpr int kChunk = 64;
 
-__host__ __device__ inline int round_up(std::int64_t x, int multiple) {
-    return static_cast<int>((x + multiple - 1) / multiple * multiple);
-}
-__host__ __device__ inline int round_up4(std::int64_t x) { return round_up(x, 4); }
-
-// The smallest stride >= n (n a multiple of 4) that is congruent to `residue` modulo `modulus`.
-__host__ __device__ inline int stride_at_least(int n, int residue, int modulus) {
-    return n + ((residue - n) % modulus + modulus) % modulus;
+__host__ __device__ inline int round_up4(std::int64_t x) {
+    return static_cast<int>((x + 3) / 4 * 4);
 }
 
 // Where each "SRAM" buffer of Algorithm 1 sits in shared memory (offsets and strides in floats).
-// One layout serves both paths (so line 1's Br, Bc do not depend on the input values). Padding
-// is zero-filled where a loop reads it:
-//   * d is padded to a multiple of 16 (dp): one k-step pair of mma.m16n8k8 covers 16 dims;
-//   * Q_i has Br rounded up to 16 rows (brp): whole m16 row tiles; K_j and V_j have Bc rounded up
-//     to 8 rows (bcp): whole n8 key tiles (line 9) and k8 key steps (line 12); S_ij has brp x bcp.
-//   * strides keep the tensor-core fragment loads free of shared-memory bank conflicts (32 banks
-//     of 4 bytes; lane = 4 g + t as in cuda/tf32_mma.cuh; the FFMA path's reads of K_j do
-//     conflict with these strides, which its rare use tolerates):
-//       Q_i, K_j  16 mod 32: a float4 load of (row g, floats 4t..4t+3) is served 8 lanes at a
-//                 time (rows g, g + 1): 2 rows x 16 floats = 32 different banks;
-//       V_j       4 mod 8: scalar loads of (row 2t or 2t + 1, column g): rows 2t apart are 8t
-//                 times an odd number of banks apart, so the 32 lanes hit 32 different banks;
-//       S_ij      8 mod 16: float2 stores and loads of (row g, floats 2t, 2t + 1), 16 lanes at a
-//                 time: banks 8g + 2t (+1); and line 10's 4 rows x 8 consecutive floats per warp.
+// Rows are padded so float4 reads stay aligned and lanes reading different rows hit different
+// banks; the padding is zero-filled where a loop reads it.
 struct Fa1Layout {
     int Br = 0, Bc = 0, d = 0;
-    int dp = 0;         // d rounded up to 16: Q_i, K_j, V_j columns d..dp-1 are 0
-    int brp = 0;        // Br rounded up to 16: Q_i rows br..brp-1 are 0
-    int bcp = 0;        // Bc rounded up to 8: K_j, V_j rows and P~ columns bc..bcp-1 are 0
-    int qk_stride = 0;  // row stride of Q_i and K_j
-    int v_stride = 0;   // row stride of V_j
-    int s_stride = 0;   // row stride of S_ij / P~
+    int dp = 0;         // d rounded up to 4: Q_i, K_j, V_j columns d..dp-1 are 0
+    int bcp = 0;        // Bc rounded up to 4: V_j rows and P~ columns bc..bcp-1 are 0
+    int qk_stride = 0;  // row stride of Q_i and K_j (dp + 4)
+    int v_stride = 0;   // row stride of V_j (dp)
+    int s_stride = 0;   // row stride of S_ij / P~ (bcp + 4)
     int K_at = 0, V_at = 0, Q_at = 0, S_at = 0, stats_at = 0;
     std::int64_t floats = 0;
 
     static Fa1Layout make(std::int64_t Br, std::int64_t Bc, std::int64_t d) {
         Fa1Layout L;
         L.Br = static_cast<int>(Br), L.Bc = static_cast<int>(Bc), L.d = static_cast<int>(d);
-        L.dp = round_up(d, 16);
-        L.brp = round_up(Br, 16);
-        L.bcp = round_up(Bc, 8);
-        L.qk_stride = stride_at_least(L.dp, 16, 32);
-        L.v_stride = stride_at_least(L.dp, 4, 8);
-        L.s_stride = stride_at_least(L.bcp, 8, 16);
-        std::int64_t at = 0;  // every offset stays a multiple of 4 floats (16-byte cp.async)
+        L.dp = round_up4(d);
+        L.bcp = round_up4(Bc);
+        L.qk_stride = L.dp + 4;
+        L.v_stride = L.dp;
+        L.s_stride = L.bcp + 4;
+        std::int64_t at = 0;
         L.K_at = 0;
-        at += std::int64_t{L.bcp} * L.qk_stride;
+        at += Bc * L.qk_stride;
         L.V_at = static_cast<int>(at);
         at += std::int64_t{L.bcp} * L.v_stride;
         L.Q_at = static_cast<int>(at);
-        at += std::int64_t{L.brp} * L.qk_stride;
+        at += Br * L.qk_stride;
         L.S_at = static_cast<int>(at);
-        at += std::int64_t{L.brp} * L.s_stride;
+        at += Br * L.s_stride;
         L.stats_at = static_cast<int>(at);
         at += 8 * Br;  // per row: SoftmaxMerge (4 floats), then m_i and l_i in two slots
         L.floats = at;
@@ -150,7 +112,7 @@ struct Fa1Layout {
     std::size_t bytes() const { return static_cast<std::size_t>(floats) * sizeof(float); }
 };
 
-// FFMA path. Lines 9-11 for one query block, 64 rows at a time:
+// Lines 9-11 for one query block, 64 rows at a time:
 //   line 9    S_ij = scale * Q_i K_j^T (masked keys -> -inf), to shared memory, 64 x 64 chunks of
 //             4 x 4 register micro-tiles; each thread keeps the running max of its 4 rows,
 //   line 10   m~ = rowmax: the 16 lanes of a row combine their maxima (nan_max shuffles);
@@ -244,10 +206,9 @@ __device__ __forceinline__ void scores_and_statistics(
     }
 }
 
-// FFMA path. Line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new)
-// P~ V_j), read from and written back to HBM. Each thread computes a 4 x 4 micro-tile of P~ V_j
-// per 64 x 64 chunk; its O_i values are requested from HBM before the products so their latency
-// is hidden.
+// Line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j), read from
+// and written back to HBM. Each thread computes a 4 x 4 micro-tile of P~ V_j per 64 x 64 chunk;
+// its O_i values are requested from HBM before the products so their latency is hidden.
 template <bool kSkipMasked>
 __device__ __forceinline__ void update_output(const Fa1Layout& L, const float* P_tilde,
                                               const float* V_j, const float* l_i,
@@ -321,217 +282,7 @@ __device__ __forceinline__ void update_output(const Fa1Layout& L, const float* P
         }
 }
 
-// ---- the tensor-core path (finite inputs): lines 9 and 12 by 3xTF32 mma.m16n8k8 -------------
-//
-// Both products are cut into 16 x 8 output tiles (cuda/tf32_mma.cuh draws the fragments; lane =
-// 4 g + t). A warp takes one "unit" at a time: one row tile of 16 query rows and a group of up to
-// kTilesPerUnit column tiles of 8 (keys in line 9, head dims in line 12), so every A fragment it
-// loads and splits feeds 4 products. Units are dealt to the warps round robin, row tiles
-// fastest, so the short last group (Bc or d not a multiple of 32) falls to several warps.
-constexpr int kTilesPerUnit = 4;
-
-__device__ __forceinline__ int units_of(int row_tiles, int col_tiles) {
-    return row_tiles * ((col_tiles + kTilesPerUnit - 1) / kTilesPerUnit);
-}
-
-// Line 9 on tensor cores: S_ij = scale Q_i K_j^T into shared memory. A score the row may not see
-// becomes -inf: masked keys (partial tiles only), the padding keys bc..bcp-1 of a ragged K_j,
-// and every key of the padding rows br..brp-1 (line 10 then gives them P~ = 0).
-// k = head dim, renumbered as in tf32_mma.cuh: per 16 dims, lane t reads dims 4t..4t+3 of its
-// rows with one float4 load, its A (or B) values of two k-steps.
-__device__ __forceinline__ void scores_tc(const AttentionProblem& p, const Fa1Layout& L,
-                                          const float* Q_i, const float* K_j, float* S_ij,
-                                          TileRange rows, TileRange cols, bool partial,
-                                          float scale) {
-    const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    const int br = static_cast<int>(rows.size()), bc = static_cast<int>(cols.size());
-    const int row_tiles = (br + 15) / 16, key_tiles = (bc + 7) / 8;
-    for (int u = warp; u < units_of(row_tiles, key_tiles); u += kWarps) {
-        const int row0 = 16 * (u % row_tiles);               // the unit's first query row
-        const int tile0 = kTilesPerUnit * (u / row_tiles);   // and its first key tile
-        const float* q_lo = Q_i + (row0 + g) * L.qk_stride + 4 * t;  // A rows g and g + 8
-        const float* q_hi = q_lo + 8 * L.qk_stride;
-        const float* k_at = K_j + (8 * tile0 + g) * L.qk_stride + 4 * t;  // B: key g of a tile
-        float acc[kTilesPerUnit][4] = {};
-#pragma unroll 2
-        for (int k = 0; k < L.dp; k += 16) {  // Alg1 L9: S_ij = Q_i K_j^T, two k-steps per pass
-            const float4 lo = *reinterpret_cast<const float4*>(q_lo + k);
-            const float4 hi = *reinterpret_cast<const float4*>(q_hi + k);
-            const tf32::Split a_first[4] = {tf32::split(lo.x), tf32::split(hi.x),
-                                            tf32::split(lo.y), tf32::split(hi.y)};
-            const tf32::Split a_second[4] = {tf32::split(lo.z), tf32::split(hi.z),
-                                             tf32::split(lo.w), tf32::split(hi.w)};
-            // A fresh accumulator per 16 dims, added in fp32 (tensor cores truncate their sums:
-            // see "Accuracy" in cuda/fa2_tf32.cuh).
-            float part[kTilesPerUnit][4] = {};
-#pragma unroll
-            for (int n = 0; n < kTilesPerUnit; ++n) {
-                if (tile0 + n >= key_tiles) break;  // the same for the whole warp
-                const float4 b =
-                    *reinterpret_cast<const float4*>(k_at + 8 * n * L.qk_stride + k);
-                tf32::mma_3xtf32(part[n], a_first, tf32::split(b.x), tf32::split(b.y));
-                tf32::mma_3xtf32(part[n], a_second, tf32::split(b.z), tf32::split(b.w));
-            }
-#pragma unroll
-            for (int n = 0; n < kTilesPerUnit; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[n][e] += part[n][e];
-        }
-#pragma unroll
-        for (int n = 0; n < kTilesPerUnit; ++n) {
-            if (tile0 + n >= key_tiles) break;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // accumulator row g: (c0, c1); row g + 8: (c2, c3)
-                const int r = row0 + g + 8 * h, c = 8 * (tile0 + n) + 2 * t;
-                const auto score = [&](float qk, int col) {
-                    const bool visible =
-                        r < br && col < bc &&
-                        (!partial || p.key_visible(rows.begin + r, cols.begin + col));
-                    return visible ? scale * qk : neg_infinity();
-                };
-                *reinterpret_cast<float2*>(&S_ij[r * L.s_stride + c]) =
-                    make_float2(score(acc[n][2 * h], c), score(acc[n][2 * h + 1], c + 1));
-            }
-        }
-    }
-}
-
-// Lines 10-11 on the scores line 9 left in shared memory. 8 lanes share a row (a warp reads 4
-// consecutive rows x 8 floats: no bank conflicts with s_stride = 8 mod 16), and each thread
-// takes two rows 32 apart, so that their chains of shuffles overlap:
-//   line 10   m~ = rowmax(S_ij) (nan_max, lanes_max), P~ = exp(S_ij - m~) in place,
-//             l~ = rowsum(P~) (lanes_sum);
-//   line 11   (m_new, l_new) = merge_softmax((m_i, l_i), (m~, l~)), kept in `merged` for line 12.
-// The padding rows br..brp-1 and keys bc..bcp-1 hold -inf, so their P~ is 0 for line 12's mma.
-__device__ __forceinline__ void softmax_statistics(const Fa1Layout& L, float* S_ij,
-                                                   const float* m_i, const float* l_i,
-                                                   SoftmaxMerge* merged, int br, int bc) {
-    constexpr int kRowLanes = 8, kRowsAtOnce = kThreads / kRowLanes;  // 32
-    const int lane_in_row = threadIdx.x % kRowLanes;
-    const int brp = round_up(br, 16), keys = round_up(bc, 8);
-    for (int r0 = 0; r0 < brp; r0 += 2 * kRowsAtOnce) {
-        int r[2];
-        float *row[2], m_tilde[2], l_tilde[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            r[h] = r0 + threadIdx.x / kRowLanes + h * kRowsAtOnce;
-            row[h] = S_ij + min(r[h], brp - 1) * L.s_stride;  // rows >= brp: read, not used
-            m_tilde[h] = neg_infinity();
-            l_tilde[h] = 0.0f;
-        }
-        for (int c = lane_in_row; c < keys; c += kRowLanes)  // Alg1 L10: m~ = rowmax(S_ij)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) m_tilde[h] = nan_max(m_tilde[h], row[h][c]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) m_tilde[h] = lanes_max<kRowLanes>(m_tilde[h]);
-
-        for (int c = lane_in_row; c < keys; c += kRowLanes)  // Alg1 L10: P~, l~ = rowsum(P~)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (r[h] >= brp) continue;
-                const float p_tilde = exp_shifted(row[h][c], m_tilde[h]);
-                l_tilde[h] += p_tilde;
-                row[h][c] = p_tilde;
-            }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            l_tilde[h] = lanes_sum<kRowLanes>(l_tilde[h]);
-            if (lane_in_row == 0 && r[h] < br)  // Alg1 L11: m_new, l_new
-                merged[r[h]] =
-                    merge_softmax({m_i[r[h]], l_i[r[h]]}, {m_tilde[h], l_tilde[h]});
-        }
-    }
-}
-
-// Entries (r, c) and (r, c + 1) of O_i (row stride d) as a float2, the pair a C fragment holds;
-// what lies outside br x d reads as 0.
-__device__ __forceinline__ float2 load_output_pair(const float* O_i, int r, int c, int br,
-                                                   int d) {
-    float2 v = make_float2(0.0f, 0.0f);
-    if (r >= br || c >= d) return v;
-    const float* src = O_i + std::int64_t{r} * d + c;
-    if (d % 2 == 0) return *reinterpret_cast<const float2*>(src);  // c is even: aligned
-    v.x = src[0];
-    if (c + 1 < d) v.y = src[1];
-    return v;
-}
-
-// Stores the pair (r < br, c < d); its second entry only where c + 1 < d.
-__device__ __forceinline__ void store_output_pair(float* O_i, int r, int c, int d, float2 v) {
-    float* dst = O_i + std::int64_t{r} * d + c;
-    if (d % 2 == 0) {
-        *reinterpret_cast<float2*>(dst) = v;
-        return;
-    }
-    dst[0] = v.x;
-    if (c + 1 < d) dst[1] = v.y;
-}
-
-// Line 12 on tensor cores: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new)
-// P~ V_j), read from and written back to HBM. A unit is 16 rows x 32 head dims of O_i. Its old
-// values are requested from HBM first (in the accumulators' C-fragment layout), so their latency
-// hides behind the products; P~ V_j is accumulated from 0 and fa1_output_update combines the two
-// per entry. k = key, renumbered as in tf32_mma.cuh: key 8s + 2t is "k = t" and 8s + 2t + 1 is
-// "k = t + 4", so a lane's A values of a k-step are two neighbouring floats of a P~ row (one
-// float2 load) and its B values sit in V_j rows 8s + 2t and 8s + 2t + 1.
-__device__ __forceinline__ void update_output_tc(const Fa1Layout& L, const float* P_tilde,
-                                                 const float* V_j, const float* l_i,
-                                                 const SoftmaxMerge* merged, float* O_i, int br,
-                                                 int bc) {
-    const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    const int d = L.d;
-    const int row_tiles = (br + 15) / 16, dim_tiles = (d + 7) / 8, key_steps = (bc + 7) / 8;
-    for (int u = warp; u < units_of(row_tiles, dim_tiles); u += kWarps) {
-        const int row0 = 16 * (u % row_tiles);              // the unit's first row of O_i
-        const int tile0 = kTilesPerUnit * (u / row_tiles);  // and its first tile of 8 dims
-        float2 o_old[kTilesPerUnit][2];                     // [tile][row g, row g + 8]
-#pragma unroll
-        for (int n = 0; n < kTilesPerUnit; ++n)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                o_old[n][h] =
-                    load_output_pair(O_i, row0 + g + 8 * h, 8 * (tile0 + n) + 2 * t, br, d);
-
-        const float* p_lo = P_tilde + (row0 + g) * L.s_stride + 2 * t;  // A rows g and g + 8
-        const float* p_hi = p_lo + 8 * L.s_stride;
-        const float* v_at = V_j + 2 * t * L.v_stride + 8 * tile0 + g;  // B: row 2t, column g
-        float pv[kTilesPerUnit][4] = {};
-#pragma unroll 2
-        for (int s = 0; s < key_steps; ++s) {  // Alg1 L12: P~ V_j, 8 keys per step
-            const float2 lo = *reinterpret_cast<const float2*>(p_lo + 8 * s);
-            const float2 hi = *reinterpret_cast<const float2*>(p_hi + 8 * s);
-            const tf32::Split a[4] = {tf32::split(lo.x), tf32::split(hi.x), tf32::split(lo.y),
-                                      tf32::split(hi.y)};
-            const float* v_row = v_at + 8 * s * L.v_stride;
-            float part[kTilesPerUnit][4] = {};  // fresh per 8 keys, added in fp32 (as above)
-#pragma unroll
-            for (int n = 0; n < kTilesPerUnit; ++n) {
-                if (tile0 + n >= dim_tiles) break;  // the same for the whole warp
-                tf32::mma_3xtf32(part[n], a, tf32::split(v_row[8 * n]),
-                                 tf32::split(v_row[L.v_stride + 8 * n]));
-            }
-#pragma unroll
-            for (int n = 0; n < kTilesPerUnit; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) pv[n][e] += part[n][e];
-        }
-#pragma unroll
-        for (int n = 0; n < kTilesPerUnit; ++n)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = row0 + g + 8 * h, c = 8 * (tile0 + n) + 2 * t;
-                if (r >= br || c >= d) continue;
-                const SoftmaxMerge m = merged[r];
-                const float o0 = fa1_output_update(o_old[n][h].x, l_i[r], pv[n][2 * h], m);
-                const float o1 = fa1_output_update(o_old[n][h].y, l_i[r], pv[n][2 * h + 1], m);
-                store_output_pair(O_i, r, c, d, make_float2(o0, o1));  // Alg1 L12: O_i -> HBM
-            }
-    }
-}
-
 // One thread block: lines 2-13 for the query blocks [i_begin, i_end) of one (batch, head).
-// kTensorCores: lines 9 and 12 on tensor cores (finite inputs), else the FFMA micro-tiles.
-template <bool kTensorCores>
 __global__ void __launch_bounds__(kThreads, 1)
     fa1_forward_kernel(const AttentionProblem p, const Fa1Layout L, const std::int64_t row_groups,
                        const float* __restrict__ Q, const float* __restrict__ K,
@@ -585,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // m_i and l_i given as values already read from HBM.
     const auto stage_query_block = [&](std::int64_t i, int slot, float m_row, float l_row) {
         const TileRange rows = tile_range(i, L.Br, p.seq_q);
-        load_tile_async(Q_i, L.qk_stride, Q + rows.begin * d, d, L.brp, L.dp, int(rows.size()),
+        load_tile_async(Q_i, L.qk_stride, Q + rows.begin * d, d, L.Br, L.dp, int(rows.size()),
                         int(d), tid, kThreads);
         cp_async_commit();
         if (tid < rows.size()) {
@@ -602,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Alg1 L6: load K_j, V_j to shared memory
         cp_async_wait_all();
         __syncthreads();  // the previous K_j, V_j (and Q_i) are no longer read
-        load_tile_async(K_j, L.qk_stride, K + cols.begin * d, d, L.bcp, L.dp, bc, int(d), tid,
+        load_tile_async(K_j, L.qk_stride, K + cols.begin * d, d, L.Bc, L.dp, bc, int(d), tid,
                         kThreads);
         load_tile_async(V_j, L.v_stride, V + cols.begin * d, d, L.bcp, L.dp, bc, int(d), tid,
                         kThreads);
@@ -633,36 +384,19 @@ __global__ void __launch_bounds__(kThreads, 1)
             cp_async_wait_all();
             __syncthreads();  // Q_i (with K_j, V_j), m_i, l_i have landed; the last step is done
 
-            if constexpr (kTensorCores) {
-                // Alg1 L9: S_ij = scale Q_i K_j^T (tensor cores) to shared memory
-                scores_tc(p, L, Q_i, K_j, S_ij, rows, cols, partial, scale);
-                __syncthreads();  // S_ij is complete; Q_i is free
+            // Alg1 L9-11: S_ij = scale Q_i K_j^T, m~, P~, l~, then m_new, l_new
+            scores_and_statistics(p, L, Q_i, K_j, S_ij, m_cur, l_cur, merged, rows, cols, partial,
+                                  scale);
+            __syncthreads();  // P~ and the merged statistics are complete; Q_i is free
 
-                // Alg1 L8 of the next step, early: Q_{i+1} arrives while lines 10-12 run.
-                if (next < i_end) stage_query_block(next, slot ^ 1, m_next, l_next);
+            // Alg1 L8 of the next step, early: Q_{i+1} arrives while line 12 runs.
+            if (next < i_end) stage_query_block(next, slot ^ 1, m_next, l_next);
 
-                // Alg1 L10-11: m~, P~, l~, then m_new, l_new
-                softmax_statistics(L, S_ij, m_cur, l_cur, merged, br, bc);
-                __syncthreads();  // P~ and the merged statistics are complete
-
-                // Alg1 L12: O_i update (tensor cores), read from and written to HBM
-                update_output_tc(L, S_ij, V_j, l_cur, merged, O + rows.begin * d, br, bc);
-            } else {
-                // Alg1 L9-11: S_ij = scale Q_i K_j^T, m~, P~, l~, then m_new, l_new
-                scores_and_statistics(p, L, Q_i, K_j, S_ij, m_cur, l_cur, merged, rows, cols,
-                                      partial, scale);
-                __syncthreads();  // P~ and the merged statistics are complete; Q_i is free
-
-                // Alg1 L8 of the next step, early: Q_{i+1} arrives while line 12 runs.
-                if (next < i_end) stage_query_block(next, slot ^ 1, m_next, l_next);
-
-                // Alg1 L12: O_i update, read from and written to HBM
-                if (partial)
-                    update_output<true>(L, S_ij, V_j, l_cur, merged, O + rows.begin * d, br, bc);
-                else
-                    update_output<false>(L, S_ij, V_j, l_cur, merged, O + rows.begin * d, br,
-                                         bc);
-            }
+            // Alg1 L12: O_i update, read from and written to HBM
+            if (partial)
+                update_output<true>(L, S_ij, V_j, l_cur, merged, O + rows.begin * d, br, bc);
+            else
+                update_output<false>(L, S_ij, V_j, l_cur, merged, O + rows.begin * d, br, bc);
 
             // Alg1 L13: write l_i = l_new, m_i = m_new to HBM
             for (int r = tid; r < br; r += kThreads) {
@@ -754,26 +488,17 @@ public:
         // The "HBM" statistics of Algorithm 1: l and m for every query row.
         l_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
         m_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
-        // 3xTF32 turns an inf into NaN and multiplies masked keys by 0 (0 * NaN = NaN): inputs
-        // with a NaN or inf take the FFMA path, which keeps IEEE semantics and skips masked keys.
-        const auto finite = [](const float* x, std::int64_t n) {
-            return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
-        };
-        tensor_cores_ = finite(Q, p.q_elements()) && finite(K, p.kv_elements()) &&
-                        finite(V, p.kv_elements());
     }
 
     void execute() override {
         const AttentionProblem& p = problem_;
         const Fa1Layout L = Fa1Layout::make(plan_.blocks.Br, plan_.blocks.Bc, p.dim);
-        const auto kernel =
-            tensor_cores_ ? fa1_forward_kernel<true> : fa1_forward_kernel<false>;
-        FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(L.bytes())));
+        FA_CUDA_CHECK(cudaFuncSetAttribute(
+            fa1_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L.bytes())));
         const auto blocks = static_cast<unsigned>(p.batch * p.heads * plan_.row_groups);
-        kernel<<<blocks, kThreads, L.bytes()>>>(p, L, plan_.row_groups, Q_.data(), K_.data(),
-                                                V_.data(), O_.data(), l_.data(), m_.data(),
-                                                lse_.data());
+        fa1_forward_kernel<<<blocks, kThreads, L.bytes()>>>(p, L, plan_.row_groups, Q_.data(),
+                                                            K_.data(), V_.data(), O_.data(),
+                                                            l_.data(), m_.data(), lse_.data());
         FA_CUDA_CHECK_LAUNCH();
         synchronize();
     }
@@ -781,7 +506,6 @@ public:
 private:
     Fa1Plan plan_;
     DeviceBuffer<float> l_, m_;
-    bool tensor_cores_ = false;  // every value of Q, K, V is finite
 };
 
 }  // namespace

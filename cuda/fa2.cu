@@ -23,29 +23,39 @@
 //   O = alpha * O + P V_j               FMAs; on tiles with masked keys, a masked key is skipped
 // End: O / l (normalize_output), LSE = m + log l (log_sum_exp), one write each.
 //
-// Shapes: head dim d is padded to D = 64, 128 or 256 with zeros (cp.async zero-fill), any N >= 1.
-// Default tiles, the fastest of the compiled configurations on an H100 (kVariants below):
-//   D = 64:  Br x Bc = 128 x 32, 256 threads, 2 blocks per SM
-//   D = 128: Br x Bc = 128 x 64, 512 threads, 1 block per SM (16 warps)
-//   D = 256: Br x Bc =  64 x 64, 256 threads
+// Two kernels, chosen once per call on the host (PreparedFa2):
+//   * v4, the default for 16 <= d <= 128 with finite inputs: both products on tensor cores in
+//     3xTF32 (cuda/fa2_tf32.cuh; cuda/tf32_mma.cuh explains why that is fp32-accurate), with
+//     cuda-tc's register-level softmax. d is padded to D = 64 or 128.
+//   * v3, the FFMA kernel below: d < 16, d > 128, any inf/NaN input (exact IEEE semantics for
+//     masked keys), and grids beyond cuda-tc's limits. d is padded to D = 64, 128 or 256.
+// Any N >= 1 on both.
+// Default tiles, the fastest of the compiled configurations (kVariants below):
+//   v4  D = 64:  Br x Bc = 128 x 64, 8 warps (H200: 13.5 ms vs 14.2 for 64 x 32)
+//       D = 128: Br x Bc = 128 x 64, 8 warps (H200: 12.6 ms vs 14.0-14.2 for Bc = 32)
+//   v3  D = 64:  Br x Bc = 128 x 32, 256 threads, 2 blocks per SM
+//       D = 128: Br x Bc = 128 x 64, 512 threads, 1 block per SM (16 warps)
+//       D = 256: Br x Bc =  64 x 64, 256 threads
 // Blocks of one head are consecutive (K/V reuse in L2); inside a head the last query block runs
 // first (under the causal mask it sees the most keys).
 //
-// Versions (H100, B=4 H=32 N=4096 d=64 / B=4 H=16 N=4096 d=128, non-causal; notes in
+// Versions (B=4 H=32 N=4096 d=64 / B=4 H=16 N=4096 d=128, non-causal; notes in
 // docs/cuda_fp32_notes.md):
-//   v1  128 x 64 tiles, 256 threads for every D:                  21.2 ms / 19.8 ms
+//   v1  128 x 64 tiles, 256 threads for every D (H100):           21.2 ms / 19.8 ms
 //   v2  masked and unmasked softmax paths, block-mask lookup out
-//       of line, per-D tile configurations (above):                18.7 ms / 17.3 ms
-//   v3  head-major block order (K/V from L2): measured on an H200 (not the H100 above):
-//       18.3 ms / 17.0 ms, and ncu HBM bytes at B=16 H=16 N=1024 d=64 fell to 0.28 GB
-//       (cuda-standard 4.51 GB, 16x more; v2 moved 1.22 GB): docs/results.md.
+//       of line, per-D tile configurations (H100):                 18.7 ms / 17.3 ms
+//   v3  head-major block order (K/V from L2), H200:                18.3 ms / 17.0 ms; ncu HBM
+//       bytes at B=16 H=16 N=1024 d=64 fell to 0.28 GB (cuda-standard 4.51 GB, 16x more)
+//   v4  tensor cores, 3xTF32 (fa2_tf32.cuh), H200:                 13.5 ms / 12.6 ms
+//       (PyTorch fp32 EFFICIENT_ATTENTION in the same runs: 15.4-15.7 / 11.9-12.0 ms)
 //
-// Weaknesses (honest): plain FP32 FMAs only, ~45% of the FFMA peak; PyTorch's fp32
-// EFFICIENT_ATTENTION uses tensor cores (3xTF32) and stays ahead, most at d = 128. Latency-bound
-// at 8-16 warps per SM (ncu: issue slots 58% busy). d = 1..63 does the work of D = 64; each
-// thread classifies tiles itself (with a block mask that reads the mask bytes redundantly);
-// D = 256 needs ~214 KB of shared memory per block, which Hopper has and Ampere (163 KB) does
-// not -- the backend says so instead of launching.
+// Weaknesses (honest): v3 is plain FP32 FMAs, ~45% of the FFMA peak, latency-bound at 8-16 warps
+// per SM. v4 does three tensor-core products per product and splits every operand value as it
+// reads it (ALU work beside the mma's), keeps 8 warps per SM at d = 128 (255 registers), and its
+// errors, while within the tests' rule, run up to ~2-4x fp32 FMA's per operand (22 bits). d = 1..63
+// does the work of D = 64; each thread classifies tiles itself (with a block mask that reads the
+// mask bytes redundantly); D = 256 needs ~214 KB of shared memory per block, which Hopper has and
+// Ampere (163 KB) does not -- the backend says so instead of launching.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -409,16 +419,22 @@ const Fa2Variant kVariants[] = {
     variant<Fa2Config<256, 64, 64, 256, 1>>("d256_64x64"),
 };
 
-// Whether the tensor-core kernel may run this problem: every input finite (tf32_mma.cuh: the split
-// turns inf into NaN, and a masked key's P = 0 times a NaN in V would be NaN, where the FFMA
-// kernel leaves masked keys out), and cuda-tc's grid (Tr, heads, batch) and int row indices.
+// Whether the tensor-core kernel may run this problem:
+//   * d >= 16. 3xTF32 carries ~22 of fp32's 24 mantissa bits per operand. At tiny d a score is
+//     one or two unscaled products (scale = 1/sqrt(d) ~ 1) and that shows: over 3 seeds of the
+//     CUDA suites (H200) the error reached 1.27x the 2x rule's bound at d = 1 and 1.20x at d = 3,
+//     while at d >= 6 it stayed <= 0.95x, as cuda-standard's own (<= 0.94x). d < 16 would do
+//     4x+ padded work on the D = 64 tile anyway.
+//   * every input finite (tf32_mma.cuh: the split turns inf into NaN, and a masked key's P = 0
+//     times a NaN in V would be NaN, where the FFMA kernel leaves masked keys out);
+//   * cuda-tc's grid (Tr, heads, batch) and int row indices.
 bool tensor_cores_usable(const AttentionProblem& p, const float* Q, const float* K,
                          const float* V) {
     const auto finite = [](const float* x, std::int64_t n) {
         return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
     };
     constexpr std::int64_t kMaxGrid = 65535, kMaxSeq = std::int64_t{1} << 30;
-    return p.heads <= kMaxGrid && p.batch <= kMaxGrid && p.seq_q <= kMaxSeq &&
+    return p.dim >= 16 && p.heads <= kMaxGrid && p.batch <= kMaxGrid && p.seq_q <= kMaxSeq &&
            p.seq_kv <= kMaxSeq && finite(Q, p.q_elements()) && finite(K, p.kv_elements()) &&
            finite(V, p.kv_elements());
 }
@@ -473,8 +489,8 @@ private:
 Backend cuda_fa2_backend() {
     return make_cuda_backend<PreparedFa2>(
         "cuda-fa2",
-        "FlashAttention-2 in fp32: Q tile resident, K/V streamed (cp.async), "
-        "register micro-tiles");
+        "FlashAttention-2 in fp32: Q tile resident, K/V streamed (cp.async); "
+        "tensor cores (3xTF32) for 16 <= d <= 128, FFMA register micro-tiles otherwise");
 }
 
 }  // namespace flashattn::cuda

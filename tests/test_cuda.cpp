@@ -270,6 +270,14 @@ TEST_CASE("cuda backends: bad requests are std::invalid_argument naming the fiel
     CHECK_THROWS_AS(find_backend("cuda-fa1").prepare(big, big_in.Q.data(), big_in.K.data(),
                                                      big_in.V.data(), DType::f32),
                     std::invalid_argument);
+    // More query rows per block than cuda-fa1 has threads to stage their m_i, l_i (the tile
+    // itself, 300 x 8 at d = 16, fits in shared memory).
+    AttentionProblem tall = test::make_problem(1, 1, 1, 1000, 100, 16);
+    const ProblemData tall_in = random_problem_data(tall, test::next_seed());
+    tall.block_q = 300, tall.block_kv = 8;
+    CHECK_THROWS_WITH(find_backend("cuda-fa1").prepare(tall, tall_in.Q.data(), tall_in.K.data(),
+                                                       tall_in.V.data(), DType::f32),
+                      Catch::Contains("block_q = 300"));
     big.block_q = big.block_kv = 0;
     big.sram_floats = 100'000'000;
     CHECK_THROWS_WITH(find_backend("cuda-fa1").prepare(big, big_in.Q.data(), big_in.K.data(),
