@@ -59,8 +59,8 @@ FA_HOST_DEVICE inline float exp2_shift(float m, float scale_log2) {
     return m == -INFINITY ? 0.0f : m * scale_log2;
 }
 
-FA_HOST_DEVICE inline float exp2_shifted(float s, float shift, float scale_log2) {
-    const float x = s * scale_log2 - shift;  // contracted to one FFMA on the GPU
+// 2^x: on the GPU the hardware instruction (MUFU.EX2; 2^-inf = 0), on the CPU std::exp2.
+FA_HOST_DEVICE inline float fast_exp2(float x) {
 #if defined(__CUDA_ARCH__)
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
@@ -70,6 +70,10 @@ FA_HOST_DEVICE inline float exp2_shifted(float s, float shift, float scale_log2)
 #endif
 }
 
+FA_HOST_DEVICE inline float exp2_shifted(float s, float shift, float scale_log2) {
+    return fast_exp2(s * scale_log2 - shift);  // contracted to one FFMA on the GPU
+}
+
 // The same value with the difference taken first: 2^((s - m) c). One instruction more than
 // exp2_shifted, but s - m is exact when s and m are close (Sterbenz), so a score at or near the
 // row maximum gets the weight fp32 standard attention gives it; in s c - m c both products are
@@ -77,14 +81,7 @@ FA_HOST_DEVICE inline float exp2_shifted(float s, float shift, float scale_log2)
 // fp32 kernels, which are held to fp32 standard attention's accuracy. m = -inf (nothing visible
 // yet) gives 0, as exp2_shifted does.
 FA_HOST_DEVICE inline float exp2_of_difference(float s, float m, float scale_log2) {
-    const float x = m == -INFINITY ? -INFINITY : (s - m) * scale_log2;
-#if defined(__CUDA_ARCH__)
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r;
-#else
-    return std::exp2(x);
-#endif
+    return fast_exp2(m == -INFINITY ? -INFINITY : (s - m) * scale_log2);
 }
 
 // (m, l) of one row: the running maximum and the running sum of exp(s - m).

@@ -43,6 +43,7 @@
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
 #include "cuda/async_copy.cuh"
+#include "cuda/softmax_device.cuh"
 #include "cuda/tc_kernel.cuh"
 #include "cuda/tf32_mma.cuh"
 
@@ -99,22 +100,17 @@ __device__ __forceinline__ void tf32_scores(float (&S)[Cfg::Bc / 8][4], const fl
                                                      16 * qd + 4 * t);
         // One fresh accumulator per k-step pair, added to S with fp32 adds: see "Accuracy" above.
         float part[kNT][4] = {};
-        {  // step 2 qd: A = (g, t) (g + 8, t) (g, t + 4) (g + 8, t + 4) -> columns +0, +0, +1, +1
-            const tf32::Split a[4] = {tf32::split(q0.x), tf32::split(q8.x), tf32::split(q0.y),
-                                      tf32::split(q8.y)};
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {  // k-step 2 qd + step: columns +2 step, +2 step + 1
+            // A = (g, k = t) (g + 8, t) (g, t + 4) (g + 8, t + 4); B = (k = t, key g) (t + 4, g)
+            const tf32::Split a[4] = {
+                tf32::split(component(q0, 2 * step)), tf32::split(component(q8, 2 * step)),
+                tf32::split(component(q0, 2 * step + 1)), tf32::split(component(q8, 2 * step + 1))};
             tf32::Split bk[kNT][2];
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt)
-                bk[nt][0] = tf32::split(k[nt].x), bk[nt][1] = tf32::split(k[nt].y);
-            tf32::mma_3xtf32<kNT>(part, a, bk);
-        }
-        {  // step 2 qd + 1: columns +2, +3
-            const tf32::Split a[4] = {tf32::split(q0.z), tf32::split(q8.z), tf32::split(q0.w),
-                                      tf32::split(q8.w)};
-            tf32::Split bk[kNT][2];
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt)
-                bk[nt][0] = tf32::split(k[nt].z), bk[nt][1] = tf32::split(k[nt].w);
+                bk[nt][0] = tf32::split(component(k[nt], 2 * step)),
+                bk[nt][1] = tf32::split(component(k[nt], 2 * step + 1));
             tf32::mma_3xtf32<kNT>(part, a, bk);
         }
 #pragma unroll
