@@ -442,17 +442,17 @@ bool tensor_cores_usable(const AttentionProblem& p, const float* Q, const float*
 }
 
 // The default is the first FFMA configuration that covers d: it holds the 2x rule against fp32
-// standard attention on every input. The tensor-core (3xTF32) configurations run only when
-// FLASHATTN_FA2_VARIANT names one and tensor_cores_usable() allows it: their ~22-bit operands
-// put the error of a sharp softmax past that rule (measured 1.72x its bound at scale 2.5,
-// d = 21; docs/cuda_fp32_notes.md), the trade PyTorch's fp32 EFFICIENT_ATTENTION makes too.
+// standard attention on every input. FLASHATTN_FA2_VARIANT=<name> picks a configuration by name,
+// "tf32" the first tensor-core (3xTF32) one that covers d; a tensor-core configuration runs only
+// where tensor_cores_usable() allows it (else the default does).
 const Fa2Variant& choose_variant(std::int64_t dim, bool tensor_cores) {
-    const char* wanted = std::getenv("FLASHATTN_FA2_VARIANT");
+    const char* env = std::getenv("FLASHATTN_FA2_VARIANT");
+    const std::string wanted = env ? env : "";
     const Fa2Variant* first = nullptr;
     for (const Fa2Variant& v : kVariants) {
         if (v.max_dim < dim) continue;
-        if (wanted && std::string(wanted) == v.name && (!v.tensor_cores || tensor_cores))
-            return v;
+        const bool named = wanted == v.name || (wanted == "tf32" && v.tensor_cores);
+        if (named && (!v.tensor_cores || tensor_cores)) return v;
         if (!first && !v.tensor_cores) first = &v;
     }
     return *first;  // validate() guarantees dim <= 256, which the last variant covers

@@ -98,8 +98,6 @@ __device__ __forceinline__ void tf32_scores(float (&S)[Cfg::Bc / 8][4], const fl
         for (int nt = 0; nt < kNT; ++nt)
             k[nt] = *reinterpret_cast<const float4*>(sK + (8 * nt + g) * Cfg::kQKStride +
                                                      16 * qd + 4 * t);
-        // One fresh accumulator per k-step pair, added to S with fp32 adds: see "Accuracy" above.
-        float part[kNT][4] = {};
 #pragma unroll
         for (int step = 0; step < 2; ++step) {  // k-step 2 qd + step: columns +2 step, +2 step + 1
             // A = (g, k = t) (g + 8, t) (g, t + 4) (g + 8, t + 4); B = (k = t, key g) (t + 4, g)
@@ -111,12 +109,14 @@ __device__ __forceinline__ void tf32_scores(float (&S)[Cfg::Bc / 8][4], const fl
             for (int nt = 0; nt < kNT; ++nt)
                 bk[nt][0] = tf32::split(component(k[nt], 2 * step)),
                 bk[nt][1] = tf32::split(component(k[nt], 2 * step + 1));
+            // One fresh accumulator per k-step, added to S with an fp32 add: see "Accuracy".
+            float part[kNT][4] = {};
             tf32::mma_3xtf32<kNT>(part, a, bk);
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[nt][e] += part[nt][e];
         }
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) S[nt][e] += part[nt][e];
     }
 }
 
@@ -130,11 +130,10 @@ __device__ __forceinline__ void tf32_accumulate_pv(float (&O)[Cfg::D / 8][4],
     constexpr int kDN = 8;  // output column tiles per pass: 8 B fragments = 32 registers split
     static_assert(Cfg::D % (8 * kDN) == 0, "D must be whole passes");
     const int g = lane / 4, t = lane % 4;
-    // Per pass of kDN output tiles: P~ V_j of this key tile into a fresh accumulator, then added
+    // Per pass of kDN output tiles, per key k-step: P~ V_j into a fresh accumulator, then added
     // to O_i with fp32 adds (see "Accuracy" above). P~'s splits are redone per pass (D / 64 passes).
 #pragma unroll
     for (int dn0 = 0; dn0 < Cfg::D / 8; dn0 += kDN) {
-        float part[kDN][4] = {};
 #pragma unroll
         for (int nt = 0; nt < Cfg::Bc / 8; ++nt) {
             const tf32::Split a[4] = {tf32::split(P[nt][0]), tf32::split(P[nt][2]),
@@ -145,12 +144,13 @@ __device__ __forceinline__ void tf32_accumulate_pv(float (&O)[Cfg::D / 8][4],
 #pragma unroll
             for (int n = 0; n < kDN; ++n)
                 bv[n][0] = tf32::split(v0[8 * (dn0 + n)]), bv[n][1] = tf32::split(v1[8 * (dn0 + n)]);
+            float part[kDN][4] = {};
             tf32::mma_3xtf32<kDN>(part, a, bv);
+#pragma unroll
+            for (int n = 0; n < kDN; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) O[dn0 + n][e] += part[n][e];
         }
-#pragma unroll
-        for (int n = 0; n < kDN; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) O[dn0 + n][e] += part[n][e];
     }
 }
 

@@ -133,8 +133,15 @@ TEST_CASE("cuda-fa1: block sizes from the device's M, from a given M, or given d
 TEST_CASE("cuda-fa2: every compiled kernel configuration matches float64 attention", "[quick]") {
     // FLASHATTN_FA2_VARIANT picks a configuration other than the default (the tuning knob); each
     // one must be as correct as the default, on its own range of d.
+    // The caller's choice (cuda/fa2_margins.sh runs the suites under FLASHATTN_FA2_VARIANT=tf32)
+    // is restored afterwards, for the test cases that follow.
     struct RestoreVariant {
-        ~RestoreVariant() { unsetenv("FLASHATTN_FA2_VARIANT"); }
+        const char* env = std::getenv("FLASHATTN_FA2_VARIANT");
+        std::string saved = env ? env : "";
+        ~RestoreVariant() {
+            if (env) setenv("FLASHATTN_FA2_VARIANT", saved.c_str(), 1);
+            else unsetenv("FLASHATTN_FA2_VARIANT");
+        }
     } restore;
     const Backend& fa2 = find_backend("cuda-fa2");
     std::mt19937 gen(Catch::rngSeed() + 23);
