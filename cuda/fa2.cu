@@ -24,14 +24,15 @@
 // End: O / l (normalize_output), LSE = m + log l (log_sum_exp), one write each.
 //
 // Two kernels, chosen once per call on the host (PreparedFa2):
-//   * v3, the FFMA kernel below: the default, for every problem. d is padded to D = 64, 128 or
-//     256.
-//   * v4, opt-in (FLASHATTN_FA2_VARIANT=d64_tf32_128x64 / d128_tf32_128x64 ...), for
-//     16 <= d <= 128 and finite inputs: both products on tensor cores in 3xTF32
-//     (cuda/fa2_tf32.cuh, cuda/tf32_mma.cuh), with cuda-tc's register-level softmax; 26-34%
-//     faster than v3, as fast as PyTorch's fp32 EFFICIENT_ATTENTION, but with 22-bit operands:
-//     on sharp softmaxes its error exceeds the tests' 2x rule against fp32 standard attention
-//     (1.72x the bound at scale 2.5, d = 21), which is why it is not the default.
+//   * v4, the default for 16 <= d <= 128 with finite inputs: both products on tensor cores in
+//     3xTF32 (cuda/fa2_tf32.cuh; cuda/tf32_mma.cuh explains why that is fp32-accurate), with
+//     cuda-tc's register-level softmax. d is padded to D = 64 or 128. v4e (2026-11-23) adds each
+//     k-step's mma result to S and O with an fp32 add: the tensor core truncates the sums it
+//     forms, and with longer mma chains the error had reached 1.72x the tests' 2x rule (scale
+//     2.5, d = 21); since, <= 0.6x over 3 seeds of every CUDA suite (H100).
+//   * v3, the FFMA kernel below: d < 16, d > 128, any inf/NaN input (exact IEEE semantics for
+//     masked keys), and grids beyond cuda-tc's limits. d is padded to D = 64, 128 or 256.
+//   FLASHATTN_FA2_VARIANT=ffma forces v3, =tf32 v4, =<name> one configuration (kVariants).
 // Any N >= 1 on both.
 // Tiles, the fastest of the compiled configurations (kVariants below):
 //   v3  D = 64:  Br x Bc = 128 x 32, 256 threads, 2 blocks per SM
@@ -51,11 +52,15 @@
 //       bytes at B=16 H=16 N=1024 d=64 fell to 0.28 GB (cuda-standard 4.51 GB, 16x more)
 //   v4  tensor cores, 3xTF32 (fa2_tf32.cuh), H200:                 13.5 ms / 12.6 ms
 //       (PyTorch fp32 EFFICIENT_ATTENTION in the same runs: 15.4-15.7 / 11.9-12.0 ms)
+//   v4e one fp32 add per k-step (accuracy), H100:                  13.8 ms / 14.6 ms
+//       (same command: EFFICIENT 15.5 / 11.8 ms, MATH 32.6 / 21.1 ms; v3 there 18.3 / 17.0)
 //
 // Weaknesses (honest): v3 is plain FP32 FMAs, ~45% of the FFMA peak, latency-bound at 8-16 warps
 // per SM. v4 does three tensor-core products per product and splits every operand value as it
 // reads it (ALU work beside the mma's), keeps 8 warps per SM at d = 128 (255 registers), and its
-// errors, while within the tests' rule, run up to ~2-4x fp32 FMA's per operand (22 bits). d = 1..63
+// fp32 adds per k-step cost d = 128 an estimated ~15% (fa2_tf32.cuh). v3 sums P V in one fp32 chain over all keys: at d = 3,
+// N_kv = 1023 its error reached 1.37x the 2x rule (H100, test_variants seed 2), where fp32
+// standard attention (blocked GEMM sums) is nearly exact and the rule's 1e-6 is all the slack. d = 1..63
 // does the work of D = 64; each thread classifies tiles itself (with a block mask that reads the
 // mask bytes redundantly); D = 256 needs ~214 KB of shared memory per block, which Hopper has and
 // Ampere (163 KB) does not -- the backend says so instead of launching.
@@ -381,10 +386,9 @@ void launch_fa2_tf32(const AttentionProblem& p, const float* Q, const float* K, 
     FA_CUDA_CHECK_LAUNCH();
 }
 
-// The compiled configurations. The default for d is the first FFMA one whose D covers d;
-// FLASHATTN_FA2_VARIANT=<name> picks another one that covers d (the tuning knob of
-// cuda/gpu_check.sh, and the switch to the tensor-core kernels; docs/cuda_fp32_notes.md records
-// which won and by how much).
+// The compiled configurations. The default for d is the first tensor-core one whose D covers d
+// where tensor_cores_usable() allows it, else the first FFMA one; FLASHATTN_FA2_VARIANT picks
+// another (the tuning knob of cuda/gpu_check.sh; docs/cuda_fp32_notes.md records which won).
 struct Fa2Variant {
     const char* name;
     int max_dim;
@@ -401,8 +405,8 @@ template <class C>
 constexpr Fa2Variant tf32_variant(const char* name) {
     return {name, C::D, C::SMEM_BYTES, true, &launch_fa2_tf32<C>};
 }
-// Every one of them is checked by tests/test_cuda.cpp. Tensor cores (v4, opt-in: never the default, see choose_variant), Tf32Tile<D, warps
-// (Br = 16 warps), Bc, CTAs per SM>:
+// Every one of them is checked by tests/test_cuda.cpp. The first entry for each D and kernel is
+// its default. Tensor cores (v4), Tf32Tile<D, warps (Br = 16 warps), Bc, CTAs per SM>:
 const Fa2Variant kVariants[] = {
     tf32_variant<Tf32Tile<64, 8, 64, 1>>("d64_tf32_128x64"),
     tf32_variant<Tf32Tile<64, 4, 32, 3>>("d64_tf32_64x32"),
@@ -421,7 +425,7 @@ const Fa2Variant kVariants[] = {
     variant<Fa2Config<256, 64, 64, 256, 1>>("d256_64x64"),
 };
 
-// Whether the tensor-core kernel may run this problem (when asked for):
+// Whether the tensor-core kernel may run this problem:
 //   * d >= 16. 3xTF32 carries ~22 of fp32's 24 mantissa bits per operand. At tiny d a score is
 //     one or two unscaled products (scale = 1/sqrt(d) ~ 1) and that shows: over 3 seeds of the
 //     CUDA suites (H200) the error reached 1.27x the 2x rule's bound at d = 1 and 1.20x at d = 3,
@@ -441,21 +445,20 @@ bool tensor_cores_usable(const AttentionProblem& p, const float* Q, const float*
            finite(V, p.kv_elements());
 }
 
-// The default is the first FFMA configuration that covers d: it holds the 2x rule against fp32
-// standard attention on every input. FLASHATTN_FA2_VARIANT=<name> picks a configuration by name,
-// "tf32" the first tensor-core (3xTF32) one that covers d; a tensor-core configuration runs only
-// where tensor_cores_usable() allows it (else the default does).
+// FLASHATTN_FA2_VARIANT: "tf32" (the default) or "ffma" picks the first configuration of that
+// kernel whose D covers d, a configuration's name picks that one; a tensor-core configuration
+// runs only where tensor_cores_usable() allows it, the FFMA default otherwise.
 const Fa2Variant& choose_variant(std::int64_t dim, bool tensor_cores) {
     const char* env = std::getenv("FLASHATTN_FA2_VARIANT");
-    const std::string wanted = env ? env : "";
-    const Fa2Variant* first = nullptr;
+    const std::string wanted = env && *env ? env : "tf32";
+    const Fa2Variant* first_ffma = nullptr;
     for (const Fa2Variant& v : kVariants) {
         if (v.max_dim < dim) continue;
-        const bool named = wanted == v.name || (wanted == "tf32" && v.tensor_cores);
+        const bool named = wanted == v.name || wanted == (v.tensor_cores ? "tf32" : "ffma");
         if (named && (!v.tensor_cores || tensor_cores)) return v;
-        if (!first && !v.tensor_cores) first = &v;
+        if (!first_ffma && !v.tensor_cores) first_ffma = &v;
     }
-    return *first;  // validate() guarantees dim <= 256, which the last variant covers
+    return *first_ffma;  // validate() guarantees dim <= 256, which the last variant covers
 }
 
 }  // namespace
@@ -498,7 +501,7 @@ Backend cuda_fa2_backend() {
     return make_cuda_backend<PreparedFa2>(
         "cuda-fa2",
         "FlashAttention-2 in fp32: Q tile resident, K/V streamed (cp.async); "
-        "FFMA register micro-tiles (tensor-core 3xTF32 kernels by FLASHATTN_FA2_VARIANT)");
+        "tensor cores (3xTF32) for 16 <= d <= 128, FFMA register micro-tiles otherwise");
 }
 
 }  // namespace flashattn::cuda
