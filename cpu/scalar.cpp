@@ -107,7 +107,10 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
             for (std::int64_t r = 0; r < br; ++r) {
                 float row_max = neg_infinity();
                 for (std::int64_t c = 0; c < bc; ++c) row_max = nan_max(row_max, S_ij[r * Bc + c]);
-                float row_sum = 0.0f;
+                // Sums over up to N_kv keys in double: a float running sum of ~1000 terms is
+                // off by ~sqrt(N) ulps, more than the tests' 2x rule allows against standard
+                // attention's blocked GEMM sums at small d (tests/test_variants.cpp, long sums).
+                double row_sum = 0.0;
                 for (std::int64_t c = 0; c < bc; ++c) {
                     S_ij[r * Bc + c] = exp_shifted(S_ij[r * Bc + c], row_max);  // now P_tilde
                     row_sum += S_ij[r * Bc + c];
@@ -122,7 +125,7 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
 
                 // Alg1 L12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m_tilde - m_new) P_tilde V_j)
                 for (std::int64_t k = 0; k < d; ++k) {
-                    float pv = 0.0f;
+                    double pv = 0.0;  // (double for the reason given at line 10's row_sum)
                     for (std::int64_t c = 0; c < bc; ++c) {
                         // A masked key is absent, not 0 * V_j: a NaN in V_j must not leak.
                         if (visibility == TileVisibility::partial &&
