@@ -8,11 +8,12 @@
 // result is computed by one thread in one fixed order: the output is bitwise identical for any
 // thread count.
 //
-// The tile products S_ij = Q_i K_j^T and O_i += P_ij V_j are Eigen GEMMs on the tiles (Eigen runs
-// them single-threaded inside the parallel region); the softmax steps between them are the rule
-// of common/online_softmax.hpp, row by row (cpu/vector_softmax.hpp for the vectorized row forms).
-// Working memory is a few tile buffers per thread, O(threads * Br * (Bc + d)), never O(N^2).
-// docs/omp.md explains the tile sizes.
+// The tile products S_ij = Q_i K_j^T and O_i += P_ij V_j are register-blocked loops over 8 query
+// rows at a time (cpu/tile_products.hpp), and each 8-row group goes through scores, softmax and
+// values before the next, while its scores are in L1. The softmax steps between the products are
+// the rule of common/online_softmax.hpp, row by row (cpu/vector_softmax.hpp for the vectorized
+// row forms). Working memory is a few tile buffers per thread, O(threads * (Br + Bc) * d),
+// never O(N^2). docs/omp.md explains the tile sizes.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,9 @@ namespace flashattn {
 struct OmpPlan {
     BlockSizes blocks;               // Br query rows, Bc key/value rows per tile
     std::int64_t Tr = 0, Tc = 0;     // number of query tiles and key/value tiles
-    std::int64_t S_stride = 0;       // row stride of the S_ij buffer: Bc rounded up to 64 bytes
+    std::int64_t row_stride = 0;     // Br rounded up to whole 8-row groups (tile_products.hpp)
+    std::int64_t key_stride = 0;     // Bc rounded up to whole 64-key blocks
+    std::int64_t value_stride = 0;   // d rounded up to whole 16-float vectors
     std::int64_t thread_floats = 0;  // floats of one thread's tile buffers
 };
 
