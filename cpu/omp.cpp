@@ -11,7 +11,8 @@
 //     O_i = diag(l_i)^-1 O_i,   LSE_i = m_i + log(l_i)
 // Masks: a tile the masks hide entirely is skipped (classify_tile: none); a partly visible tile
 // gets -inf at its hidden scores; a fully visible one is not looked at element by element.
-// Inside a tile pair the rows go in groups of 8 (tile_products.hpp's block height): S, softmax
+// Inside a tile pair the rows go in groups of kRows (6 with AVX-512 or AVX2, 4 otherwise:
+// tile_products.hpp's block height): S, softmax
 // and P V for one group, then the next, so a group's S_ij never leaves L1.
 #include "cpu/omp.hpp"
 
@@ -70,20 +71,26 @@ struct ThreadTiles {
     }
 };
 
-// Copies V_j into its padded tile. On a partly masked tile, rows of V_j with inf or NaN are
-// zeroed and listed: a masked key must be absent from O_i, but P_ij V_j would add 0 * inf = NaN
-// for it, so those keys are added back one by one where they are visible (in attend_query_tile).
-void pack_values_of_tile(const float* V_j, std::int64_t bc, std::int64_t d, const OmpPlan& plan,
-                         TileVisibility visibility, ThreadTiles& t) {
-    tiles::pack_values(V_j, bc, d, round_up(bc, tiles::kBlockCols), plan.value_stride, t.V_j);
+// V_j as add_values reads it: rows of value_stride floats, `keys` rows. The input rows serve as
+// they are when they already have that shape (d a multiple of 16, a whole number of 64-key
+// blocks) and no key is masked; otherwise V_j is copied into the padded tile, and on a partly
+// masked tile its rows with inf or NaN are zeroed and listed: a masked key must be absent from
+// O_i, but P_ij V_j would add 0 * inf = NaN for it, so those keys are added back one by one
+// where they are visible (in attend_query_tile).
+const float* values_of_tile(const float* V_j, std::int64_t bc, std::int64_t d,
+                            const OmpPlan& plan, TileVisibility visibility, ThreadTiles& t) {
     t.nonfinite_keys.clear();
-    if (visibility != TileVisibility::partial) return;
-    for (std::int64_t c = 0; c < bc; ++c) {
-        float* row = t.V_j + c * plan.value_stride;
-        if (std::all_of(row, row + d, [](float x) { return std::isfinite(x); })) continue;
-        t.nonfinite_keys.push_back(c);
-        std::fill(row, row + d, 0.0f);
-    }
+    const std::int64_t keys = round_up(bc, tiles::kBlockCols);
+    if (visibility == TileVisibility::full && d == plan.value_stride && keys == bc) return V_j;
+    tiles::pack_values(V_j, bc, d, keys, plan.value_stride, t.V_j);
+    if (visibility == TileVisibility::partial)
+        for (std::int64_t c = 0; c < bc; ++c) {
+            float* row = t.V_j + c * plan.value_stride;
+            if (std::all_of(row, row + d, [](float x) { return std::isfinite(x); })) continue;
+            t.nonfinite_keys.push_back(c);
+            std::fill(row, row + d, 0.0f);
+        }
+    return t.V_j;
 }
 
 // One work item: query tile `rows` of one (batch, head) pair, against every key/value tile.
@@ -95,7 +102,7 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
     const std::int64_t key_stride = plan.key_stride, value_stride = plan.value_stride;
     const float scale = p.softmax_scale();
 
-    // Q_i (rows past the tile zero, so every 8-row group is whole); O_i = 0, m_i = -inf, l_i = 0.
+    // Q_i (rows past the tile zero, so every row group is whole); O_i = 0, m_i = -inf, l_i = 0.
     std::copy(Q + rows.begin * d, Q + rows.end * d, t.Q_i);
     std::fill(t.Q_i + br * d, t.Q_i + plan.row_stride * d, 0.0f);
     std::fill(t.O_i, t.O_i + plan.row_stride * value_stride, 0.0f);
@@ -108,9 +115,9 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
         if (visibility == TileVisibility::none) continue;  // hidden tile: K_j, V_j never read
         const std::int64_t bc = cols.size(), keys = round_up(bc, tiles::kBlockCols);
         tiles::pack_keys_transposed(K + cols.begin * d, bc, d, key_stride, t.K_jT);
-        pack_values_of_tile(V + cols.begin * d, bc, d, plan, visibility, t);
+        const float* V_tile = values_of_tile(V + cols.begin * d, bc, d, plan, visibility, t);
 
-        // Each group of 8 rows goes through S, softmax and P V while its S_ij is in L1.
+        // Each group of kRows rows goes through S, softmax and P V while its S_ij is in L1.
         for (std::int64_t r0 = 0; r0 < br; r0 += kRows) {
             tiles::scores(t.Q_i + r0 * d, d, t.K_jT, keys, key_stride, scale, t.S);  // S_ij
             for (std::int64_t r = r0; r < r0 + kRows; ++r) {
@@ -134,8 +141,8 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
                     for (std::int64_t k = 0; k < value_stride; ++k) O_r[k] *= alpha;
             }
             float* O_group = t.O_i + r0 * value_stride;
-            tiles::add_values(t.S, keys, key_stride, t.V_j, value_stride, O_group);  // += P V_j
-            for (std::int64_t c : t.nonfinite_keys)  // see pack_values_of_tile
+            tiles::add_values(t.S, keys, key_stride, V_tile, value_stride, O_group);  // += P V_j
+            for (std::int64_t c : t.nonfinite_keys)  // see values_of_tile
                 for (std::int64_t r = r0; r < std::min(r0 + kRows, br); ++r)
                     if (p.key_visible(rows.begin + r, cols.begin + c))
                         for (std::int64_t k = 0; k < d; ++k)
@@ -156,12 +163,14 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
 }  // namespace
 
 BlockSizes omp_cache_blocks(std::int64_t dim) {
-    // docs/omp.md has the arithmetic. Per thread, the tiles live in the core's private L2
-    // (512 KiB - 2 MiB on current server cores): K_j^T and V_j together at most 256 KiB
-    // (2 Bc d floats), Q_i and O_i 2 Br d floats, and one 8-row group of S_ij (8 KiB) in L1.
-    // Br = 128 rows of Q reuse each K_j, V_j value 128 times, so that tile, fetched from L3,
-    // costs little; Bc = 256 keeps the softmax loops long.
-    const std::int64_t Br = 512;
+    // docs/omp.md has the arithmetic and the measurements. One thread's tiles live in its core's
+    // private L2 (1 MiB here), about 800 KiB of it: Q_i and O_i (2 Br d floats) at most 512 KiB,
+    // K_j^T and V_j (2 Bc d floats) at most 256 KiB, and one row group of S_ij in L1. Each
+    // K_j, V_j value is reused by the Br rows of Q_i and K_j^T is packed once per tile pair, so
+    // the largest tiles that fit make the packing and the per-tile softmax steps cheap: at d = 64,
+    // 1008 x 512 ran 20% faster than 128 x 256 (one core: 94 against 79 GFLOP/s). Br is a
+    // multiple of 48, so of the row groups (6 or 4 rows); Bc a multiple of 16.
+    const std::int64_t Br = std::clamp<std::int64_t>((65536 / dim) / 48 * 48, 96, 1008);
     const std::int64_t Bc = std::clamp<std::int64_t>((32768 / dim) / 16 * 16, 16, 512);
     return {Br, Bc};
 }

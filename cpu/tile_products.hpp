@@ -3,63 +3,89 @@
 //     scores:  S = scale Q_i K_j^T      (FA-2 Algorithm 1 line 8)
 //     values:  O_i += P_ij V_j          (line 9, after the softmax has turned S into P)
 //
-// Why not a library GEMM: the products here are small (128 x 64 times 64 x 256) and run once per
-// tile pair, and a general GEMM spends part of each call packing and unpacking. Measured on the
-// development machine's cores (docs/omp.md): Eigen's GEMM ran these tiles at 83-88 GFLOP/s, the
-// 8 x 64 blocks below at 104-110, of a 115 GFLOP/s FMA peak. That difference is what lets the
-// flash form beat standard attention by more than standard's N x N memory traffic.
+// Why not a library GEMM: the products here are small (a few rows of Q_i at a time against a
+// 64 x 512 K_j^T) and run once per tile pair, and a general GEMM spends part of each call packing and
+// unpacking. Measured on one core of the development machine (AMD EPYC, AVX-512, FMA peak
+// 115 GFLOP/s, 2026-11-23, a stand-alone loop over one tile pair): Eigen's GEMM ran the old
+// 128 x 64 x 256 tiles at 83 (S) and 88 (P V) GFLOP/s, the blocks below at 112 and 117. That
+// difference is what lets the flash form beat standard attention (which keeps Eigen's GEMMs) by
+// more than standard's N x N memory traffic costs it (docs/omp.md).
 //
-// How: a block of 8 query rows x 64 columns lives in 32 vector registers of 16 floats (AVX-512
-// has exactly 32); every step of the inner loop loads 4 vectors of one operand, broadcasts 8
-// scalars of the other and issues 32 fused multiply-adds, so the arithmetic, not the loads, sets
-// the pace. Each output element is one running sum in a fixed order (k = 0, 1, ... for S; key
-// 0, 1, ... for O), whatever thread runs it.
+// How: a block of kRows query rows x kVecs vectors of columns lives in kRows kVecs vector
+// registers; every step of the inner loop loads kVecs vectors of one operand, broadcasts kRows
+// scalars of the other and issues kRows kVecs fused multiply-adds, so the arithmetic, not the
+// loads, sets the pace. The block is sized to the register file the compiler targets:
+//   AVX-512: 16-float vectors, 6 rows x 4 vectors (6 x 64 floats): 24 accumulators + 4 operands
+//            + 1 broadcast of its 32 registers (8 rows, 32 accumulators, did not fit: the
+//            compiler spilled some, and it measured 1-2% slower);
+//   AVX2:    8-float vectors, 6 x 2 (6 x 16 floats): 12 + 2 + 1 of its 16 registers;
+//   other:   4-float vectors (SSE2, the x86-64 baseline), 4 x 3 (4 x 12): 12 + 3 + 1 of 16
+//            (SSE2 has no broadcast from memory, so fewer rows and more columns; 6 x 2 ran ~8%
+//            slower than Eigen's GEMM there, 4 x 3 as fast).
+// Each output element is one running sum in a fixed order (k = 0, 1, ... for S; key 0, 1, ...
+// for O), whatever thread runs it.
 //
-// The vectors are GCC/Clang vector extensions (`vector_size`): with -march=native on an AVX-512
-// machine each Vec16 is one zmm register, on AVX2 two ymm, on the x86-64 baseline four xmm --
-// the same code, portable, only slower without wide registers.
+// The vectors are GCC/Clang vector extensions (`vector_size`), so the same code builds for each
+// of those targets (and for any other CPU, where the compiler splits or scalarizes them).
 //
 // Layouts (all row-major, padded with zeros so that every block is whole):
 //   Q rows:  kRows rows of d floats (stride d).
 //   K_j^T:   d rows of key_stride floats: K_j transposed, keys bc .. key_stride-1 zero.
 //   V_j:     key_stride rows of value_stride floats: rows bc.. zero, columns d.. zero.
 //   S / P:   kRows rows of key_stride floats.   O_i rows: kRows rows of value_stride floats.
-// key_stride is a multiple of kBlockCols (64), value_stride a multiple of kLanes (16).
+// key_stride is a multiple of kBlockCols (kVecs vectors), value_stride a multiple of kLanes.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 namespace flashattn::tiles {
 
-using Vec16 = float __attribute__((vector_size(64)));
-constexpr std::int64_t kLanes = 16;      // floats per Vec16
-constexpr int kRows = 6;                 // query rows per block
-constexpr int kVecs = 4;                 // Vec16 columns per block
-constexpr std::int64_t kBlockCols = kVecs * kLanes;  // 64 columns per block
+#if defined(__AVX512F__)
+constexpr std::int64_t kLanes = 16;  // floats per vector
+constexpr int kVecs = 4;             // vectors of columns per block
+constexpr int kRows = 6;             // query rows per block
+#elif defined(__AVX__)
+constexpr std::int64_t kLanes = 8;
+constexpr int kVecs = 2;
+constexpr int kRows = 6;
+#else
+constexpr std::int64_t kLanes = 4;
+constexpr int kVecs = 3;
+constexpr int kRows = 4;
+#endif
+constexpr std::int64_t kBlockCols = kVecs * kLanes;
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 
-inline Vec16 load(const float* p) {
-    Vec16 v;
+inline Vec load(const float* p) {
+    Vec v;
     std::memcpy(&v, p, sizeof v);  // an unaligned vector load
     return v;
 }
-inline void store(float* p, Vec16 v) { std::memcpy(p, &v, sizeof v); }
-// (Not `Vec16{} + x`: 0 + x is not x for x = -0, so the compiler keeps a scalar add per splat.)
-inline Vec16 splat(float x) { return Vec16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+// {x, x, ..., x}: one broadcast instruction. (Not `Vec{} + x`: 0 + x is not x for x = -0, so
+// the compiler keeps a scalar add for every broadcast.)
+template <std::size_t... lane>
+inline Vec splat(float x, std::index_sequence<lane...>) {
+    return Vec{((void)lane, x)...};
+}
+inline Vec splat(float x) { return splat(x, std::make_index_sequence<kLanes>{}); }
 
 inline std::int64_t round_up(std::int64_t n, std::int64_t multiple) {
     return (n + multiple - 1) / multiple * multiple;
 }
 
-// K_j (bc x d, stride d) -> K_j^T (d x key_stride), zero beyond key bc.
+// K_j (bc x d, stride d) -> K_j^T (d x key_stride), zero beyond key bc. Reads K_j row by row (a
+// key's d values are contiguous); the d rows of K_j^T it writes into stay in L1 meanwhile.
 inline void pack_keys_transposed(const float* K_j, std::int64_t bc, std::int64_t d,
                                  std::int64_t key_stride, float* KT) {
-    for (std::int64_t k = 0; k < d; ++k) {
-        float* row = KT + k * key_stride;
-        for (std::int64_t c = 0; c < bc; ++c) row[c] = K_j[c * d + k];
-        std::fill(row + bc, row + key_stride, 0.0f);
-    }
+    for (std::int64_t c = 0; c < bc; ++c)
+        for (std::int64_t k = 0; k < d; ++k) KT[k * key_stride + c] = K_j[c * d + k];
+    for (std::int64_t k = 0; k < d; ++k)
+        std::fill(KT + k * key_stride + bc, KT + (k + 1) * key_stride, 0.0f);
 }
 
 // V_j (bc x d, stride d) -> padded V_j (rows x value_stride), zero beyond row bc and column d.
@@ -76,12 +102,12 @@ inline void pack_values(const float* V_j, std::int64_t bc, std::int64_t d, std::
 // S[r][c] = scale * sum_k Q[r][k] K^T[k][c] for kRows rows and the kBlockCols keys at KT.
 inline void scores_block(const float* Q, std::int64_t d, const float* KT, std::int64_t key_stride,
                          float scale, float* S) {
-    Vec16 acc[kRows][kVecs] = {};
+    Vec acc[kRows][kVecs] = {};
     for (std::int64_t k = 0; k < d; ++k) {
-        Vec16 keys[kVecs];
+        Vec keys[kVecs];
         for (int v = 0; v < kVecs; ++v) keys[v] = load(KT + k * key_stride + v * kLanes);
         for (int r = 0; r < kRows; ++r) {
-            const Vec16 q = splat(Q[r * d + k]);
+            const Vec q = splat(Q[r * d + k]);
             for (int v = 0; v < kVecs; ++v) acc[r][v] += q * keys[v];
         }
     }
@@ -98,27 +124,35 @@ inline void scores(const float* Q, std::int64_t d, const float* KT, std::int64_t
         scores_block(Q, d, KT + c, key_stride, scale, S + c);
 }
 
-// O[r][.] += sum_c P[r][c] V[c][.] for kRows rows and kV vectors of output columns.
+// O[r][.] += sum_c P[r][c] V[c][.] for kRows rows and kV vectors of output columns. The keys go
+// in chunks of kKeyChunk, each summed in fresh registers and then added to O: one float chain
+// over every key of a long row drifts by ~sqrt(N) ulps, more than the tests' 2x rule allows
+// against standard attention's blocked GEMM sums at small d (test_variants, "long sums").
+constexpr std::int64_t kKeyChunk = 128;
 template <int kV>
 inline void values_block(const float* P, std::int64_t keys, std::int64_t key_stride,
                          const float* VP, std::int64_t value_stride, float* O) {
-    Vec16 acc[kRows][kV];
-    for (int r = 0; r < kRows; ++r)
-        for (int v = 0; v < kV; ++v) acc[r][v] = load(O + r * value_stride + v * kLanes);
-    for (std::int64_t c = 0; c < keys; ++c) {
-        Vec16 values[kV];
-        for (int v = 0; v < kV; ++v) values[v] = load(VP + c * value_stride + v * kLanes);
-        for (int r = 0; r < kRows; ++r) {
-            const Vec16 p = splat(P[r * key_stride + c]);
-            for (int v = 0; v < kV; ++v) acc[r][v] += p * values[v];
+    for (std::int64_t c0 = 0; c0 < keys; c0 += kKeyChunk) {
+        const std::int64_t c1 = std::min(keys, c0 + kKeyChunk);
+        Vec acc[kRows][kV] = {};
+        for (std::int64_t c = c0; c < c1; ++c) {
+            Vec values[kV];
+            for (int v = 0; v < kV; ++v) values[v] = load(VP + c * value_stride + v * kLanes);
+            for (int r = 0; r < kRows; ++r) {
+                const Vec p = splat(P[r * key_stride + c]);
+                for (int v = 0; v < kV; ++v) acc[r][v] += p * values[v];
+            }
         }
+        for (int r = 0; r < kRows; ++r)
+            for (int v = 0; v < kV; ++v) {
+                float* out = O + r * value_stride + v * kLanes;
+                store(out, load(out) + acc[r][v]);
+            }
     }
-    for (int r = 0; r < kRows; ++r)
-        for (int v = 0; v < kV; ++v) store(O + r * value_stride + v * kLanes, acc[r][v]);
 }
 
-// O += P V_j for kRows rows, keys [0, keys), all value_stride columns: blocks of 64 columns, then
-// the 16-, 32- or 48-column rest.
+// O += P V_j for kRows rows, keys [0, keys), all value_stride columns: blocks of kBlockCols
+// columns, then the rest (1 to kVecs - 1 vectors; with AVX-512, 16, 32 or 48 floats).
 inline void add_values(const float* P, std::int64_t keys, std::int64_t key_stride,
                        const float* VP, std::int64_t value_stride, float* O) {
     std::int64_t col = 0;

@@ -79,16 +79,19 @@ inline float row_max(const float* x, std::int64_t n) {
 }
 
 // x[c] <- exp_shifted(x[c], m) for the whole row (the P_tilde of a row of S_ij), returning the row
-// sum. As in exp_shifted, a masked score (-inf) gives 0 whatever m is (also m = -inf).
+// sum. As in exp_shifted, a masked score (-inf) gives 0 whatever m is: for finite m, -inf - m is
+// -inf and exp_nonpositive gives 0; m = -inf (every key masked so far, so every x is -inf) would
+// make -inf - m NaN, so that row is answered before the loop, which then needs no per-element test.
 inline float exp_shifted_row(float* x, std::int64_t n, float m) {
+    if (m == -INFINITY) {
+        for (std::int64_t c = 0; c < n; ++c) x[c] = 0.0f;
+        return 0.0f;
+    }
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (std::int64_t c = 0; c < n; ++c) {
-        const float e =
-            exp_nonpositive(x[c] - m);  // computed unconditionally: no branch to vectorize
-        const float p = x[c] == -INFINITY ? 0.0f : e;
-        x[c] = p;
-        sum += p;
+        x[c] = exp_nonpositive(x[c] - m);
+        sum += x[c];
     }
     return sum;
 }

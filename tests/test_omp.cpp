@@ -59,13 +59,17 @@ TEST_CASE("omp: any tile sizes, including 1 and larger than N, give the same att
     }
 }
 
-TEST_CASE("omp: the cache-sized tiles are multiples of 16 within [16, 512], the plan within N") {
+TEST_CASE("omp: the cache-sized tiles fit a core's 1 MiB L2 for every d, the plan within N") {
     for (std::int64_t d : {1, 3, 59, 64, 111, 128, 256}) {
         const BlockSizes b = omp_cache_blocks(d);
-        INFO("d = " << d << ": Br = " << b.Br << ", Bc = " << b.Bc);
-        CHECK(b.Br % 16 == 0);
+        const OmpPlan plan = omp_plan(make_problem(1, 1, 1, 1 << 14, 1 << 14, d));
+        INFO("d = " << d << ": Br = " << b.Br << ", Bc = " << b.Bc << ", "
+                    << plan.thread_floats << " floats per thread");
+        CHECK(b.Br % 48 == 0);  // whole 6-row groups (cpu/tile_products.hpp)
         CHECK(b.Bc % 16 == 0);
-        CHECK((b.Br >= 16 && b.Br <= 512 && b.Bc >= 16 && b.Bc <= 512));
+        CHECK((b.Br >= 96 && b.Bc >= 16));  // each K_j, V_j value serves at least 96 rows
+        CHECK(plan.blocks.Br == b.Br);
+        CHECK(plan.thread_floats * sizeof(float) <= (std::size_t{1} << 20));
     }
     const OmpPlan small = omp_plan(make_problem(1, 1, 1, 7, 113, 64));
     CHECK(small.blocks.Br == 7);  // no buffer rows for query rows that do not exist
