@@ -25,7 +25,9 @@ std::vector<Backend> make_backends() {
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
            float* lse) { scalar_attention(p, Q, K, V, O, lse); }));
     list.push_back(cpu_backend(
-        "omp", "FlashAttention-2 order on the CPU: Q tiles in parallel (OpenMP), Eigen tile GEMMs",
+        "omp",
+        "FlashAttention-2 order on the CPU: Q tiles in parallel (OpenMP), register-blocked tile "
+        "products",
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
            float* lse) { omp_attention(p, Q, K, V, O, lse); }));
 #ifdef FLASHATTN_WITH_CUDA
