@@ -16,6 +16,8 @@
 // and P V for one group, then the next, so a group's S_ij never leaves L1.
 #include "cpu/omp.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -180,6 +182,16 @@ OmpPlan omp_plan(const AttentionProblem& p) {
     OmpPlan plan;
     const bool asked = p.block_q > 0 || p.sram_floats > 0;
     plan.blocks = asked ? block_sizes_for(p) : omp_cache_blocks(p.dim);
+    if (!asked) {
+        // As few query tiles as the cache allows, but at least two work items per thread while a
+        // tile keeps 96 rows or more; then tiles of (about) equal height, so that no thread gets
+        // a sliver at the end (N = 4096: 4 x 864 + 640 rows, not 4 x 1008 + 64). A row's
+        // arithmetic does not depend on Br, so neither does the result.
+        const std::int64_t threads = omp_get_max_threads(), pairs = p.batch * p.heads;
+        std::int64_t Tr = tile_count(p.seq_q, plan.blocks.Br);
+        while (pairs * Tr < 2 * threads && tile_count(p.seq_q, Tr + 1) >= 96) ++Tr;
+        plan.blocks.Br = std::min(plan.blocks.Br, round_up(tile_count(p.seq_q, Tr), 48));
+    }
     // A tile never has more rows than the sequence: a block beyond N is one tile of N rows.
     plan.blocks.Br = std::min(plan.blocks.Br, p.seq_q);
     plan.blocks.Bc = std::min(plan.blocks.Bc, p.seq_kv);

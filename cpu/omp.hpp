@@ -38,7 +38,8 @@ struct OmpPlan {
 BlockSizes omp_cache_blocks(std::int64_t dim);
 
 // The problem's own tile sizes win (block_q/block_kv, or Algorithm 1 line 1 on sram_floats, as
-// for scalar); otherwise omp_cache_blocks(). Validates the problem.
+// for scalar); otherwise omp_cache_blocks(), with Br lowered (not below 96 rows) until there are
+// two work items per OpenMP thread, and evened out over the query tiles. Validates the problem.
 OmpPlan omp_plan(const AttentionProblem& problem);
 
 // O: (batch, heads, seq_q, dim); lse: (batch, heads, seq_q) or nullptr. Uses the OpenMP threads

@@ -30,8 +30,9 @@ void parallel_for(std::int64_t count, Body&& body) {
 // of the team calls make_state() once, then takes iterations i = 0 .. count-1 one at a time, in a
 // dynamic order, and runs body(state, i). Two differences from parallel_for that the omp form
 // relies on:
-//   * the team is always started, even for count == 1, so code inside (Eigen's GEMM) always sees
-//     omp_get_num_threads() == the team size and never starts nested threads of its own;
+//   * the team is always started, even for count == 1, so a library called inside (Eigen's GEMM,
+//     which the omp form once used) always sees omp_get_num_threads() == the team size and never
+//     starts nested threads of its own;
 //   * make_state() may throw too (an allocation), and is caught like body.
 // Iterations are handed out with an atomic counter rather than `omp for`, so that a thread whose
 // make_state() threw can simply stop without leaving the others waiting at a barrier.

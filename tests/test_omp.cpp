@@ -68,7 +68,7 @@ TEST_CASE("omp: the cache-sized tiles fit a core's 1 MiB L2 for every d, the pla
         CHECK(b.Br % 48 == 0);  // whole 6-row groups (cpu/tile_products.hpp)
         CHECK(b.Bc % 16 == 0);
         CHECK((b.Br >= 96 && b.Bc >= 16));  // each K_j, V_j value serves at least 96 rows
-        CHECK(plan.blocks.Br == b.Br);
+        CHECK(plan.blocks.Br <= b.Br);  // lower only to give every thread work
         CHECK(plan.thread_floats * sizeof(float) <= (std::size_t{1} << 20));
     }
     const OmpPlan small = omp_plan(make_problem(1, 1, 1, 7, 113, 64));
