@@ -39,6 +39,8 @@ using tiles::kRows;
 using tiles::round_up;
 
 constexpr std::int64_t kAlignFloats = 16;  // 64 bytes: a cache line, and the widest SIMD vector
+// Query tiles are a multiple of 48 rows: whole row groups of any build (6 or 4 rows).
+constexpr std::int64_t kRowMultiple = 48;
 
 // One thread's tile buffers, carved from one WorkBuffer and aligned to 64 bytes, so that every
 // thread's buffers have the same alignment (and so the same results, whichever thread runs a tile).
@@ -172,7 +174,8 @@ BlockSizes omp_cache_blocks(std::int64_t dim) {
     // the largest tiles that fit make the packing and the per-tile softmax steps cheap: at d = 64,
     // 1008 x 512 ran 20% faster than 128 x 256 (one core: 94 against 79 GFLOP/s). Br is a
     // multiple of 48, so of the row groups (6 or 4 rows); Bc a multiple of 16.
-    const std::int64_t Br = std::clamp<std::int64_t>((65536 / dim) / 48 * 48, 96, 1008);
+    const std::int64_t Br =
+        std::clamp<std::int64_t>((65536 / dim) / kRowMultiple * kRowMultiple, 96, 1008);
     const std::int64_t Bc = std::clamp<std::int64_t>((32768 / dim) / 16 * 16, 16, 512);
     return {Br, Bc};
 }
@@ -190,7 +193,7 @@ OmpPlan omp_plan(const AttentionProblem& p) {
         const std::int64_t threads = omp_get_max_threads(), pairs = p.batch * p.heads;
         std::int64_t Tr = tile_count(p.seq_q, plan.blocks.Br);
         while (pairs * Tr < 2 * threads && tile_count(p.seq_q, Tr + 1) >= 96) ++Tr;
-        plan.blocks.Br = std::min(plan.blocks.Br, round_up(tile_count(p.seq_q, Tr), 48));
+        plan.blocks.Br = std::min(plan.blocks.Br, round_up(tile_count(p.seq_q, Tr), kRowMultiple));
     }
     // A tile never has more rows than the sequence: a block beyond N is one tile of N rows.
     plan.blocks.Br = std::min(plan.blocks.Br, p.seq_q);

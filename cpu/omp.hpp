@@ -9,8 +9,8 @@
 // thread count.
 //
 // The tile products S_ij = Q_i K_j^T and O_i += P_ij V_j are register-blocked loops over 6 query
-// rows at a time (4 without AVX; cpu/tile_products.hpp), and each row group goes through scores, softmax and
-// values before the next, while its scores are in L1. The softmax steps between the products are
+// rows at a time (4 without AVX; cpu/tile_products.hpp), and each row group goes through scores,
+// softmax and values before the next, while its scores are in L1. The softmax steps between the products are
 // the rule of common/online_softmax.hpp, row by row (cpu/vector_softmax.hpp for the vectorized
 // row forms). Working memory is a few tile buffers per thread, O(threads * (Br + Bc) * d),
 // never O(N^2). docs/omp.md explains the tile sizes.
@@ -28,13 +28,14 @@ struct OmpPlan {
     BlockSizes blocks;               // Br query rows, Bc key/value rows per tile
     std::int64_t Tr = 0, Tc = 0;     // number of query tiles and key/value tiles
     std::int64_t row_stride = 0;     // Br rounded up to whole row groups (tile_products.hpp)
-    std::int64_t key_stride = 0;     // Bc rounded up to whole 64-key blocks
-    std::int64_t value_stride = 0;   // d rounded up to whole 16-float vectors
+    std::int64_t key_stride = 0;     // Bc rounded up to whole key blocks (64 keys with AVX-512)
+    std::int64_t value_stride = 0;   // d rounded up to whole vectors (16 floats with AVX-512)
     std::int64_t thread_floats = 0;  // floats of one thread's tile buffers
 };
 
-// Block sizes chosen for the cache hierarchy (docs/omp.md): Br = 1024, Bc = 512 for d <= 64 and
-// less for larger d, so that K_j and V_j together stay within 256 KiB; multiples of 16.
+// Block sizes chosen for the cache hierarchy (docs/omp.md): Br = 1008, Bc = 512 for d <= 64 and
+// less for larger d (65536 / d and 32768 / d), so that one thread's tiles stay within ~800 KiB;
+// Br a multiple of 48, Bc of 16.
 BlockSizes omp_cache_blocks(std::int64_t dim);
 
 // The problem's own tile sizes win (block_q/block_kv, or Algorithm 1 line 1 on sram_floats, as

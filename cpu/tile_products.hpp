@@ -4,8 +4,8 @@
 //     values:  O_i += P_ij V_j          (line 9, after the softmax has turned S into P)
 //
 // Why not a library GEMM: the products here are small (a few rows of Q_i at a time against a
-// 64 x 512 K_j^T) and run once per tile pair, and a general GEMM spends part of each call packing and
-// unpacking. Measured on one core of the development machine (AMD EPYC, AVX-512, FMA peak
+// 64 x 512 K_j^T) and run once per tile pair, and a general GEMM spends part of each call packing
+// and unpacking. Measured on one core of the development machine (AMD EPYC, AVX-512, FMA peak
 // 115 GFLOP/s, 2026-11-23, a stand-alone loop over one tile pair): Eigen's GEMM ran the old
 // 128 x 64 x 256 tiles at 83 (S) and 88 (P V) GFLOP/s, the blocks below at 112 and 117. That
 // difference is what lets the flash form beat standard attention (which keeps Eigen's GEMMs) by
@@ -41,6 +41,8 @@
 #include <cstring>
 #include <utility>
 
+#include "common/problem.hpp"
+
 namespace flashattn::tiles {
 
 #if defined(__AVX512F__)
@@ -75,7 +77,7 @@ inline Vec splat(float x, std::index_sequence<lane...>) {
 inline Vec splat(float x) { return splat(x, std::make_index_sequence<kLanes>{}); }
 
 inline std::int64_t round_up(std::int64_t n, std::int64_t multiple) {
-    return (n + multiple - 1) / multiple * multiple;
+    return ceil_div(n, multiple) * multiple;
 }
 
 // K_j (bc x d, stride d) -> K_j^T (d x key_stride), zero beyond key bc. Reads K_j row by row (a

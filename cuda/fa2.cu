@@ -58,10 +58,11 @@
 // Weaknesses (honest): v3 is plain FP32 FMAs, ~45% of the FFMA peak, latency-bound at 8-16 warps
 // per SM. v4 does three tensor-core products per product and splits every operand value as it
 // reads it (ALU work beside the mma's), keeps 8 warps per SM at d = 128 (255 registers), and its
-// fp32 adds per k-step cost d = 128 an estimated ~15% (fa2_tf32.cuh). v3 sums P V in one fp32 chain over all keys: at d = 3,
-// N_kv = 1023 its error reached 1.37x the 2x rule (H100, test_variants seed 2), where fp32
-// standard attention (blocked GEMM sums) is nearly exact and the rule's 1e-6 is all the slack. d = 1..63
-// does the work of D = 64; each thread classifies tiles itself (with a block mask that reads the
+// fp32 adds per k-step cost d = 128 an estimated ~15% (fa2_tf32.cuh). v3 sums P V in one fp32
+// chain over all keys: at d = 3, N_kv = 1023 its error reached 1.37x the 2x rule (H100,
+// test_variants seed 2), where fp32 standard attention (blocked GEMM sums) is nearly exact and
+// the rule's 1e-6 is all the slack (docs/cuda_fp32_notes.md: diagnosed, fix known, not applied
+// yet). d = 1..63 does the work of D = 64; each thread classifies tiles itself (with a block mask that reads the
 // mask bytes redundantly); D = 256 needs ~214 KB of shared memory per block, which Hopper has and
 // Ampere (163 KB) does not -- the backend says so instead of launching.
 #include <algorithm>

@@ -137,7 +137,8 @@ __device__ __forceinline__ void tf32_accumulate_pv(float (&O)[Cfg::D / 8][4],
     static_assert(Cfg::D % (8 * kDN) == 0, "D must be whole passes");
     const int g = lane / 4, t = lane % 4;
     // Per pass of kDN output tiles, per key k-step: P~ V_j into a fresh accumulator, then added
-    // to O_i with fp32 adds (see "Accuracy" above). P~'s splits are redone per pass (D / 64 passes).
+    // to O_i with fp32 adds (see "Accuracy" above). P~'s splits are redone per pass (D / 64
+    // passes).
 #pragma unroll
     for (int dn0 = 0; dn0 < Cfg::D / 8; dn0 += kDN) {
 #pragma unroll

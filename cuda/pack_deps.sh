@@ -13,7 +13,8 @@ for f in /usr/include/eigen3 /usr/share/eigen3/cmake /usr/include/catch2 /usr/li
     [ -e "$f" ] || { echo "error: $f is missing: run sh cmake/install-deps.sh first" >&2; exit 2; }
 done
 mkdir -p "$PREFIX/include" "$PREFIX/share/eigen3" "$PREFIX/share/cmake" "$PREFIX/lib/cmake"
-cp -r /usr/include/eigen3 /usr/include/catch2 /usr/include/CLI /usr/include/nlohmann "$PREFIX/include/"
+cp -r /usr/include/eigen3 /usr/include/catch2 /usr/include/CLI /usr/include/nlohmann \
+      "$PREFIX/include/"
 cp -r /usr/share/eigen3/cmake "$PREFIX/share/eigen3/"
 cp -r /usr/share/cmake/CLI11 /usr/share/cmake/nlohmann_json "$PREFIX/share/cmake/"
 cp -r /usr/lib/cmake/Catch2 "$PREFIX/lib/cmake/"
