@@ -20,7 +20,8 @@
 //   alpha = exp_shifted(m, m_new)       rescales l and O
 //   P = exp_shifted(S, m_new)           to shared memory (masked keys stored as -0.0f)
 //   l = alpha * l + rowsum P            per lane; lanes are summed once at the end
-//   O = alpha * O + P V_j               FMAs; on tiles with masked keys, a masked key is skipped
+//   O = alpha * O + P V_j               P V_j into a fresh accumulator, then one FMA per entry;
+//                                       on tiles with masked keys, a masked key is skipped
 // End: O / l (normalize_output), LSE = m + log l (log_sum_exp), one write each.
 //
 // Two kernels, chosen once per call on the host (PreparedFa2):
@@ -58,12 +59,10 @@
 // Weaknesses (honest): v3 is plain FP32 FMAs, ~45% of the FFMA peak, latency-bound at 8-16 warps
 // per SM. v4 does three tensor-core products per product and splits every operand value as it
 // reads it (ALU work beside the mma's), keeps 8 warps per SM at d = 128 (255 registers), and its
-// fp32 adds per k-step cost d = 128 an estimated ~15% (fa2_tf32.cuh). v3 sums P V in one fp32
-// chain over all keys: at d = 3, N_kv = 1023 its error reached 1.37x the 2x rule (H100,
-// test_variants seed 2), where fp32 standard attention (blocked GEMM sums) is nearly exact and
-// the rule's 1e-6 is all the slack (docs/cuda_fp32_notes.md: diagnosed, fix known, not applied
-// yet). d = 1..63 does the work of D = 64; each thread classifies tiles itself (with a block mask that reads the
-// mask bytes redundantly); D = 256 needs ~214 KB of shared memory per block, which Hopper has and
+// fp32 adds per k-step cost d = 128 an estimated ~15% (fa2_tf32.cuh). v3 summed P V in one fp32
+// chain over all keys until 2026-11-23 (error 1.37x the 2x rule at d = 3, N_kv = 1023; now one
+// chain per key tile, pv_micro_tile). d = 1..63 does the work of D = 64; each thread classifies
+// tiles itself (with a block mask that reads the mask bytes redundantly); D = 256 needs ~214 KB of shared memory per block, which Hopper has and
 // Ampere (163 KB) does not -- the backend says so instead of launching.
 #include <algorithm>
 #include <cmath>
@@ -147,11 +146,20 @@ __device__ inline void qk_micro_tile(const float* Q_i, const float* K_j, int rg,
     }
 }
 
-// o[t][.] += sum_c P_ij[row t][c] * V_j[c][.]. With kSkipMasked (tiles that have masked keys),
-// a key whose P is the masked marker contributes nothing, not 0 * V (see softmax_device.cuh).
+// o[t][.] = alpha[t] o[t][.] + sum_c P_ij[row t][c] * V_j[c][.]. The tile's sum goes into a fresh
+// accumulator first and is added to o once: one fp32 chain over all N_kv keys (o += p v per key,
+// v3) lost accuracy at d = 3, N_kv = 1023 (1.37-1.68x the 2x rule on an H100, reproduced by
+// docs/scripts/fa2_ffma_emulation.cpp), chains of Bc keys do not. With kSkipMasked (tiles that
+// have masked keys), a key whose P is the masked marker contributes nothing, not 0 * V (see
+// softmax_device.cuh).
 template <class C, bool kSkipMasked>
 __device__ inline void pv_micro_tile(const float* P_ij, const float* V_j, int rg, int cg,
-                                     float (&o)[C::TM][C::TD]) {
+                                     const float (&alpha)[C::TM], float (&o)[C::TM][C::TD]) {
+    float tile[C::TM][C::TD];
+#pragma unroll
+    for (int t = 0; t < C::TM; ++t)
+#pragma unroll
+        for (int c = 0; c < C::TD; ++c) tile[t][c] = 0.0f;
 #pragma unroll 2
     for (int c = 0; c < C::Bc; c += 4) {
         float4 p4[C::TM];
@@ -171,7 +179,7 @@ __device__ inline void pv_micro_tile(const float* P_ij, const float* V_j, int rg
                 const bool skip = kSkipMasked && is_masked_p(p);
 #pragma unroll
                 for (int v = 0; v < C::TD / 4; ++v) {
-                    float* acc = &o[t][4 * v];
+                    float* acc = &tile[t][4 * v];
                     acc[0] = skip ? acc[0] : fmaf(p, v4[v].x, acc[0]);
                     acc[1] = skip ? acc[1] : fmaf(p, v4[v].y, acc[1]);
                     acc[2] = skip ? acc[2] : fmaf(p, v4[v].z, acc[2]);
@@ -180,6 +188,10 @@ __device__ inline void pv_micro_tile(const float* P_ij, const float* V_j, int rg
             }
         }
     }
+#pragma unroll
+    for (int t = 0; t < C::TM; ++t)
+#pragma unroll
+        for (int c = 0; c < C::TD; ++c) o[t][c] = fmaf(alpha[t], o[t][c], tile[t][c]);
 }
 
 // The block-mask lookup of AttentionProblem::key_visible (two 64-bit divisions), kept out of line:
@@ -196,13 +208,14 @@ __device__ __noinline__ bool block_allows(const std::uint8_t* mask, std::int64_t
 
 // The online softmax of FlashAttention-2 on this thread's rows of S_ij (registers):
 //   m_new = max(m, rowmax S), alpha = exp(m - m_new), P = exp(S - m_new) -> shared memory,
-//   l = alpha l + rowsum P (this lane's part), O = alpha O.
+//   l = alpha l + rowsum P (this lane's part); alpha is returned for pv_micro_tile's
+//   O = alpha O + P V_j.
 // kMasked (partial tiles and the ragged last tile): masked keys and keys past N_kv get -inf, and
 // their P is stored as the masked marker; other tiles skip both tests.
 template <class C, bool kMasked>
 __device__ inline void online_softmax_tile(const AttentionProblem& p, float (&s)[C::TM][C::TN],
                                            float (&m)[C::TM], float (&l)[C::TM],
-                                           float (&o)[C::TM][C::TD], float* P_ij, int rg, int cg,
+                                           float (&alpha)[C::TM], float* P_ij, int rg, int cg,
                                            TileRange rows, TileRange cols, float scale) {
 #pragma unroll
     for (int t = 0; t < C::TM; ++t) {
@@ -226,7 +239,7 @@ __device__ inline void online_softmax_tile(const AttentionProblem& p, float (&s)
         }
         row_max = lanes_max<C::CG>(row_max);
         const float m_new = nan_max(m[t], row_max);
-        const float alpha = exp_shifted(m[t], m_new);  // rescales what came before
+        alpha[t] = exp_shifted(m[t], m_new);  // rescales what came before
         m[t] = m_new;
         float row_sum = 0.0f;
 #pragma unroll
@@ -239,9 +252,7 @@ __device__ inline void online_softmax_tile(const AttentionProblem& p, float (&s)
             else
                 entry = prob;
         }
-        l[t] = alpha * l[t] + row_sum;
-#pragma unroll
-        for (int c = 0; c < C::TD; ++c) o[t][c] *= alpha;
+        l[t] = alpha[t] * l[t] + row_sum;
     }
 }
 
@@ -310,13 +321,13 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
                         int(d), tid, C::THREADS);
         cp_async_commit();  // V_j arrives while S_ij is computed
 
-        float s[C::TM][C::TN];
+        float s[C::TM][C::TN], alpha[C::TM];
         qk_micro_tile<C>(Q_i, K_j, rg, cg, s);
 
         if (needs_mask)
-            online_softmax_tile<C, true>(p, s, m, l, o, P_ij, rg, cg, rows, cols, scale);
+            online_softmax_tile<C, true>(p, s, m, l, alpha, P_ij, rg, cg, rows, cols, scale);
         else
-            online_softmax_tile<C, false>(p, s, m, l, o, P_ij, rg, cg, rows, cols, scale);
+            online_softmax_tile<C, false>(p, s, m, l, alpha, P_ij, rg, cg, rows, cols, scale);
 
         cp_async_wait_all();
         __syncthreads();  // V_j has landed, P_ij is complete, nobody reads K_j any more
@@ -328,9 +339,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
             cp_async_commit();
         }
         if (needs_mask)
-            pv_micro_tile<C, true>(P_ij, V_j, rg, cg, o);
+            pv_micro_tile<C, true>(P_ij, V_j, rg, cg, alpha, o);
         else
-            pv_micro_tile<C, false>(P_ij, V_j, rg, cg, o);
+            pv_micro_tile<C, false>(P_ij, V_j, rg, cg, alpha, o);
         j = next;
     }
 
