@@ -44,13 +44,22 @@
 //       fill M), 5 cycles between a warp's instructions (dependent mma chains, 45% of the
 //       stalls), ~2x the instructions per step of v3. Notes in docs/cuda_fp32_notes.md.
 //   (cuda-standard: 28.7 ms)
+//   v5  lines 9 and 12 on tensor cores built like cuda-fa2's (cuda/fa1_tf32.cuh: a warp owns
+//       16 rows and all Bc keys of a step, S_ij in registers): H100, 2026-11-23, at
+//       4x16x4096x128 25.3 ms where v3 took 31.7 (cuda-standard 17.9); at 4x32x4096x64
+//       32.4 ms, slower than v3 (Bc = 227 needs 128 registers for S_ij: the kernel spills).
+//       The default for 64 < d <= 128; FLASHATTN_FA1_VARIANT=tf32 / ffma forces v5 / v3.
+//   v3's P~ V_j is summed 64 keys at a time (2026-11-23): one chain over Bc = 14528 keys at
+//   d = 1 failed the 2x rule (1.03x, H100).
 //
-// Weaknesses (honest): slower than cuda-standard's cuBLAS without a mask (0.92x at d = 64,
-// 0.60x at d = 128) though faster with the causal mask (1.3x at N = 4096); 1 block of 8 warps
+// Weaknesses (honest): slower than cuda-standard's cuBLAS without a mask (v3 0.91x at d = 64,
+// v5 0.71x at d = 128) though faster with the causal mask (1.3x at N = 4096); 1 block of 8 warps
 // per SM (the tiles fill M by design), latency-bound (ncu: issue slots 53% busy); K_j, V_j are
 // not overlapped with the previous step; d is rounded up to a multiple of 4; Br = min(Bc, d)
 // makes tiny d (d = 1 -> Br = 1) very slow.
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -61,6 +70,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/check.hpp"
 #include "cuda/fa1.hpp"
+#include "cuda/fa1_tf32.cuh"
 #include "cuda/prepared.hpp"
 #include "cuda/softmax_device.cuh"
 
@@ -242,25 +252,39 @@ __device__ __forceinline__ void update_output(const Fa1Layout& L, const float* P
                     }
                 }
             }
+            // P~ V_j summed kChunk keys at a time into a fresh accumulator, then added: one fp32
+            // chain over a whole key block (Bc = 14528 at d = 1) failed the 2x rule at d = 1,
+            // N_kv = 1023 (1.03x, H100), the error cuda-fa2's FFMA kernel had (cuda/fa2.cu).
+            for (int c0 = 0; c0 < bc4; c0 += kChunk) {
+                float4 chunk[4];
+#pragma unroll
+                for (int t = 0; t < 4; ++t) chunk[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                const int c_end = min(c0 + kChunk, bc4);
 #pragma unroll 4
-            for (int c = 0; c < bc4; c += 4) {
-                float4 p4[4];
+                for (int c = c0; c < c_end; c += 4) {
+                    float4 p4[4];
 #pragma unroll
-                for (int t = 0; t < 4; ++t)
-                    p4[t] = *reinterpret_cast<const float4*>(&P_tilde[p_row[t] + c]);
+                    for (int t = 0; t < 4; ++t)
+                        p4[t] = *reinterpret_cast<const float4*>(&P_tilde[p_row[t] + c]);
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const float4 v =
-                        *reinterpret_cast<const float4*>(&V_j[(c + k) * L.v_stride + v_col]);
+                    for (int k = 0; k < 4; ++k) {
+                        const float4 v =
+                            *reinterpret_cast<const float4*>(&V_j[(c + k) * L.v_stride + v_col]);
 #pragma unroll
-                    for (int t = 0; t < 4; ++t) {
-                        const float p = component(p4[t], k);
-                        if (kSkipMasked && is_masked_p(p)) continue;  // absent, not 0 * V
-                        pv[t].x = fmaf(p, v.x, pv[t].x);
-                        pv[t].y = fmaf(p, v.y, pv[t].y);
-                        pv[t].z = fmaf(p, v.z, pv[t].z);
-                        pv[t].w = fmaf(p, v.w, pv[t].w);
+                        for (int t = 0; t < 4; ++t) {
+                            const float p = component(p4[t], k);
+                            if (kSkipMasked && is_masked_p(p)) continue;  // absent, not 0 * V
+                            chunk[t].x = fmaf(p, v.x, chunk[t].x);
+                            chunk[t].y = fmaf(p, v.y, chunk[t].y);
+                            chunk[t].z = fmaf(p, v.z, chunk[t].z);
+                            chunk[t].w = fmaf(p, v.w, chunk[t].w);
+                        }
                     }
+                }
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    pv[t].x += chunk[t].x, pv[t].y += chunk[t].y;
+                    pv[t].z += chunk[t].z, pv[t].w += chunk[t].w;
                 }
             }
 #pragma unroll
@@ -479,12 +503,67 @@ Fa1Plan fa1_plan(const AttentionProblem& p, std::size_t smem_per_block_bytes, in
 
 namespace {
 
+// v5, the tensor-core kernel (fa1_tf32.cuh): D = 64 for Bc <= 256, D = 128 for Bc <= 128 (S_ij's
+// 16 x Bc scores per warp in registers), 8 warps.
+using Fa1Tf32D64 = Fa1Tf32Tile<64, 32, 8>;
+using Fa1Tf32D128 = Fa1Tf32Tile<128, 16, 8>;
+
+template <class Cfg>
+void launch_fa1_tf32(const Fa1Tf32Params& params, unsigned blocks) {
+    auto kernel = params.problem.block_mask.active() ? fa1_tf32_kernel<Cfg, true>
+                                                     : fa1_tf32_kernel<Cfg, false>;
+    const std::size_t smem = Cfg::smem_bytes(params.Bc);
+    FA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<blocks, Cfg::kThreads, smem>>>(params);
+    FA_CUDA_CHECK_LAUNCH();
+}
+
+// Which kernel runs a problem. v5 (tensor cores) can run it when
+//   * 16 <= d <= 128 (3xTF32's accuracy at tiny d: cuda/fa2.cu's measurements), finite inputs
+//     (the tf32 split turns inf into NaN; v3 keeps IEEE semantics for masked keys);
+//   * line 1's Bc is within the instantiation's kMaxBc, and its shared memory fits this device;
+//   * row and key indices fit an int.
+// By default (FLASHATTN_FA1_VARIANT unset or "auto") v5 runs only where it was measured faster
+// than v3: 64 < d <= 128 (H100, 4x16x4096x128: 25.3 ms vs 31.7). At d = 64 it was slower (32.4
+// vs 29.7 ms at 4x32x4096x64: with Bc = 227, S_ij takes 128 registers and the kernel spills,
+// docs/cuda_fp32_notes.md). "tf32" runs v5 wherever it can, "ffma" v3 everywhere (e.g. for a
+// block-size sweep that should time one kernel throughout).
+enum class Fa1Kernel { ffma, tf32_d64, tf32_d128 };
+
+Fa1Kernel choose_fa1_kernel(const AttentionProblem& p, const Fa1Plan& plan, const float* Q,
+                            const float* K, const float* V) {
+    const char* env = std::getenv("FLASHATTN_FA1_VARIANT");
+    const std::string wanted = env && *env ? env : "auto";
+    if (wanted != "auto" && wanted != "tf32" && wanted != "ffma")
+        throw std::invalid_argument("FLASHATTN_FA1_VARIANT = '" + wanted +
+                                    "': expected auto, tf32 or ffma");
+    const int min_dim = wanted == "auto" ? 65 : 16;
+    if (wanted == "ffma" || p.dim < min_dim || p.dim > 128) return Fa1Kernel::ffma;
+    const Fa1Kernel k = p.dim <= 64 ? Fa1Kernel::tf32_d64 : Fa1Kernel::tf32_d128;
+    const int max_bc = k == Fa1Kernel::tf32_d64 ? Fa1Tf32D64::kMaxBc : Fa1Tf32D128::kMaxBc;
+    if (plan.blocks.Bc > max_bc) return Fa1Kernel::ffma;
+    const int bc = int(plan.blocks.Bc);
+    const std::size_t smem = k == Fa1Kernel::tf32_d64 ? Fa1Tf32D64::smem_bytes(bc)
+                                                      : Fa1Tf32D128::smem_bytes(bc);
+    constexpr std::int64_t kMaxSeq = std::int64_t{1} << 30;
+    if (smem > device_limits().smem_per_block_optin || p.seq_q > kMaxSeq || p.seq_kv > kMaxSeq)
+        return Fa1Kernel::ffma;
+    const auto finite = [](const float* x, std::int64_t n) {
+        return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
+    };
+    if (!finite(Q, p.q_elements()) || !finite(K, p.kv_elements()) || !finite(V, p.kv_elements()))
+        return Fa1Kernel::ffma;
+    return k;
+}
+
 class PreparedFa1 final : public PreparedCuda {
 public:
     PreparedFa1(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                 DType dtype)
         : PreparedCuda("cuda-fa1", p, Q, K, V, dtype),
-          plan_(fa1_plan(p, device_limits().smem_per_block_optin, device_limits().sm_count)) {
+          plan_(fa1_plan(p, device_limits().smem_per_block_optin, device_limits().sm_count)),
+          kernel_(choose_fa1_kernel(p, plan_, Q, K, V)) {
         // The "HBM" statistics of Algorithm 1: l and m for every query row.
         l_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
         m_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
@@ -492,10 +571,22 @@ public:
 
     void execute() override {
         const AttentionProblem& p = problem_;
+        const auto blocks = static_cast<unsigned>(p.batch * p.heads * plan_.row_groups);
+        if (kernel_ != Fa1Kernel::ffma) {
+            const Fa1Tf32Params params{p,         Q_.data(),     K_.data(),
+                                       V_.data(), O_.data(),     l_.data(),
+                                       m_.data(), lse_.data(),   int(plan_.blocks.Br),
+                                       int(plan_.blocks.Bc),     int(plan_.row_groups)};
+            if (kernel_ == Fa1Kernel::tf32_d64)
+                launch_fa1_tf32<Fa1Tf32D64>(params, blocks);
+            else
+                launch_fa1_tf32<Fa1Tf32D128>(params, blocks);
+            synchronize();
+            return;
+        }
         const Fa1Layout L = Fa1Layout::make(plan_.blocks.Br, plan_.blocks.Bc, p.dim);
         FA_CUDA_CHECK(cudaFuncSetAttribute(
             fa1_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L.bytes())));
-        const auto blocks = static_cast<unsigned>(p.batch * p.heads * plan_.row_groups);
         fa1_forward_kernel<<<blocks, kThreads, L.bytes()>>>(p, L, plan_.row_groups, Q_.data(),
                                                             K_.data(), V_.data(), O_.data(),
                                                             l_.data(), m_.data(), lse_.data());
@@ -505,6 +596,7 @@ public:
 
 private:
     Fa1Plan plan_;
+    Fa1Kernel kernel_;
     DeviceBuffer<float> l_, m_;
 };
 
