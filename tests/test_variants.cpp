@@ -115,8 +115,9 @@ TEST_CASE("variants: long sums over keys stay within the 2x rule on many fresh i
     // bound is little more than its 1e-6. One plain fp32 running sum over 1023 products
     // (P~_ij V_j in one chain) then exceeds it on about 1 input in 60 (measured: the scalar form
     // reached 1.42x at d = 3 and 2.79x at d = 1 before its line-12 sum was made double;
-    // cuda-fa2's FFMA kernel 1.37x, docs/cuda_fp32_notes.md). A statistical check: 160 inputs
-    // make such a form likely, not certain, to fail here.
+    // cuda-fa2's FFMA kernel 1.37x and cuda-fa1's 1.03x, both since fixed,
+    // docs/cuda_fp32_notes.md). A statistical check: 160 inputs make such a form likely, not
+    // certain, to fail here.
     for (std::int64_t d : {1, 3})
         for (bool causal : {false, true})
             for (int repeat = 0; repeat < 40; ++repeat) {
