@@ -46,8 +46,9 @@
 //   (cuda-standard: 28.7 ms)
 //   v5  lines 9 and 12 on tensor cores built like cuda-fa2's (cuda/fa1_tf32.cuh: a warp owns
 //       16 rows and all Bc keys of a step, S_ij in registers): H100, 2026-11-23, at
-//       4x16x4096x128 25.3 ms where v3 took 31.7 (cuda-standard 17.9); at 4x32x4096x64
-//       32.4 ms, slower than v3 (Bc = 227 needs 128 registers for S_ij: the kernel spills).
+//       4x16x4096x128 25.8 ms where v3 took 33.5 in the same process (cuda-standard 18.4); at
+//       4x32x4096x64 32.5 ms, slower than v3's 30.9 (Bc = 227 needs 128 registers for S_ij: the
+//       kernel spills).
 //       The default for 64 < d <= 128; FLASHATTN_FA1_VARIANT=tf32 / ffma forces v5 / v3.
 //   v3's P~ V_j is summed 64 keys at a time (2026-11-23): one chain over Bc = 14528 keys at
 //   d = 1 failed the 2x rule (1.03x, H100).
@@ -58,7 +59,6 @@
 // not overlapped with the previous step; d is rounded up to a multiple of 4; Br = min(Bc, d)
 // makes tiny d (d = 1 -> Br = 1) very slow.
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -525,8 +525,8 @@ void launch_fa1_tf32(const Fa1Tf32Params& params, unsigned blocks) {
 //   * line 1's Bc is within the instantiation's kMaxBc, and its shared memory fits this device;
 //   * row and key indices fit an int.
 // By default (FLASHATTN_FA1_VARIANT unset or "auto") v5 runs only where it was measured faster
-// than v3: 64 < d <= 128 (H100, 4x16x4096x128: 25.3 ms vs 31.7). At d = 64 it was slower (32.4
-// vs 29.7 ms at 4x32x4096x64: with Bc = 227, S_ij takes 128 registers and the kernel spills,
+// than v3: 64 < d <= 128 (H100, 4x16x4096x128: 25.8 ms vs 33.5). At d = 64 it was slower (32.5
+// vs 30.9 ms at 4x32x4096x64: with Bc = 227, S_ij takes 128 registers and the kernel spills,
 // docs/cuda_fp32_notes.md). "tf32" runs v5 wherever it can, "ffma" v3 everywhere (e.g. for a
 // block-size sweep that should time one kernel throughout).
 enum class Fa1Kernel { ffma, tf32_d64, tf32_d128 };
@@ -549,12 +549,7 @@ Fa1Kernel choose_fa1_kernel(const AttentionProblem& p, const Fa1Plan& plan, cons
     constexpr std::int64_t kMaxSeq = std::int64_t{1} << 30;
     if (smem > device_limits().smem_per_block_optin || p.seq_q > kMaxSeq || p.seq_kv > kMaxSeq)
         return Fa1Kernel::ffma;
-    const auto finite = [](const float* x, std::int64_t n) {
-        return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
-    };
-    if (!finite(Q, p.q_elements()) || !finite(K, p.kv_elements()) || !finite(V, p.kv_elements()))
-        return Fa1Kernel::ffma;
-    return k;
+    return inputs_finite(p, Q, K, V) ? k : Fa1Kernel::ffma;
 }
 
 class PreparedFa1 final : public PreparedCuda {

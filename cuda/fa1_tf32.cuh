@@ -42,11 +42,11 @@
 //  * K_j, V_j rows are zero-filled up to a multiple of 32 (the kernel works on groups of 4 key
 //    tiles of 8, skipping whole groups past Bc): a zero V row times a zero P~ is 0.
 //  * No double buffering of K_j, V_j: at line 1's Bc the two take half of M, and M is the whole
-//    shared memory; the load at the top of each step is the price, paid once per Br..N rows.
+//    shared memory; the load at the top of each step of the j loop is the price (a few percent, counted).
 //
-// Measured (H100, 2026-11-23, docs/cuda_fp32_notes.md): 4x16x4096x128 25.3 ms (v3 31.7,
-// cuda-standard 17.9): faster than v3, still 0.71x cuda-standard. 4x32x4096x64 32.4 ms (v3
-// 29.7): slower -- at Bc = 227 the 128 registers of S_ij push the kernel to 255 registers and
+// Measured (H100, 2026-11-23, docs/cuda_fp32_notes.md; v3 and cuda-standard in the same
+// process): 4x16x4096x128 25.8 ms (v3 33.5, cuda-standard 18.4): faster than v3, still 0.72x
+// cuda-standard. 4x32x4096x64 32.5 ms (v3 30.9): slower -- at Bc = 227 the 128 registers of S_ij push the kernel to 255 registers and
 // 180 bytes of spills (ptxas -v), so cuda/fa1.cu runs v5 by default only for 64 < d <= 128.
 // Where the time goes beyond cuda-fa2's (14.3 ms at d = 128, the same products), counted from
 // the source: every warp re-splits K_j and V_j (fa2 does too, but here line 12 makes 4 passes

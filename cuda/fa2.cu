@@ -448,13 +448,9 @@ const Fa2Variant kVariants[] = {
 //   * cuda-tc's grid (Tr, heads, batch) and int row indices.
 bool tensor_cores_usable(const AttentionProblem& p, const float* Q, const float* K,
                          const float* V) {
-    const auto finite = [](const float* x, std::int64_t n) {
-        return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
-    };
     constexpr std::int64_t kMaxGrid = 65535, kMaxSeq = std::int64_t{1} << 30;
     return p.dim >= 16 && p.heads <= kMaxGrid && p.batch <= kMaxGrid && p.seq_q <= kMaxSeq &&
-           p.seq_kv <= kMaxSeq && finite(Q, p.q_elements()) && finite(K, p.kv_elements()) &&
-           finite(V, p.kv_elements());
+           p.seq_kv <= kMaxSeq && inputs_finite(p, Q, K, V);
 }
 
 // FLASHATTN_FA2_VARIANT: "tf32" (the default) or "ffma" picks the first configuration of that

@@ -2,12 +2,21 @@
 // backends; see prepared.hpp.
 #include "cuda/prepared.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "common/tiling.hpp"
 #include "cuda/check.hpp"
 
 namespace flashattn::cuda {
+
+bool inputs_finite(const AttentionProblem& p, const float* Q, const float* K, const float* V) {
+    const auto finite = [](const float* x, std::int64_t n) {
+        return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
+    };
+    return finite(Q, p.q_elements()) && finite(K, p.kv_elements()) && finite(V, p.kv_elements());
+}
 
 const DeviceLimits& device_limits() {
     static const DeviceLimits limits = [] {

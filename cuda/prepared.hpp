@@ -29,6 +29,10 @@ struct DeviceLimits {
 };
 const DeviceLimits& device_limits();
 
+// Whether every value of the host inputs Q, K, V is finite. The 3xTF32 tensor-core kernels
+// (cuda-fa1 v5, cuda-fa2 v4) need it: their split turns inf into NaN (cuda/tf32_mma.cuh).
+bool inputs_finite(const AttentionProblem& p, const float* Q, const float* K, const float* V);
+
 class PreparedCuda : public PreparedAttention {
 public:
     // Validates the problem (std::invalid_argument) and the dtype, then uploads everything.
