@@ -108,11 +108,17 @@ FA_HOST_DEVICE inline SoftmaxMerge merge_softmax(SoftmaxState running, SoftmaxSt
 }
 
 // Algorithm 1 line 12 for one output element: the new, normalized O_i entry from the old one
-// (normalized by l_i), and this tile's unnormalized (P_tilde V_j) entry.
+// (normalized by l_i), and this tile's unnormalized (P_tilde V_j) entry. diag(l_new)^-1 is a
+// multiplication by 1 / l_new, as the paper writes it: inlined into a loop over a row's
+// elements, the reciprocal and the two row factors are the same expressions for every element,
+// so the compiler computes them once per row, and each element costs a multiply and an FMA
+// instead of a division (counted in cuda-fa1 v5 at d = 128: 64 divisions per thread and step,
+// ~6% of its instructions; docs/cuda_fp32_notes.md).
 FA_HOST_DEVICE inline float fa1_output_update(float o_old, float l_old, float pv,
                                               const SoftmaxMerge& r) {
     if (r.l_new == 0.0f) return 0.0f;  // every key so far masked: O stays 0
-    return (l_old * r.old_scale * o_old + r.block_scale * pv) / r.l_new;
+    const float inv_l_new = 1.0f / r.l_new;
+    return (l_old * r.old_scale * inv_l_new) * o_old + (r.block_scale * inv_l_new) * pv;
 }
 
 // FlashAttention-2 keeps O unnormalized; the final division by l (and O = 0 for a row with no

@@ -212,7 +212,7 @@ __device__ __forceinline__ void fa1_block_softmax(float (&S)[Cfg::kMaxNT][4], in
         if (8 * nt >= bc) break;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            S[nt][e] = exp_shifted(S[nt][e], m_tilde[e / 2]);
+            S[nt][e] = exp2_of_difference(S[nt][e], m_tilde[e / 2], kLog2e);
             l_tilde[e / 2] += S[nt][e];
         }
     }
