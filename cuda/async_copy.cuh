@@ -26,6 +26,12 @@ __device__ inline void cp_async_4(float* smem, const float* gmem, bool valid) {
                  "r"(valid ? 4 : 0));
 }
 
+// Asks for the 128-byte line holding `gmem` to be brought into L2, without waiting and without
+// a register: a later load of it then waits on L2, not on HBM (cuda-fa1 reads O_i this way).
+__device__ inline void prefetch_l2(const float* gmem) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
+}
+
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits for every cp.async this thread issued. A __syncthreads() must follow before other threads

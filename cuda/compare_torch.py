@@ -55,8 +55,9 @@ def run_ours(bin_dir, backends, B, H, N, d, causal=False, repeat=20, warmup=3, e
     return [row for row in rows if row.get("kind", "attention") == "attention"]
 
 
-def torch_time(B, H, N, d, backend_name, causal=False, repeat=20, warmup=3):
-    """Median ms of F.scaled_dot_product_attention in fp32 with one SDPA backend, or None."""
+def torch_time(B, H, N, d, backend_name, causal=False, repeat=20, warmup=3, spread=None):
+    """Median ms of F.scaled_dot_product_attention in fp32 with one SDPA backend, or None.
+    With a dict `spread`, its "min_ms" and "max_ms" are set to the fastest and slowest repeat."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -81,6 +82,8 @@ def torch_time(B, H, N, d, backend_name, causal=False, repeat=20, warmup=3):
                 stop.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(stop))
+        if spread is not None:
+            spread.update(min_ms=min(times), max_ms=max(times))
         return statistics.median(times)
     except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
         log(f"  torch {backend_name} B={B} H={H} N={N} d={d}: {str(e).splitlines()[0]}")
@@ -158,18 +161,26 @@ def main():
     records = []
 
     # 1. Bar shapes.
-    bar_rows = []
+    bar_rows, spread_rows = [], []
     for (B, H, N, d) in BAR_SHAPES:
         log(f"bar shape B={B} H={H} N={N} d={d}")
         ours = {r["backend"]: r for r in run_ours(a.bin_dir, OURS, B, H, N, d, repeat=a.repeat)}
-        eff = torch_time(B, H, N, d, "EFFICIENT_ATTENTION", repeat=a.repeat)
-        math = torch_time(B, H, N, d, "MATH", repeat=a.repeat)
+        spreads = {n: {"min_ms": ours[n]["min_ms"], "max_ms": ours[n]["max_ms"]} for n in OURS}
+        spreads["torch-efficient"], spreads["torch-math"] = {}, {}
+        eff = torch_time(B, H, N, d, "EFFICIENT_ATTENTION", repeat=a.repeat,
+                         spread=spreads["torch-efficient"])
+        math = torch_time(B, H, N, d, "MATH", repeat=a.repeat, spread=spreads["torch-math"])
         fa2, fa1, std = (ours[n]["median_ms"] for n in OURS)
         f = flops(B, H, N, d)
+        spread_row = [f"{B}x{H}x{N}x{d}"]
         for name, ms in [("cuda-fa2", fa2), ("cuda-fa1", fa1), ("cuda-standard", std),
                          ("torch-efficient", eff), ("torch-math", math)]:
+            lo, hi = spreads[name].get("min_ms"), spreads[name].get("max_ms")
             records.append({"table": "bar", "backend": name, "B": B, "H": H, "N": N, "d": d,
-                            "median_ms": ms, "tflops": None if ms is None else f / ms / 1e9})
+                            "median_ms": ms, "min_ms": lo, "max_ms": hi,
+                            "tflops": None if ms is None else f / ms / 1e9})
+            spread_row.append("-" if lo is None else f"{lo:.3f}-{hi:.3f}")
+        spread_rows.append(spread_row)
         bar_rows.append([f"{B}x{H}x{N}x{d}", fmt(fa2, ".3f"), fmt(fa1, ".3f"), fmt(std, ".3f"),
                          fmt(eff, ".3f"), fmt(math, ".3f"), fmt(f / fa2 / 1e9, ".1f"),
                          fmt(eff and eff / fa2), fmt(math and math / fa2), fmt(std / fa1)])
@@ -186,6 +197,9 @@ def main():
                 ["B x H x N x d", "fa2", "fa1", "standard", "torch-eff", "torch-math",
                  "fa2 TFLOP/s", "eff/fa2 (>=0.8)", "math/fa2 (>=1.5)", "std/fa1 (>=1)"], bar_rows)
     report.append(bar)
+    report.append(table(f"spread of the same runs: fastest-slowest of {a.repeat} (ms)",
+                        ["B x H x N x d", "fa2", "fa1", "standard", "torch-eff", "torch-math"],
+                        spread_rows))
     variants = [r for r in records if r["table"] == "variant"]
     if variants:
         report.append(table("cuda-fa2 variants (FLASHATTN_FA2_VARIANT)",

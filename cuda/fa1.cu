@@ -48,16 +48,20 @@
 //       16 rows and all Bc keys of a step, S_ij in registers): H100, 2026-11-23, at
 //       4x16x4096x128 25.8 ms where v3 took 33.5 in the same process (cuda-standard 18.4); at
 //       4x32x4096x64 32.5 ms, slower than v3's 30.9 (Bc = 227 needs 128 registers for S_ij: the
-//       kernel spills).
-//       The default for 64 < d <= 128; FLASHATTN_FA1_VARIANT=tf32 / ffma forces v5 / v3.
+//       kernel spills). Later the same day (cheaper tf32 splits, exp2, one reciprocal per
+//       row, no spills at d = 64, per-D pass and unroll choices): 21.4 ms at d = 64
+//       (cuda-standard 27.2) and 18.0 ms at d = 128 (cuda-standard 18.5).
+//       The default wherever it can run (see choose_fa1_kernel); FLASHATTN_FA1_VARIANT=ffma
+//       forces v3.
 //   v3's P~ V_j is summed 64 keys at a time (2026-11-23): one chain over Bc = 14528 keys at
 //   d = 1 failed the 2x rule (1.03x, H100).
 //
-// Weaknesses (honest): slower than cuda-standard's cuBLAS without a mask (v3 0.91x at d = 64,
-// v5 0.71x at d = 128) though faster with the causal mask (1.3x at N = 4096); 1 block of 8 warps
-// per SM (the tiles fill M by design), latency-bound (ncu: issue slots 53% busy); K_j, V_j are
-// not overlapped with the previous step; d is rounded up to a multiple of 4; Br = min(Bc, d)
-// makes tiny d (d = 1 -> Br = 1) very slow.
+// Weaknesses (honest): v5 is only just faster than cuda-standard's cuBLAS at d = 128 (1.03x,
+// 1.27x at d = 64); v3, which runs d < 57 (line 1's Bc > 256) and d > 128, is slower than
+// cuda-standard without a mask (0.89x at d = 64) though faster with the causal mask; 1 block of
+// 8 warps per SM (the tiles fill M by design), latency-bound (ncu: an instruction every 2.3
+// cycles per scheduler in v5); K_j, V_j are not overlapped with the previous step; v3 rounds d
+// up to a multiple of 4; Br = min(Bc, d) makes tiny d (d = 1 -> Br = 1) very slow.
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
@@ -505,8 +509,8 @@ namespace {
 
 // v5, the tensor-core kernel (fa1_tf32.cuh): D = 64 for Bc <= 256, D = 128 for Bc <= 128 (S_ij's
 // 16 x Bc scores per warp in registers), 8 warps.
-using Fa1Tf32D64 = Fa1Tf32Tile<64, 32, 8>;
-using Fa1Tf32D128 = Fa1Tf32Tile<128, 16, 8>;
+using Fa1Tf32D64 = Fa1Tf32Tile<64, 32, 8, 8, false, 1>;
+using Fa1Tf32D128 = Fa1Tf32Tile<128, 16, 8, 4, true, 4>;
 
 template <class Cfg>
 void launch_fa1_tf32(const Fa1Tf32Params& params, unsigned blocks) {
@@ -524,11 +528,10 @@ void launch_fa1_tf32(const Fa1Tf32Params& params, unsigned blocks) {
 //     (the tf32 split turns inf into NaN; v3 keeps IEEE semantics for masked keys);
 //   * line 1's Bc is within the instantiation's kMaxBc, and its shared memory fits this device;
 //   * row and key indices fit an int.
-// By default (FLASHATTN_FA1_VARIANT unset or "auto") v5 runs only where it was measured faster
-// than v3: 64 < d <= 128 (H100, 4x16x4096x128: 25.8 ms vs 33.5). At d = 64 it was slower (32.5
-// vs 30.9 ms at 4x32x4096x64: with Bc = 227, S_ij takes 128 registers and the kernel spills,
-// docs/cuda_fp32_notes.md). "tf32" runs v5 wherever it can, "ffma" v3 everywhere (e.g. for a
-// block-size sweep that should time one kernel throughout).
+// FLASHATTN_FA1_VARIANT unset, "auto" or "tf32" runs v5 wherever it can (measured faster than
+// v3 at both bar shapes, H100: 21.4 vs 30.7 ms at d = 64, 18.0 vs 33.4 at d = 128; until
+// 2026-11-23 noon "auto" kept v3 at d <= 64, where v5 spilled); "ffma" runs v3 everywhere (e.g.
+// for a block-size sweep that should time one kernel throughout).
 enum class Fa1Kernel { ffma, tf32_d64, tf32_d128 };
 
 Fa1Kernel choose_fa1_kernel(const AttentionProblem& p, const Fa1Plan& plan, const float* Q,
@@ -538,8 +541,7 @@ Fa1Kernel choose_fa1_kernel(const AttentionProblem& p, const Fa1Plan& plan, cons
     if (wanted != "auto" && wanted != "tf32" && wanted != "ffma")
         throw std::invalid_argument("FLASHATTN_FA1_VARIANT = '" + wanted +
                                     "': expected auto, tf32 or ffma");
-    const int min_dim = wanted == "auto" ? 65 : 16;
-    if (wanted == "ffma" || p.dim < min_dim || p.dim > 128) return Fa1Kernel::ffma;
+    if (wanted == "ffma" || p.dim < 16 || p.dim > 128) return Fa1Kernel::ffma;
     const Fa1Kernel k = p.dim <= 64 ? Fa1Kernel::tf32_d64 : Fa1Kernel::tf32_d128;
     const int max_bc = k == Fa1Kernel::tf32_d64 ? Fa1Tf32D64::kMaxBc : Fa1Tf32D128::kMaxBc;
     if (plan.blocks.Bc > max_bc) return Fa1Kernel::ffma;

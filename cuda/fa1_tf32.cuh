@@ -9,11 +9,11 @@
 //   line 7     for each query block i                    16-row slices, spread over the warps
 //   line 8       load Q_i, l_i, m_i (O_i in line 12)      Q_i slice -> shared, l_i, m_i -> registers
 //   line 9       S_ij = scale Q_i K_j^T                   fa1_tf32_scores, then the scale + masks
-//   line 10      m~, P~ = exp(S_ij - m~), l~              fa1_block_softmax (exp_shifted)
+//   line 10      m~, P~ = exp(S_ij - m~), l~              fa1_block_softmax (exp2_of_difference)
 //   line 11      m_new, l_new = merge_softmax(...)        merge_softmax, per row
 //   line 12      O_i = diag(l_new)^-1 (...) -> HBM        fa1_tf32_update_output (fa1_output_update)
 //   line 13      l_i, m_i -> HBM                          after line 12
-// The rule (exp_shifted, merge_softmax, fa1_output_update, log_sum_exp) is common/online_softmax.hpp's,
+// The rule (exp2_of_difference, merge_softmax, fa1_output_update, log_sum_exp) is common/online_softmax.hpp's,
 // called per element as in the scalar form (cpu/scalar.cpp) and in v3 (cuda/fa1.cu).
 //
 // Why v5: v3 did lines 9 and 12 with fp32 FMAs on 4 x 4 register micro-tiles: 0.91x the speed of
@@ -34,24 +34,29 @@
 //    involves no other row, so which rows share a slice changes nothing in the result: a slice
 //    may straddle two query blocks when Br is not a multiple of 16 (Br = 114 at d = 128).
 //  * Line 12 in passes of kDN x 8 output columns: P~ V_j for those columns (a fresh accumulator
-//    per 8-key k-step, added in fp32, as cuda-fa2 does for accuracy), then O_i's old values for
-//    the same columns (read from HBM at the start of the pass, so the read overlaps the mma's),
+//    per 8-key k-step, added in fp32, as cuda-fa2 does for accuracy), O_i's old values for the
+//    same columns (read before or after the products: Fa1Tf32Tile says which and why),
 //    fa1_output_update, and the write. O_i never sits in registers whole.
 //  * Q_i's slice goes to a per-warp area of shared memory (cp.async, zero-filled past d and past
 //    the last row) and is read from there, split into tf32 pairs, once per 16 columns of d.
 //  * K_j, V_j rows are zero-filled up to a multiple of 32 (the kernel works on groups of 4 key
-//    tiles of 8, skipping whole groups past Bc): a zero V row times a zero P~ is 0.
+//    tiles of 8, skipping whole groups past Bc): a zero V row times a zero P~ is 0. (Skipping
+//    single tiles of the last group as well was measured 7% slower at d = 128: more code.)
 //  * No double buffering of K_j, V_j: at line 1's Bc the two take half of M, and M is the whole
-//    shared memory; the load at the top of each step of the j loop is the price (a few percent, counted).
+//    shared memory; the load at the top of each step of the j loop is the price (ncu at
+//    d = 128: 15% of the warps' stall cycles are at that barrier).
 //
-// Measured (H100, 2026-11-23, docs/cuda_fp32_notes.md; v3 and cuda-standard in the same
-// process): 4x16x4096x128 25.8 ms (v3 33.5, cuda-standard 18.4): faster than v3, still 0.72x
-// cuda-standard. 4x32x4096x64 32.5 ms (v3 30.9): slower -- at Bc = 227 the 128 registers of S_ij push the kernel to 255 registers and
-// 180 bytes of spills (ptxas -v), so cuda/fa1.cu runs v5 by default only for 64 < d <= 128.
-// Where the time goes beyond cuda-fa2's (14.3 ms at d = 128, the same products), counted from
-// the source: every warp re-splits K_j and V_j (fa2 does too, but here line 12 makes 4 passes
-// over P~, each re-splitting it), an expf per score instead of one FMA + ex2, a division per
-// output element per step (fa1_output_update), and O_i, Q_i, l_i, m_i through L2/HBM per step.
+// Measured (H100, 2026-11-23, docs/cuda_fp32_notes.md, cuda-standard in the same process):
+// first 25.8 ms at 4x16x4096x128 (v3: 33.5) and 32.5 ms at 4x32x4096x64 (v3: 30.9; S_ij's 128
+// registers at Bc = 227 made the kernel spill). Then, in steps: the split in integer operations
+// (tf32_mma.cuh), exp2 of the difference instead of expf, one reciprocal of l_new per row
+// (fa1_output_update): 18.1 ms at d = 128. The spills at d = 64 were ptxas hoisting P~'s split
+// out of line 12's pass loop (256 registers for P~ split): one pass at D = 64 removed them,
+// 30.2 -> 23.0 ms; then the per-D choices of Fa1Tf32Tile: 18.0 ms at d = 128 (cuda-standard
+// 18.5) and 21.4 ms at d = 64 (cuda-standard 27.2). Where the time goes (ncu at d = 128): 2
+// warps per scheduler (255 registers, 8 warps per SM), an instruction issued every 2.3 cycles;
+// 40% of the stalls wait on fixed-latency results (the split chains, the fp32 adds after the
+// mma's), 15% at the barrier of each step (K_j, V_j are not double-buffered, see above).
 //
 // Inputs must be finite (the split turns inf into NaN) and d >= 16 (3xTF32's operands carry
 // ~22 bits; the fa2 measurements that set this bound are in cuda/fa2.cu): cuda/fa1.cu checks and
@@ -71,13 +76,25 @@
 namespace flashattn::cuda {
 
 // The compile-time shape: padded head dim D, at most kMaxNT key tiles of 8 per step, kWarps warps.
-template <int D_, int kMaxNT_, int kWarps_>
+// Two choices differ between D = 64 and D = 128 because the registers do (S_ij takes 128 of them
+// at D = 64, 64 at D = 128); each was measured both ways (H100, docs/cuda_fp32_notes.md):
+//   kDN_          output column tiles per pass of line 12: all 8 at D = 64 (one pass: with more,
+//                 ptxas hoisted P~'s split out of the pass loop and spilled), 4 at D = 128 (4
+//                 passes; 8 ran 27% slower there);
+//   kReadOFirst_  O_i's old values read into registers before the products (D = 128: hides the
+//                 read's latency) or asked into L2 before and read after them (D = 64: no
+//                 registers to hold them; reading them first spilled and ran 5% slower);
+//   kScoreUnroll_ k-steps of line 9 unrolled (D = 128: 4, 2-5% faster than 1; D = 64: 1, where
+//                 2 ran 9% slower).
+template <int D_, int kMaxNT_, int kWarps_, int kDN_, bool kReadOFirst_, int kScoreUnroll_>
 struct Fa1Tf32Tile {
+    static constexpr int kScoreUnroll = kScoreUnroll_;
+    static constexpr bool kReadOFirst = kReadOFirst_;
     static constexpr int D = D_;
     static constexpr int kMaxNT = kMaxNT_;
     static constexpr int kMaxBc = 8 * kMaxNT_;  // the largest Bc this instantiation can run
     static constexpr int kGroup = 4;            // key tiles per group (32 keys)
-    static constexpr int kDN = D_ == 64 ? 2 : 4;  // output column tiles per pass of line 12
+    static constexpr int kDN = kDN_;
     static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = 32 * kWarps_;
     static constexpr int kQKStride = D_ + 16;  // floats between rows of Q and K_j (fa2_tf32.cuh)
@@ -123,7 +140,7 @@ __device__ __forceinline__ void fa1_tf32_scores(float (&S)[Cfg::kMaxNT][4], cons
     for (int nt = 0; nt < Cfg::kMaxNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) S[nt][e] = 0.0f;
-#pragma unroll 1
+#pragma unroll Cfg::kScoreUnroll
     for (int ks = 0; ks < Cfg::D / 8; ++ks) {
         const int col = 16 * (ks / 2) + 4 * t + 2 * (ks % 2);  // this lane's k = t and k = t + 4
         const float* q_lane = sQ_w + g * Cfg::kQKStride + col;
@@ -223,6 +240,18 @@ __device__ __forceinline__ void fa1_block_softmax(float (&S)[Cfg::kMaxNT][4], in
     }
 }
 
+// O_i's old value pair of this lane at (row, col), col even: 0 past the slice's rows and past d.
+__device__ __forceinline__ float2 fa1_read_o_pair(const float* O_slice, int row, int col,
+                                                  int rows, int d, bool whole) {
+    float2 v = make_float2(0.0f, 0.0f);
+    if (row >= rows) return v;
+    const float* src = O_slice + std::int64_t(row) * d + col;
+    if (whole) return *reinterpret_cast<const float2*>(src);  // 8-byte aligned: d even
+    if (col < d) v.x = src[0];
+    if (col + 1 < d) v.y = src[1];
+    return v;
+}
+
 // Line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j), read
 // from and written to HBM, kDN x 8 columns per pass. P~ tile nt is the A fragment (c0, c2, c1,
 // c3) under tf32_mma.cuh's key renumbering; V_j rows 8 nt + 2t and 8 nt + 2t + 1 give b0, b1.
@@ -237,25 +266,23 @@ __device__ __forceinline__ void fa1_tf32_update_output(const float (&P)[Cfg::kMa
     const bool whole = d == Cfg::D;  // no padded columns: 8-byte loads and stores
 #pragma unroll 1
     for (int dn0 = 0; dn0 < Cfg::D / 8; dn0 += kDN) {
-        // O_i's old values of this pass, requested before the products (Alg1 L8's O_i).
-        float o_old[kDN][4];
+        // Alg1 L8's O_i for this pass: into registers now (kReadOFirst), or asked into L2 now
+        // and read after the products (see Fa1Tf32Tile).
+        float2 o_old[kDN][2];
+        if constexpr (Cfg::kReadOFirst) {
 #pragma unroll
-        for (int n = 0; n < kDN; ++n)
+            for (int n = 0; n < kDN; ++n)
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = g + 8 * r, col = 8 * (dn0 + n) + 2 * t;
-                const float* src = O_slice + std::int64_t(row) * d + col;
-                float2 v = make_float2(0.0f, 0.0f);
-                if (row < rows) {
-                    if (whole) {
-                        v = *reinterpret_cast<const float2*>(src);
-                    } else {
-                        if (col < d) v.x = src[0];
-                        if (col + 1 < d) v.y = src[1];
-                    }
-                }
-                o_old[n][2 * r] = v.x, o_old[n][2 * r + 1] = v.y;
+                for (int r = 0; r < 2; ++r)
+                    o_old[n][r] =
+                        fa1_read_o_pair(O_slice, g + 8 * r, 8 * (dn0 + n) + 2 * t, rows, d, whole);
+        } else {
+            constexpr int kLinesPerRow = kDN * 8 * 4 / 128;  // 128-byte lines per row and pass
+            for (int k = lane; k < 16 * kLinesPerRow; k += 32) {
+                const int row = k / kLinesPerRow, col = 8 * dn0 + 32 * (k % kLinesPerRow);
+                if (row < rows && col < d) prefetch_l2(O_slice + std::int64_t(row) * d + col);
             }
+        }
         float pv[kDN][4] = {};
         const float* v_lane = sV + 2 * t * Cfg::kVStride + 8 * dn0 + g;  // key 2t, column 8 dn0 + g
 #pragma unroll
@@ -282,9 +309,11 @@ __device__ __forceinline__ void fa1_tf32_update_output(const float (&P)[Cfg::kMa
             for (int r = 0; r < 2; ++r) {
                 const int row = g + 8 * r, col = 8 * (dn0 + n) + 2 * t;
                 if (row >= rows) continue;
+                if constexpr (!Cfg::kReadOFirst)
+                    o_old[n][r] = fa1_read_o_pair(O_slice, row, col, rows, d, whole);
                 const float2 v = {
-                    fa1_output_update(o_old[n][2 * r], l_old[r], pv[n][2 * r], merged[r]),
-                    fa1_output_update(o_old[n][2 * r + 1], l_old[r], pv[n][2 * r + 1], merged[r])};
+                    fa1_output_update(o_old[n][r].x, l_old[r], pv[n][2 * r], merged[r]),
+                    fa1_output_update(o_old[n][r].y, l_old[r], pv[n][2 * r + 1], merged[r])};
                 float* dst = O_slice + std::int64_t(row) * d + col;
                 if (whole) {
                     *reinterpret_cast<float2*>(dst) = v;

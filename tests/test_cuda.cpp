@@ -150,7 +150,7 @@ TEST_CASE("cuda-fa1: block sizes from the device's M, from a given M, or given d
 
 TEST_CASE("cuda-fa1: the FFMA kernel (v3) and the tensor-core kernel (v5) both match", "[quick]") {
     // tf32 runs v5 where it applies (16 <= d <= 128, Bc within its registers) and v3 elsewhere;
-    // ffma runs v3 everywhere (the default, auto, picks per d). Bc is varied through M (line 1)
+    // ffma runs v3 everywhere (the default, auto, is tf32). Bc is varied through M (line 1)
     // across v5's range: a single key, ragged groups of 32 keys, and the largest Bc per D (at
     // d > 64, the device's M: a larger one does not fit v3's layout, which line 1 is sized by).
     const ScopedEnv variant("FLASHATTN_FA1_VARIANT");
