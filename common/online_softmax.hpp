@@ -116,15 +116,22 @@ FA_HOST_DEVICE inline SoftmaxMerge merge_softmax(SoftmaxState running, SoftmaxSt
 // ~6% of its instructions; docs/cuda_fp32_notes.md).
 FA_HOST_DEVICE inline float fa1_output_update(float o_old, float l_old, float pv,
                                               const SoftmaxMerge& r) {
-    if (r.l_new == 0.0f) return 0.0f;  // every key so far masked: O stays 0
+    // l_new = 0: no key so far carried any weight. Usually every key was masked, and then O_i and
+    // P_tilde V_j are exactly 0 (masked keys are left out of P_tilde V_j). But a visible key
+    // whose float32 score overflowed to -inf has weight 0 too, and a NaN in its V row must still
+    // reach O (DESIGN.md: an output reading a NaN is NaN; the fuzzer found this): so O stays
+    // what was summed, not a forced 0.
+    if (r.l_new == 0.0f) return o_old + pv;
     const float inv_l_new = 1.0f / r.l_new;
     return (l_old * r.old_scale * inv_l_new) * o_old + (r.block_scale * inv_l_new) * pv;
 }
 
-// FlashAttention-2 keeps O unnormalized; the final division by l (and O = 0 for a row with no
-// visible key) happens once, at the end.
+// FlashAttention-2 keeps O unnormalized; the final division by l happens once, at the end. For
+// l = 0 (no key carried weight) O is what was summed: 0 for a row with no visible key (masked
+// keys are left out of the sum), a NaN that a visible key with an overflowed score read (see
+// fa1_output_update).
 FA_HOST_DEVICE inline float normalize_output(float o_unnormalized, float l) {
-    return l == 0.0f ? 0.0f : o_unnormalized / l;
+    return l == 0.0f ? o_unnormalized : o_unnormalized / l;
 }
 
 // LSE = m + log(l), natural log; -inf for a row with no visible key.

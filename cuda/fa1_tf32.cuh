@@ -76,7 +76,7 @@
 namespace flashattn::cuda {
 
 // The compile-time shape: padded head dim D, at most kMaxNT key tiles of 8 per step, kWarps warps.
-// Two choices differ between D = 64 and D = 128 because the registers do (S_ij takes 128 of them
+// Three choices differ between D = 64 and D = 128 because the registers do (S_ij takes 128 of them
 // at D = 64, 64 at D = 128); each was measured both ways (H100, docs/cuda_fp32_notes.md):
 //   kDN_          output column tiles per pass of line 12: all 8 at D = 64 (one pass: with more,
 //                 ptxas hoisted P~'s split out of the pass loop and spilled), 4 at D = 128 (4
