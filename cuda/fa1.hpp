@@ -6,7 +6,7 @@
 
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
-#include "cpu/backend.hpp"
+#include "common/backend.hpp"
 
 namespace flashattn::cuda {
 

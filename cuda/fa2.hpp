@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/backend.hpp"
+#include "common/backend.hpp"
 
 namespace flashattn::cuda {
 

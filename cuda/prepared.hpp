@@ -17,7 +17,7 @@
 #include <string>
 #include <utility>
 
-#include "cpu/backend.hpp"
+#include "common/backend.hpp"
 #include "cuda/device_buffer.hpp"
 
 namespace flashattn::cuda {

@@ -39,7 +39,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "cpu/workspace.hpp"
+#include "common/memory.hpp"
 #include "cuda/check.hpp"
 #include "cuda/prepared.hpp"
 #include "cuda/softmax_device.cuh"

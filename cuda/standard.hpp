@@ -1,7 +1,7 @@
 // cuda/standard.hpp — cuda-standard, Algorithm 0 with cuBLAS (see standard.cu).
 #pragma once
 
-#include "cpu/backend.hpp"
+#include "common/backend.hpp"
 
 namespace flashattn::cuda {
 

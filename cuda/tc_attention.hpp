@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/problem.hpp"
-#include "cpu/backend.hpp"
+#include "common/backend.hpp"
 
 namespace flashattn::tc {
 

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "cpu/backend.hpp"
+#include "common/backend.hpp"
 #include "cuda/tc_attention.hpp"
 
 namespace flashattn::tc {

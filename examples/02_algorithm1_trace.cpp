@@ -12,11 +12,11 @@
 #include <cstdio>
 #include <vector>
 
-#include "cpu/registry.hpp"
+#include "common/registry.hpp"
 #include "cpu/scalar.hpp"
 #include "figure6_problem.hpp"
 #include "print.hpp"
-#include "verify.hpp"
+#include "cpu/reference.hpp"
 
 using namespace flashattn;
 using examples::print_matrix;

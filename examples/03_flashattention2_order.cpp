@@ -18,11 +18,11 @@
 
 #include "common/online_softmax.hpp"
 #include "common/tiling.hpp"
-#include "cpu/registry.hpp"
+#include "common/registry.hpp"
 #include "cpu/scalar.hpp"
 #include "figure6_problem.hpp"
 #include "print.hpp"
-#include "verify.hpp"
+#include "cpu/reference.hpp"
 
 using namespace flashattn;
 using examples::print_matrix;

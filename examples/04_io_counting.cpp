@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "counted_standard.hpp"
-#include "cpu/registry.hpp"
+#include "common/registry.hpp"
 #include "cpu/scalar.hpp"
-#include "verify.hpp"
+#include "cpu/reference.hpp"
 
 using namespace flashattn;
 

@@ -9,7 +9,7 @@
 // Run: build/<preset>/bin/05_cross_check   (no arguments; exit 1 if a backend fails the check)
 #include <iostream>
 
-#include "cpu/registry.hpp"
+#include "common/registry.hpp"
 #include "demo.hpp"
 
 int main() {

@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "common/problem.hpp"
-#include "verify.hpp"
+#include "cpu/reference.hpp"
 
 namespace flashattn::examples {
 

@@ -1,5 +1,5 @@
 // tests/helpers.hpp — what every backend test does: fresh random inputs, poisoned outputs, the
-// float64 reference and the 2x rule (DESIGN.md "Correctness rule used by the tests").
+// float64 reference and the 2x rule (cpu/reference.hpp; docs/design.md "Correctness rule").
 #pragma once
 
 #include <algorithm>
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "cpu/backend.hpp"
-#include "cpu/registry.hpp"
-#include "verify.hpp"
+#include "common/backend.hpp"
+#include "common/registry.hpp"
+#include "cpu/reference.hpp"
 
 namespace flashattn::test {
 
@@ -62,24 +62,6 @@ inline Outputs run_poisoned(const Backend& backend, const AttentionProblem& p, c
     run_backend(backend, p, in.Q.data(), in.K.data(), in.V.data(), out.O.data(), out.lse.data(),
                 dtype);
     return out;
-}
-
-// The 2x rule's bounds for one problem: 2 * max|std_p - ref64| + eps, for O and for LSE, with
-// std_p = standard attention in the tested precision on the same (dtype-rounded) inputs.
-struct RuleBounds {
-    double O, lse;
-};
-inline RuleBounds rule_bounds(const AttentionProblem& p, const ProblemData& in,
-                              const Reference& ref, DType dtype) {
-    const double eps = 1e-6;
-    // O is a weighted mean of V (order 1), so eps is absolute; LSE grows like max score + log N,
-    // and one float32 rounding of it is relative, so its eps is scaled by its magnitude.
-    double lse_scale = 1;
-    for (double x : ref.lse)
-        if (std::isfinite(x)) lse_scale = std::max(lse_scale, std::fabs(x));
-    const Outputs yard = run_poisoned(find_backend("standard"), p, in, dtype);
-    return {2 * max_abs_error(yard.O.data(), ref.O.data(), p.q_elements()) + eps,
-            2 * max_abs_error(yard.lse.data(), ref.lse.data(), p.lse_elements()) + eps * lse_scale};
 }
 
 // Checks one backend on one problem against float64 standard attention by the 2x rule, for O

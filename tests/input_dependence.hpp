@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/problem.hpp"
-#include "verify.hpp"
+#include "cpu/reference.hpp"
 
 namespace flashattn::test {
 

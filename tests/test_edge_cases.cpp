@@ -363,8 +363,8 @@ TEST_CASE(
             const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
             const Reference ref_s =
                 reference_attention(p, shifted.Q.data(), shifted.K.data(), shifted.V.data());
-            const test::RuleBounds bound = test::rule_bounds(p, in, ref, t);
-            const test::RuleBounds bound_s = test::rule_bounds(p, shifted, ref_s, t);
+            const RuleBounds bound = rule_bounds(p, in, ref, t);
+            const RuleBounds bound_s = rule_bounds(p, shifted, ref_s, t);
             double worst_o = 0, worst_lse = 0;
             for (std::size_t k = 0; k < a.O.size(); ++k)
                 worst_o = std::max(worst_o, double(std::fabs(a.O[k] - s.O[k])));
@@ -409,9 +409,9 @@ TEST_CASE("property: permuting the rows of K and V together leaves O and LSE unc
             INFO(b.name << " " << test::describe(p));
             const Outputs a = check_against_reference(b, p, in, t);
             const Outputs s = check_against_reference(b, p, permuted, t);
-            const test::RuleBounds bound = test::rule_bounds(
+            const RuleBounds bound = rule_bounds(
                 p, in, reference_attention(p, in.Q.data(), in.K.data(), in.V.data()), t);
-            const test::RuleBounds bound_s = test::rule_bounds(
+            const RuleBounds bound_s = rule_bounds(
                 p, permuted,
                 reference_attention(p, permuted.Q.data(), permuted.K.data(), permuted.V.data()), t);
             for (std::size_t k = 0; k < a.O.size(); ++k)

@@ -14,16 +14,15 @@
 // (Bc = 64); the GPU gave 1.373 and 1.683 for mode 0. So the failure is the arithmetic, not a race.
 //
 // Build (after cmake --workflow --preset release, CUDA on):
-//   g++ -O2 -std=c++17 -I. -Iexamples/flashattn -I/usr/include/eigen3 \
-//       docs/scripts/fa2_ffma_emulation.cpp build/release/examples/flashattn/libflashattn_tool.a \
-//       build/release/libflashattn_backends.a build/release/cuda/libflashattn_cuda.a \
+//   g++ -O2 -std=c++17 -I. -I/usr/include/eigen3 \
+//       docs/scripts/fa2_ffma_emulation.cpp build/release/libflashattn_backends.a build/release/cuda/libflashattn_cuda.a \
 //       build/release/cpu/libflashattn_cpu.a -L/usr/local/cuda/lib64 -lcudart -lcublas -fopenmp \
 //       -o /tmp/fa2_emu && LD_LIBRARY_PATH=/usr/local/cuda/lib64 /tmp/fa2_emu
 #include <cmath>
 #include <cstdio>
 #include <vector>
-#include "cpu/registry.hpp"
-#include "verify.hpp"
+#include "common/registry.hpp"
+#include "cpu/reference.hpp"
 using namespace flashattn;
 
 static void fa2_emu(const AttentionProblem& p, const ProblemData& in, int Bc, int CG, int mode,

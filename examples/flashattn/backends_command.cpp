@@ -2,7 +2,7 @@
 #include <iostream>
 
 #include "commands.hpp"
-#include "cpu/registry.hpp"
+#include "common/registry.hpp"
 
 namespace flashattn::cli {
 

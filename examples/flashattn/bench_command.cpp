@@ -29,11 +29,11 @@
 
 #include "commands.hpp"
 #include "common/tiling.hpp"
-#include "cpu/registry.hpp"
-#include "cpu/workspace.hpp"
+#include "common/registry.hpp"
+#include "common/memory.hpp"
 #include "format.hpp"
 #include "gemm_ceiling.hpp"
-#include "verify.hpp"
+#include "cpu/reference.hpp"
 
 namespace flashattn::cli {
 namespace {

@@ -1,6 +1,7 @@
 // examples/flashattn/demo.hpp — the cross-check behind `flashattn demo` and
-// examples/05_cross_check.cpp: every available backend on one random problem, timed once, and
-// checked against float64 standard attention by the 2x rule (verify.hpp).
+// examples/05_cross_check.cpp: every available backend on one random problem, timed (median after
+// a warm-up run), and checked against float64 standard attention by the 2x rule
+// (cpu/reference.hpp).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@ struct DemoOptions {
     std::int64_t batch = 1, heads = 4, seq = 1024, dim = 64;
     bool causal = false;
     std::uint64_t seed = 2022;
+    int repeat = 10;  // timed runs per backend, after one warm-up run (fewer for slow forms)
 };
 
 // Prints the problem, a table (backend, time, GFLOP/s, working memory, error, bound, check) and

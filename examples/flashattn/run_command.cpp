@@ -9,7 +9,7 @@
 
 #include "commands.hpp"
 #include "common/tiling.hpp"
-#include "cpu/registry.hpp"
+#include "common/registry.hpp"
 #include "cpu/scalar.hpp"
 #include "npy.hpp"
 

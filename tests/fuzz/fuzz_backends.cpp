@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "common/tiling.hpp"
-#include "cpu/registry.hpp"
+#include "common/registry.hpp"
 #include "input_dependence.hpp"
-#include "verify.hpp"
+#include "cpu/reference.hpp"
 
 using namespace flashattn;
 

@@ -1,35 +1,15 @@
-// cpu/registry.cpp — the backends of this build; see registry.hpp.
-#include "cpu/registry.hpp"
+// common/registry.cpp — the backends of this build; see registry.hpp. The one translation unit of
+// common/: it joins the forms' lists, so it is built into flashattn::backends, above cpu and cuda.
+#include "common/registry.hpp"
 
 #include <fstream>
 #include <stdexcept>
-
-#include "cpu/omp.hpp"
-#include "cpu/scalar.hpp"
-#include "cpu/standard.hpp"
-#ifdef FLASHATTN_WITH_CUDA
-#include "cuda/backends.hpp"
-#endif
 
 namespace flashattn {
 namespace {
 
 std::vector<Backend> make_backends() {
-    std::vector<Backend> list;
-    list.push_back(cpu_backend(
-        "standard", "Algorithm 0 on the CPU: Eigen GEMMs, S and P materialized (float32)",
-        [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
-           float* lse) { standard_attention<float>(p, Q, K, V, O, lse); }));
-    list.push_back(cpu_backend(
-        "scalar", "Algorithm 1 line by line: plain loops, K/V blocks outer, Q blocks inner",
-        [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
-           float* lse) { scalar_attention(p, Q, K, V, O, lse); }));
-    list.push_back(cpu_backend(
-        "omp",
-        "FlashAttention-2 order on the CPU: Q tiles in parallel (OpenMP), register-blocked tile "
-        "products",
-        [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
-           float* lse) { omp_attention(p, Q, K, V, O, lse); }));
+    std::vector<Backend> list = cpu_backends();
 #ifdef FLASHATTN_WITH_CUDA
     for (Backend& b : cuda_backends()) list.push_back(std::move(b));
 #endif

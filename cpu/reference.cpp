@@ -1,6 +1,7 @@
-// examples/flashattn/verify.cpp — see verify.hpp.
-#include "verify.hpp"
+// cpu/reference.cpp — see reference.hpp.
+#include "cpu/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -56,6 +57,31 @@ Reference reference_attention(const AttentionProblem& p, const float* Q, const f
     r.lse.assign(static_cast<std::size_t>(p.lse_elements()), 0.0);
     standard_attention<double>(p, Q, K, V, r.O.data(), r.lse.data());
     return r;
+}
+
+Baseline baseline_attention(const AttentionProblem& p, const ProblemData& in, DType dtype) {
+    ProblemData rounded = in;
+    round_to_dtype(rounded.Q, dtype);
+    round_to_dtype(rounded.K, dtype);
+    round_to_dtype(rounded.V, dtype);
+    Baseline b;
+    b.O.assign(static_cast<std::size_t>(p.q_elements()), 0.0f);
+    b.lse.assign(static_cast<std::size_t>(p.lse_elements()), 0.0f);
+    standard_attention<float>(p, rounded.Q.data(), rounded.K.data(), rounded.V.data(), b.O.data(),
+                              b.lse.data());
+    return b;
+}
+
+RuleBounds rule_bounds(const AttentionProblem& p, const ProblemData& in, const Reference& ref,
+                       DType dtype) {
+    const double eps = 1e-6;
+    double lse_scale = 1;
+    for (double x : ref.lse)
+        if (std::isfinite(x)) lse_scale = std::max(lse_scale, std::fabs(x));
+    const Baseline base = baseline_attention(p, in, dtype);
+    return {2 * max_abs_error(base.O.data(), ref.O.data(), p.q_elements()) + eps,
+            2 * max_abs_error(base.lse.data(), ref.lse.data(), p.lse_elements()) +
+                eps * lse_scale};
 }
 
 }  // namespace flashattn

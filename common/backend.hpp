@@ -1,0 +1,115 @@
+// common/backend.hpp — the one interface every form (CPU or CUDA) is reached through.
+//
+// A backend prepares a problem once (copies inputs where it needs them, allocates outputs), then
+// `execute()` is the part that is timed, and `fetch()` copies the results back to host memory.
+// Tests, `flashattn run`, `bench` and `demo` all go through this interface, so every backend is
+// checked and measured the same way. The backward pass (paper Section 3.1 "Recomputation",
+// Algorithm 4) has the same three steps: prepare_backward, execute, fetch.
+//
+// Host-side only; no Eigen, OpenMP or CUDA runtime: cpu/ and cuda/ both implement it, and the
+// registry (common/registry.hpp) lists what a build has.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/problem.hpp"
+
+namespace flashattn {
+
+class PreparedAttention {
+public:
+    virtual ~PreparedAttention() = default;
+    // Computes O (and LSE) for the prepared inputs. Blocks until the result is complete.
+    virtual void execute() = 0;
+    // Copies the result of the last execute() to host arrays; lse may be nullptr.
+    virtual void fetch(float* O, float* lse) = 0;
+    // Peak working memory of the last execute(), in bytes, beyond inputs and outputs.
+    virtual std::size_t extra_bytes() const = 0;
+};
+
+// What the backward pass reads: the forward's inputs, its outputs O and LSE (L = m + log l, the
+// statistics the forward saves instead of P), and dO = dLoss/dO. Shapes as in problem.hpp;
+// dO has the shape of O. All host arrays of float32.
+struct BackwardInputs {
+    const float* Q = nullptr;
+    const float* K = nullptr;
+    const float* V = nullptr;
+    const float* O = nullptr;
+    const float* lse = nullptr;
+    const float* dO = nullptr;
+};
+
+class PreparedBackward {
+public:
+    virtual ~PreparedBackward() = default;
+    // Computes dQ, dK, dV for the prepared inputs. Blocks until the result is complete.
+    virtual void execute() = 0;
+    // Copies the gradients of the last execute() to host arrays: dQ has the shape of Q, dK and
+    // dV the shape of K and V (summed over the query heads of a GQA group).
+    virtual void fetch(float* dQ, float* dK, float* dV) = 0;
+    // Peak working memory of the last execute(), in bytes, beyond inputs and outputs.
+    virtual std::size_t extra_bytes() const = 0;
+};
+
+struct Backend {
+    using PrepareForward = std::function<std::unique_ptr<PreparedAttention>(
+        const AttentionProblem&, const float* Q, const float* K, const float* V, DType)>;
+    using PrepareBackward = std::function<std::unique_ptr<PreparedBackward>(
+        const AttentionProblem&, const BackwardInputs&, DType)>;
+
+    std::string name;     // as on the command line: "scalar", "cuda-fa2", ...
+    std::string device;   // "cpu" or "cuda"
+    std::string summary;  // one line for `flashattn backends --verbose` and --help
+    std::vector<DType> dtypes;
+    // Throws std::invalid_argument for a problem this backend cannot run (naming the reason).
+    PrepareForward prepare;
+    // Empty for a backend without a backward pass.
+    PrepareBackward prepare_backward;
+
+    bool supports(DType t) const {
+        return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();
+    }
+    bool has_backward() const { return static_cast<bool>(prepare_backward); }
+};
+
+// Convenience: prepare, execute once, fetch. O holds q_elements(), lse lse_elements() floats.
+inline void run_backend(const Backend& backend, const AttentionProblem& problem, const float* Q,
+                        const float* K, const float* V, float* O, float* lse,
+                        DType dtype = DType::f32) {
+    require_array(O, "O");
+    auto prepared = backend.prepare(problem, Q, K, V, dtype);
+    prepared->execute();
+    prepared->fetch(O, lse);
+}
+
+// Throws std::invalid_argument naming the backend when it has no backward pass.
+inline void require_backward(const Backend& backend) {
+    if (!backend.has_backward())
+        throw std::invalid_argument("backend = " + backend.name + ": has no backward pass");
+}
+
+// Convenience for the backward: prepare, execute once, fetch dQ, dK, dV.
+inline void run_backward(const Backend& backend, const AttentionProblem& problem,
+                         const BackwardInputs& in, float* dQ, float* dK, float* dV,
+                         DType dtype = DType::f32) {
+    require_backward(backend);
+    require_array(dQ, "dQ"), require_array(dK, "dK"), require_array(dV, "dV");
+    auto prepared = backend.prepare_backward(problem, in, dtype);
+    prepared->execute();
+    prepared->fetch(dQ, dK, dV);
+}
+
+// Throws std::invalid_argument for a missing array of the backward's inputs.
+inline void require_backward_inputs(const BackwardInputs& in) {
+    require_array(in.Q, "Q"), require_array(in.K, "K"), require_array(in.V, "V");
+    require_array(in.O, "O"), require_array(in.lse, "LSE"), require_array(in.dO, "dO");
+}
+
+}  // namespace flashattn

@@ -1,0 +1,28 @@
+// cpu/backends.cpp — the CPU forms as Backend entries, in the order a learner meets them.
+#include "cpu/cpu_backend.hpp"
+#include "cpu/omp.hpp"
+#include "cpu/scalar.hpp"
+#include "cpu/standard.hpp"
+
+namespace flashattn {
+
+std::vector<Backend> cpu_backends() {
+    std::vector<Backend> list;
+    list.push_back(cpu_backend(
+        "standard", "Algorithm 0 on the CPU: Eigen GEMMs, S and P materialized (float32)",
+        [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
+           float* lse) { standard_attention<float>(p, Q, K, V, O, lse); }));
+    list.push_back(cpu_backend(
+        "scalar", "Algorithm 1 line by line: plain loops, K/V blocks outer, Q blocks inner",
+        [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
+           float* lse) { scalar_attention(p, Q, K, V, O, lse); }));
+    list.push_back(cpu_backend(
+        "omp",
+        "FlashAttention-2 order on the CPU: Q tiles in parallel (OpenMP), register-blocked tile "
+        "products",
+        [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
+           float* lse) { omp_attention(p, Q, K, V, O, lse); }));
+    return list;
+}
+
+}  // namespace flashattn

@@ -1,0 +1,62 @@
+// cpu/reference.hpp — what every check of a backend compares against: standard attention in
+// float64, the same-precision baseline, and the accuracy rule (docs/design.md, "Correctness
+// rule"). Used by the tests, `flashattn demo`, and the learning examples.
+//
+// The rule, from FlashAttention's own test suite: with ref64 = standard attention in float64 and
+// std_p = standard attention in the backend's precision p on the same (p-rounded) inputs,
+//     max|out - ref64| <= 2 * max|std_p - ref64| + eps          (eps = 1e-6 for float32).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/problem.hpp"
+
+namespace flashattn {
+
+// Standard-normal values from a seeded generator (deterministic per seed).
+std::vector<float> random_normal(std::int64_t count, std::uint64_t seed, float stddev = 1.0f);
+
+struct ProblemData {
+    std::vector<float> Q, K, V;
+};
+ProblemData random_problem_data(const AttentionProblem& p, std::uint64_t seed);
+
+// The largest |a - ref| where both are finite or both NaN-free; a NaN in `out` where `ref` is
+// not NaN (or the reverse), or an infinity mismatch, counts as an infinite error.
+double max_abs_error(const float* out, const double* ref, std::int64_t count);
+double max_abs_error(const double* out, const double* ref, std::int64_t count);
+
+// The float64 reference, in O and LSE arrays sized for p.
+struct Reference {
+    std::vector<double> O, lse;
+};
+Reference reference_attention(const AttentionProblem& p, const float* Q, const float* K,
+                              const float* V);
+
+// The baseline of the rule: standard attention in float32 arithmetic on the inputs rounded to
+// `dtype` (for f16/bf16 the rounding is the only precision loss the backend is not blamed for).
+struct Baseline {
+    std::vector<float> O, lse;
+};
+Baseline baseline_attention(const AttentionProblem& p, const ProblemData& in, DType dtype);
+
+// The rule's bounds for one problem: 2 * max|std_p - ref64| + eps, for O and for LSE. O is a
+// weighted mean of V (order 1), so its eps is absolute; LSE grows like the largest score + log N
+// and one float32 rounding of it is relative, so its eps is scaled by its magnitude.
+struct RuleBounds {
+    double O = 0, lse = 0;
+};
+RuleBounds rule_bounds(const AttentionProblem& p, const ProblemData& in, const Reference& ref,
+                       DType dtype);
+
+// The error of one output against the reference and the rule's bound for it.
+struct Accuracy {
+    double error = 0;  // max|out - ref64|
+    double bound = 0;  // 2 * max|std_p - ref64| + eps
+    bool passed() const { return error <= bound; }
+};
+
+}  // namespace flashattn
