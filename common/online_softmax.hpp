@@ -1,6 +1,6 @@
 // common/online_softmax.hpp — the online-softmax rule, written once for every form.
 //
-// Paper §3.1 (the seeds' eqs. 9–23): for a row split into blocks x1, x2 with block maxima m(x1),
+// FlashAttention §3.1, "Tiling" (the softmax decomposition): for a row split into blocks x1, x2 with block maxima m(x1),
 // m(x2) and block sums l(x) = sum_k exp(x_k - m(x)),
 //     m  = max(m(x1), m(x2))
 //     l  = exp(m(x1) - m) l(x1) + exp(m(x2) - m) l(x2)                          (eqs. 17/18)
@@ -119,7 +119,7 @@ FA_HOST_DEVICE inline float fa1_output_update(float o_old, float l_old, float pv
     // l_new = 0: no key so far carried any weight. Usually every key was masked, and then O_i and
     // P_tilde V_j are exactly 0 (masked keys are left out of P_tilde V_j). But a visible key
     // whose float32 score overflowed to -inf has weight 0 too, and a NaN in its V row must still
-    // reach O (DESIGN.md: an output reading a NaN is NaN; the fuzzer found this): so O stays
+    // reach O (docs/design.md, Numerics: an output reading a NaN is NaN; the fuzzer found this): so O stays
     // what was summed, not a forced 0.
     if (r.l_new == 0.0f) return o_old + pv;
     const float inv_l_new = 1.0f / r.l_new;

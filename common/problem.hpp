@@ -5,7 +5,7 @@
 //   K,V (batch, heads_kv, seq_kv, dim)      LSE (batch, heads, seq_q)
 // heads % heads_kv == 0 (MQA/GQA): query head h reads K/V head h / (heads / heads_kv).
 //
-// Masking (DESIGN.md):
+// Masking (docs/design.md, Numerics):
 //   * causal is bottom-right aligned: query row i may attend key j iff j <= i + (seq_kv - seq_q);
 //   * an optional (Tr, Tc) block mask (paper Algorithm 5) of 0/1 bytes with its own block sizes;
 //     a key is visible only if both masks allow it.

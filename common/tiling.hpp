@@ -99,4 +99,24 @@ FA_HOST_DEVICE inline TileVisibility classify_tile(const AttentionProblem& p, Ti
     return all ? TileVisibility::full : TileVisibility::partial;
 }
 
+// Which tiles a loop walks: key tiles K_j for fixed query rows (FlashAttention-2's inner loop,
+// cuda-fa2, cuda-tc) or query tiles Q_i for a fixed key tile (Algorithm 1's inner loop, cuda-fa1).
+enum class TileAxis { keys, queries };
+
+// The first tile t' in [t, t_end) of `block` elements along `axis` whose block with the `fixed`
+// range the masks do not rule out entirely; t_end when there is none. This is how every flash
+// form skips the zero blocks of a block mask (Algorithm 5) and the tiles past the causal diagonal.
+FA_HOST_DEVICE inline std::int64_t next_visible_tile(const AttentionProblem& p, TileAxis axis,
+                                                     TileRange fixed, std::int64_t t,
+                                                     std::int64_t t_end, std::int64_t block) {
+    for (; t < t_end; ++t) {
+        const bool keys = axis == TileAxis::keys;
+        const TileRange moving = tile_range(t, block, keys ? p.seq_kv : p.seq_q);
+        const TileVisibility v =
+            keys ? classify_tile(p, fixed, moving) : classify_tile(p, moving, fixed);
+        if (v != TileVisibility::none) break;
+    }
+    return t;
+}
+
 }  // namespace flashattn

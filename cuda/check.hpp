@@ -1,6 +1,6 @@
 // cuda/check.hpp — CUDA and cuBLAS failures become C++ exceptions.
 //
-// DESIGN.md: nothing aborts. A failed CUDA call (out of memory, a bad launch, an illegal address)
+// docs/design.md, Shapes and errors: nothing aborts. A failed CUDA call (out of memory, a bad launch, an illegal address)
 // throws std::runtime_error carrying the call, the file:line and the library's own error string,
 // so the CLI prints "error: ..." and exits 2 and a test reports which call failed.
 //

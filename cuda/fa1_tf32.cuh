@@ -17,7 +17,7 @@
 // called per element as in the scalar form (cpu/scalar.cpp) and in v3 (cuda/fa1.cu).
 //
 // Why v5: v3 did lines 9 and 12 with fp32 FMAs on 4 x 4 register micro-tiles: 0.91x the speed of
-// cuda-standard at d = 64 and 0.58x at d = 128 (H100), where the issue asks for >= 1. cuda-fa2's
+// cuda-standard at d = 64 and 0.58x at d = 128 (H100), short of the >= 1 goal. cuda-fa2's
 // 3xTF32 kernel showed that tensor cores do the same fp32-accurate products ~1.3x faster per
 // FLOP. A first tensor-core fa1 (v4, reverted) was slower than v3: it formed 16 x 32 warp units,
 // wrote S_ij to shared memory and ran lines 10-11 with 8 lanes per row, so its mma chains were
@@ -70,7 +70,7 @@
 #include "common/tiling.hpp"
 #include "cuda/async_copy.cuh"
 #include "cuda/softmax_device.cuh"
-#include "cuda/tc_kernel.cuh"
+#include "cuda/mma_stages.cuh"
 #include "cuda/tf32_mma.cuh"
 
 namespace flashattn::cuda {
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa1_tf32_kernel(const Fa1Tf3
 
     for (std::int64_t j = 0; j < Tc; ++j) {  // Alg1 L5
         const TileRange cols = tile_range(j, Bc, p.seq_kv);
-        if (tc::visibility<kBlockMask>(p, my_rows, cols) == TileVisibility::none) continue;
+        if (mma::visibility<kBlockMask>(p, my_rows, cols) == TileVisibility::none) continue;
         const int bc = int(cols.size()), col0 = int(cols.begin), col_end = int(cols.end);
 
         // Alg1 L6: K_j, V_j to shared memory (rows bc..padded_keys(bc)-1 zero-filled).
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa1_tf32_kernel(const Fa1Tf3
             const int row0 = int(my_rows.begin) + 16 * slice;
             const int rows = min(16, int(my_rows.end) - row0);
             const TileVisibility seen =
-                tc::visibility<kBlockMask>(p, TileRange{row0, row0 + rows}, cols);
+                mma::visibility<kBlockMask>(p, TileRange{row0, row0 + rows}, cols);
             if (seen == TileVisibility::none) continue;  // m, l, O of these rows stay as they are
 
             // Alg1 L8: Q_i's rows (zero past d and past the slice), l_i, m_i of rows g, g + 8.

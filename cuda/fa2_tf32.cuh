@@ -50,7 +50,7 @@
 #include "common/tiling.hpp"
 #include "cuda/async_copy.cuh"
 #include "cuda/softmax_device.cuh"
-#include "cuda/tc_kernel.cuh"
+#include "cuda/mma_stages.cuh"
 #include "cuda/tf32_mma.cuh"
 
 namespace flashattn::cuda {
@@ -61,7 +61,7 @@ template <int D_, int kWarps_, int Bc_, int kMinBlocks_>
 struct Tf32Tile {
     static constexpr int D = D_;  // padded head dim: 64 or 128
     static constexpr int kWarps = kWarps_;
-    static constexpr int kMTiles = 1;  // what tc_kernel.cuh's stages expect
+    static constexpr int kMTiles = 1;  // what cuda/mma_stages.cuh's stages expect
     static constexpr int kWarpRows = 16;
     static constexpr int Br = 16 * kWarps_;
     static constexpr int Bc = Bc_;
@@ -175,7 +175,7 @@ __device__ __forceinline__ void tf32_load_tile(float* tile, const float* head, i
 // kBlockMask: a separate instantiation for problems with a block mask.
 template <class Cfg, bool kBlockMask>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
-    fa2_tf32_kernel(const tc::TcParams params) {
+    fa2_tf32_kernel(const mma::KernelParams params) {
     constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D;
     extern __shared__ float4 smem_float4[];
     float* sQ = reinterpret_cast<float*>(smem_float4);
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
 
     // FA2 L4 and L7 (issued): Q_i, and the first visible K_j, V_j into slot 0.
     tf32_load_tile<Cfg, Br, Cfg::kQKStride>(sQ, Q_head, row_begin, seq_q, d);
-    int j = tc::next_visible_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc);
+    int j = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc);
     if (j < Tc_seen) {
         tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(0), K_head, j * Bc, seq_kv, d);
         tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(0), V_head, j * Bc, seq_kv, d);
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
         // j - 1): the next visible tile may be copied into it.
         cp_async_wait_all();
         __syncthreads();
-        const int next = tc::next_visible_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc);
+        const int next = mma::next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc);
         if (next < Tc_seen) {
             tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(cur ^ 1), K_head, next * Bc,
                                                     seq_kv, d);
@@ -246,21 +246,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
         const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
         const TileVisibility seen =
             warp_rows.size() > 0
-                ? tc::visibility<kBlockMask>(p, warp_rows, TileRange{col_begin, col_end})
+                ? mma::visibility<kBlockMask>(p, warp_rows, TileRange{col_begin, col_end})
                 : TileVisibility::none;
         if (seen != TileVisibility::none) {
             float S[Bc / 8][4];
             tf32_scores<Cfg>(S, sQ_w, q_sign, K_of(cur), lane);  // FA2 L8
             if (seen == TileVisibility::partial || col_end - col_begin < Bc)
-                tc::mask_scores<Cfg, kBlockMask>(S, p, warp_begin, col_begin, lane);
-            tc::online_softmax<Cfg, true>(S, m, l, O, params.scale_log2);  // FA2 L9, L10 (rescale)
+                mma::mask_scores<Cfg, kBlockMask>(S, p, warp_begin, col_begin, lane);
+            mma::online_softmax<Cfg, true>(S, m, l, O, params.scale_log2);  // FA2 L9, L10 (rescale)
             tf32_accumulate_pv<Cfg>(O, S, V_of(cur), lane);    // FA2 L10 (+ P~ V_j)
         }
         j = next;
     }
 
     // FA2 L12-L15.
-    if (warp_begin < row_end) tc::write_output<Cfg>(O, m, l, params, warp_begin, b, h, lane);
+    if (warp_begin < row_end) mma::write_output<Cfg>(O, m, l, params, warp_begin, b, h, lane);
 }
 
 }  // namespace flashattn::cuda

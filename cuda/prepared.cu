@@ -5,18 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "common/tiling.hpp"
 #include "cuda/check.hpp"
 
 namespace flashattn::cuda {
-
-bool inputs_finite(const AttentionProblem& p, const float* Q, const float* K, const float* V) {
-    const auto finite = [](const float* x, std::int64_t n) {
-        return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
-    };
-    return finite(Q, p.q_elements()) && finite(K, p.kv_elements()) && finite(V, p.kv_elements());
-}
 
 const DeviceLimits& device_limits() {
     static const DeviceLimits limits = [] {
@@ -32,20 +29,66 @@ const DeviceLimits& device_limits() {
     return limits;
 }
 
+std::uint16_t to_bits(float x, DType dtype) {
+    if (dtype == DType::bf16) {
+        const __nv_bfloat16_raw r = __float2bfloat16_rn(x);
+        return r.x;
+    }
+    const __half_raw r = __float2half_rn(x);
+    return r.x;
+}
+
+float from_bits(std::uint16_t bits, DType dtype) {
+    if (dtype == DType::bf16) {
+        __nv_bfloat16_raw r;
+        r.x = bits;
+        return __bfloat162float(__nv_bfloat16(r));
+    }
+    __half_raw r;
+    r.x = bits;
+    return __half2float(__half(r));
+}
+
+namespace {
+
+// n floats times `sign` (exact), rounded to 16 bits, in a new device array.
+DeviceBuffer<std::uint16_t> upload_bits(const float* x, std::int64_t n, DType dtype, float sign) {
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
+    for (std::int64_t k = 0; k < n; ++k) bits[k] = to_bits(sign * x[k], dtype);
+    DeviceBuffer<std::uint16_t> device(bits.size());
+    device.upload(bits.data());
+    return device;
+}
+
+DeviceBuffer<float> upload_floats(const float* x, std::int64_t n) {
+    DeviceBuffer<float> device(static_cast<std::size_t>(n));
+    device.upload(x);
+    return device;
+}
+
+}  // namespace
+
 PreparedCuda::PreparedCuda(const std::string& backend_name, const AttentionProblem& problem,
-                           const float* Q, const float* K, const float* V, DType dtype)
-    : problem_(problem) {
+                           const float* Q, const float* K, const float* V, DType dtype,
+                           InputForm form)
+    : problem_(problem), dtype_(dtype) {
     validate(problem);
     require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
-    if (dtype != DType::f32)
-        throw std::invalid_argument("dtype = " + to_string(dtype) + ": " + backend_name +
-                                    " computes in float32 only (cuda-tc runs f16/bf16)");
-    Q_ = DeviceBuffer<float>(problem.q_elements());
-    K_ = DeviceBuffer<float>(problem.kv_elements());
-    V_ = DeviceBuffer<float>(problem.kv_elements());
-    Q_.upload(Q);
-    K_.upload(K);
-    V_.upload(V);
+    if (form == InputForm::f32) {
+        if (dtype != DType::f32)
+            throw std::invalid_argument("dtype = " + to_string(dtype) + ": " + backend_name +
+                                        " computes in float32 only (cuda-tc runs f16/bf16)");
+        Q_ = upload_floats(Q, problem.q_elements());
+        K_ = upload_floats(K, problem.kv_elements());
+        V_ = upload_floats(V, problem.kv_elements());
+    } else {
+        if (dtype != DType::f16 && dtype != DType::bf16)
+            throw std::invalid_argument("dtype = " + to_string(dtype) + ": " + backend_name +
+                                        " computes in f16 or bf16 (tensor cores)");
+        Q16_ = upload_bits(Q, problem.q_elements(), dtype, q_sign(problem));
+        K16_ = upload_bits(K, problem.kv_elements(), dtype, 1.0f);
+        V16_ = upload_bits(V, problem.kv_elements(), dtype, 1.0f);
+    }
     O_ = DeviceBuffer<float>(problem.q_elements());
     lse_ = DeviceBuffer<float>(problem.lse_elements());
     O_.poison();

@@ -7,8 +7,9 @@
 // back. Working memory beyond inputs and outputs (S and P of cuda-standard, l and m of cuda-fa1)
 // is allocated through workspace(), which counts its bytes for extra_bytes().
 //
-// These backends compute in float32 only: a request for f16/bf16 is refused with
-// std::invalid_argument (cuda-tc is the tensor-core backend for those).
+// Inputs are kept in one of two forms (InputForm): float32 for the fp32 backends, which refuse a
+// request for f16/bf16 with std::invalid_argument, or 16-bit values of the requested f16/bf16
+// (cuda-tc), which refuses f32.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +20,7 @@
 
 #include "common/backend.hpp"
 #include "cuda/device_buffer.hpp"
+#include "cuda/half_bits.hpp"
 
 namespace flashattn::cuda {
 
@@ -29,15 +31,16 @@ struct DeviceLimits {
 };
 const DeviceLimits& device_limits();
 
-// Whether every value of the host inputs Q, K, V is finite. The 3xTF32 tensor-core kernels
-// (cuda-fa1 v5, cuda-fa2 v4) need it: their split turns inf into NaN (cuda/tf32_mma.cuh).
-bool inputs_finite(const AttentionProblem& p, const float* Q, const float* K, const float* V);
+// How the kernels read Q, K and V: float32 (Q_, K_, V_) or 16-bit values of the dtype (Q16_, K16_,
+// V16_; Q16_ holds q_sign * Q, since the tensor-core kernel folds a negative scale into Q, which
+// negating a 16-bit value does exactly).
+enum class InputForm { f32, bits16 };
 
 class PreparedCuda : public PreparedAttention {
 public:
     // Validates the problem (std::invalid_argument) and the dtype, then uploads everything.
     PreparedCuda(const std::string& backend_name, const AttentionProblem& problem, const float* Q,
-                 const float* K, const float* V, DType dtype);
+                 const float* K, const float* V, DType dtype, InputForm form = InputForm::f32);
 
     void fetch(float* O, float* lse) override;
     std::size_t extra_bytes() const override { return workspace_bytes_; }
@@ -57,7 +60,9 @@ protected:
     // The problem as the kernels see it: block_mask.data points to the device copy of the mask,
     // so host code must not read through it.
     AttentionProblem problem_;
+    DType dtype_;
     DeviceBuffer<float> Q_, K_, V_, O_, lse_;
+    DeviceBuffer<std::uint16_t> Q16_, K16_, V16_;
     DeviceBuffer<std::uint8_t> mask_;
 
 private:

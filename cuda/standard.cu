@@ -27,7 +27,7 @@
 //
 // Masked keys and non-finite V: the P V GEMM multiplies a masked key by P = 0, and 0 * NaN (or
 // 0 * inf) is NaN, so a NaN in a V row would leak into query rows that mask that key (PyTorch's
-// MATH backend does this). DESIGN.md's rule is that only rows that attend key j see V_j, so when
+// MATH backend does this). docs/design.md's NaN rule (Numerics) is that only rows that attend key j see V_j, so when
 // a mask is active and V holds a non-finite value (checked once in prepare()), line 3 runs
 // masked_pv_kernel instead, which leaves masked keys out of the sum as the flash kernels do. The
 // GEMM stays the path for every finite input.

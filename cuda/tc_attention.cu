@@ -16,8 +16,11 @@
 #include "cuda/check.hpp"
 #include "cuda/device_buffer.hpp"
 #include "cuda/tc_kernel.cuh"
+#include "cuda/tensor_cores.hpp"
 
 namespace flashattn::tc {
+
+using cuda::mma_grid_limits;
 
 std::string TcTileShape::name() const {
     return "Br" + std::to_string(Br()) + "w" + std::to_string(warps) + "-Bc" + std::to_string(Bc) +
@@ -41,8 +44,8 @@ namespace {
 //     math of tile j); Bc = 32 or 128 were slower or spilled.
 //   * d = 256: O_i alone takes 128 registers for one row tile, so Bc = 32 and Q_i stays in shared
 //     memory.
-// The alternative shapes (fp16, d = 64 and 128) are compiled so that tc_bench can compare them on
-// the device; they are used only when asked for.
+// The alternative shapes (fp16, d = 64 and 128) are compiled so that they can be compared on the
+// device (FLASHATTN_VARIANT=cuda-tc=<name>); they are used only when asked for.
 struct CompiledTile {
     std::int64_t dim;
     TcTileShape shape;
@@ -69,7 +72,7 @@ const std::vector<CompiledTile>& compiled_tiles() {
 // Launches one compiled shape. kTuning: a tuning alternative, compiled without the block-mask
 // kernel (block-sparse problems run with the default shapes).
 template <class Cfg, bool kTuning>
-void launch(const TcParams& params) {
+void launch(const KernelParams& params) {
     const AttentionProblem& p = params.problem;
     int device = 0, smem_optin = 0;
     FA_CUDA_CHECK(cudaGetDevice(&device));
@@ -97,7 +100,7 @@ void launch(const TcParams& params) {
 }
 
 template <class T, int D, int W, int M, int Bc, int S, bool kTuning = false>
-bool launch_if(const TcTileShape& want, const TcParams& params) {
+bool launch_if(const TcTileShape& want, const KernelParams& params) {
     if (want != TcTileShape{W, M, Bc, S}) return false;
     launch<TcTile<T, D, W, M, Bc, S>, kTuning>(params);
     return true;
@@ -105,7 +108,7 @@ bool launch_if(const TcTileShape& want, const TcParams& params) {
 
 // One launch_if per entry of compiled_tiles(): the template instantiations behind the table.
 template <class T>
-bool dispatch(std::int64_t dim, const TcTileShape& s, const TcParams& params) {
+bool dispatch(std::int64_t dim, const TcTileShape& s, const KernelParams& params) {
     constexpr bool f16 = std::is_same_v<T, __half>;
     constexpr bool kTuning = true;
     switch (dim) {
@@ -159,22 +162,14 @@ void tc_check_problem(const AttentionProblem& p, DType dtype) {
     if (std::find(dims.begin(), dims.end(), p.dim) == dims.end())
         throw std::invalid_argument("dim = " + std::to_string(p.dim) +
                                     ": cuda-tc supports head dims " + list(dims));
-    if (p.heads > 65535 || p.batch > 65535)
-        throw std::invalid_argument("heads x batch = " + std::to_string(p.heads) + " x " +
-                                    std::to_string(p.batch) +
-                                    ": cuda-tc launches one grid row per head and one grid "
-                                    "layer per batch entry, each at most 65535");
-    // The kernel indexes rows within one head with int.
-    constexpr std::int64_t kMaxSeq = std::int64_t{1} << 30;
-    if (p.seq_q > kMaxSeq || p.seq_kv > kMaxSeq)
-        throw std::invalid_argument("seq_q/seq_kv = " + std::to_string(p.seq_q) + "/" +
-                                    std::to_string(p.seq_kv) + ": cuda-tc supports at most 2^30");
+    const std::string outside = mma_grid_limits(p);
+    if (!outside.empty()) throw std::invalid_argument(outside);
 }
 
 void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
     const AttentionProblem& p = args.problem;
     tc_check_problem(p, args.dtype);
-    const TcParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
+    const KernelParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
     const bool launched = args.dtype == DType::f16
                               ? dispatch<__half>(p.dim, tile, params)
                               : dispatch<__nv_bfloat16>(p.dim, tile, params);

@@ -9,6 +9,7 @@
 
 #include "common/problem.hpp"
 #include "common/backend.hpp"
+#include "cuda/half_bits.hpp"
 
 namespace flashattn::tc {
 
@@ -32,7 +33,7 @@ struct TcTileShape {
 const std::vector<std::int64_t>& tc_head_dims();
 
 // The tile shapes compiled for (dim, dtype); the first one is the default, the others are there
-// to be compared (tc_bench --tile). Empty for an unsupported dim.
+// to be compared (FLASHATTN_VARIANT=cuda-tc=<name>, cuda/tools/compare_tc.py --tiles). Empty for an unsupported dim.
 std::vector<TcTileShape> tc_tile_shapes(std::int64_t dim, DType dtype);
 
 // Throws std::invalid_argument naming the field and value for a problem (or dtype) cuda-tc cannot
@@ -52,7 +53,7 @@ struct TcDeviceArgs {
     float* lse = nullptr;
 };
 
-inline float q_sign(const AttentionProblem& p) { return p.softmax_scale() < 0 ? -1.0f : 1.0f; }
+using cuda::q_sign;  // cuda/half_bits.hpp
 
 // Launches the kernel on the default stream (asynchronous). Throws std::invalid_argument for an
 // unsupported problem or tile shape, std::runtime_error for a CUDA failure (e.g. a device with too

@@ -8,14 +8,12 @@
 
 namespace flashattn::tc {
 
-// "cuda-tc": the default tile shape for each head dim (the first of tc_tile_shapes).
+// "cuda-tc": the default tile shape for each head dim (the first of tc_tile_shapes), or the one
+// FLASHATTN_VARIANT=cuda-tc=<shape name> asks for (cuda/variants.hpp).
 Backend tc_backend();
 
-// The same kernel with one fixed tile shape, named "cuda-tc[<shape>]" (tests and comparisons).
-Backend tc_backend_with_tile(const TcTileShape& tile);
-
-// The 16-bit pattern cuda-tc uploads for x (round to nearest even, as round_to_dtype), and back.
-std::uint16_t to_bits(float x, DType dtype);
-float from_bits(std::uint16_t bits, DType dtype);
+// The 16-bit values cuda-tc computes with (cuda/half_bits.hpp).
+using cuda::from_bits;
+using cuda::to_bits;
 
 }  // namespace flashattn::tc

@@ -1,24 +1,23 @@
 // cuda/tc_kernel.cuh — cuda-tc: FlashAttention-2 forward on tensor cores (fp16 / bf16 Q, K, V;
-// fp32 accumulation, softmax, O and LSE). The kernel and its stages; the host side that picks a
+// fp32 accumulation, softmax, O and LSE). The kernel and its fp16-specific stages (the stages it
+// shares with the fp32 tensor-core kernels are cuda/mma_stages.cuh); the host side that picks a
 // tile shape and launches it is cuda/tc_attention.cu.
 //
 // FlashAttention-2, Algorithm 1 (forward; Dao 2023, arXiv 2307.08691), and where each line lives.
-// (Seed 001 writes the same algorithm without line numbers; its lines are quoted on the right.)
 //
-//   L3   for 1 <= i <= Tr                        "for i = 1 to Tr"             one CTA per (i, b, h)
-//   L4     load Q_i to SRAM                      "Load Q_i into SRAM"          load_tile, load_q_fragments
-//   L5     O_i = 0, l_i = 0, m_i = -inf          "O_i <- 0, l_i <- 0, ..."     registers, in the kernel
-//   L6     for 1 <= j <= Tc                      "for j = 1 to Tc"             the main loop
-//   L7       load K_j, V_j to SRAM               "Load K_j, V_j"               load_tile (cp.async ring)
-//   L8       S_ij = Q_i K_j^T                    "S <- Q_i K_j^T"              compute_scores (+ mask_scores)
-//   L9       m_new = max(m_i, rowmax(S_ij))      "m_new <- max(...)"           online_softmax
-//            P~_ij = exp(S_ij - m_new)           "P~ <- exp(S - m_new)"
-//            l_i = e^(m_i - m_new) l_i + rowsum  "l_i <- e^(..) l_i + rowsum"
-//   L10      O_i = e^(m_i - m_new) O_i + P~ V_j  "O_i <- e^(..) O_i + P~ V_j"  online_softmax (rescale),
-//                                                                              accumulate_pv (+ P~ V_j)
-//   L12    O_i = O_i / l_i                       "O_i <- O_i / l_i"            write_output
-//   L13    L_i = m_i + log(l_i)                  "L_i <- m_i + log(l_i)"       write_output
-//   L14-15 write O_i, L_i to HBM                                              write_output
+//   L3   for 1 <= i <= Tr                          one CTA per (i, b, h)
+//   L4     load Q_i to SRAM                        load_tile, load_q_fragments
+//   L5     O_i = 0, l_i = 0, m_i = -inf            registers, in the kernel
+//   L6     for 1 <= j <= Tc                        the main loop
+//   L7       load K_j, V_j to SRAM                 load_tile (cp.async ring)
+//   L8       S_ij = Q_i K_j^T                      compute_scores (+ mask_scores)
+//   L9       m_new = max(m_i, rowmax(S_ij))        online_softmax
+//            P~_ij = exp(S_ij - m_new)
+//            l_i = e^(m_i - m_new) l_i + rowsum
+//   L10      O_i = e^(m_i - m_new) O_i + P~ V_j    online_softmax (rescale), accumulate_pv (+ P~ V_j)
+//   L12    O_i = O_i / l_i                         write_output
+//   L13    L_i = m_i + log(l_i)                    write_output
+//   L14-15 write O_i, L_i to HBM                   write_output
 //
 // What changed from a plain FlashAttention-2 kernel (one thread per query row, fp32 dot products,
 // e.g. cuda-fa2), and why:
@@ -66,30 +65,13 @@
 #include "common/online_softmax.hpp"
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
+#include "cuda/mma_stages.cuh"
 #include "cuda/tc_ptx.cuh"
 
 namespace flashattn::tc {
 
-// Everything the kernel reads; passed by value (it lives in the constant bank).
-struct TcParams {
-    const void* Q;  // (batch, heads,    seq_q,  dim) of T
-    const void* K;  // (batch, heads_kv, seq_kv, dim) of T
-    const void* V;  // (batch, heads_kv, seq_kv, dim) of T
-    float* O;       // (batch, heads, seq_q, dim)
-    float* lse;     // (batch, heads, seq_q)
-    AttentionProblem problem;  // its block_mask.data (if any) points to device memory
-    float scale_log2;          // c = |scale| log2(e) > 0 (a negative scale is folded into Q)
-    float lse_scale;           // |scale|: LSE = m |scale| + log(l) for raw-score maxima m
-};
-
-// The parameters of one launch. The kernels need c = |scale| log2(e) > 0 (see exp2_shifted).
-// Scale 0 means every visible key gets weight 1: any c small enough that |s| c rounds 2^(s c) to
-// exactly 1 does that.
-inline TcParams make_params(const AttentionProblem& p, const void* Q, const void* K,
-                            const void* V, float* O, float* lse) {
-    const float scale = std::fabs(p.softmax_scale());
-    return {Q, K, V, O, lse, p, scale > 0 ? scale * kLog2e : 1e-30f, scale};
-}
+using mma::KernelParams;
+using mma::make_params;
 
 // The compile-time shape of one CTA's work.
 template <class T_, int D_, int kWarps_, int kMTiles_, int Bc_, int kStages_>
@@ -220,114 +202,6 @@ __device__ __forceinline__ void compute_scores(
     }
 }
 
-// Scores a query row may not see become -inf: keys at or past N_kv (the ragged last tile, whose
-// K rows were zero-filled) and keys hidden by the causal or the block mask. Called only for tiles
-// that classify_tile calls partial, and for the ragged last tile. row0: the row tile's first row.
-// Without a block mask the visible keys of a row are a prefix (causal_visible), so each row needs
-// one bound; with one, every score asks AttentionProblem::key_visible.
-template <class Cfg, bool kBlockMask>
-__device__ __forceinline__ void mask_scores(float (&S)[Cfg::Bc / 8][4], const AttentionProblem& p,
-                                            int row0, int col0, int lane) {
-    if constexpr (!kBlockMask) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = row0 + lane / 4 + 8 * r;
-            std::int64_t last_key = p.seq_kv - 1;
-            if (p.causal) last_key = min(last_key, row + p.causal_offset());
-            // Entry (nt, 2 r + e) is key col0 + 8 nt + 2 (lane % 4) + e; clamping the bound to
-            // [-1, Bc] lets the per-entry test be a 32-bit compare.
-            const std::int64_t last64 = last_key - col0 - 2 * (lane % 4);
-            const int last = int(last64 < -1 ? -1 : (last64 > Cfg::Bc ? Cfg::Bc : last64));
-#pragma unroll
-            for (int nt = 0; nt < Cfg::Bc / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (8 * nt + e > last) S[nt][2 * r + e] = -INFINITY;
-        }
-    } else {
-#pragma unroll
-        for (int nt = 0; nt < Cfg::Bc / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = row0 + lane / 4 + 8 * (e / 2);
-                const int col = col0 + 8 * nt + 2 * (lane % 4) + e % 2;
-                // Rows past N_q (padding of the last query tile, never stored) must not index
-                // the block mask: its row of blocks does not exist.
-                if (row >= p.seq_q || col >= p.seq_kv || !p.key_visible(row, col))
-                    S[nt][e] = -INFINITY;
-            }
-    }
-}
-
-// FA2 L9 and the rescale half of L10, for one row tile; the lane holds rows g and g + 8 (index
-// r = e / 2 of accumulator entry e):
-//   m_new = max(m_i, rowmax(S))             nan_max over the lane's entries, then over the quad
-//   P~    = exp(scale (S - m_new))          exp2_shifted, written over S in place
-//   l_i   = exp(scale (m_i - m_new)) l_i + rowsum(P~)    (the lane's partial row sum)
-//   O_i  *= exp(scale (m_i - m_new))
-// The rule itself (nan_max, exp2_shift, exp2_shifted) is common/online_softmax.hpp's.
-// kExactDifference: exponents as (s - m) c (exp2_of_difference) instead of s c - m c, for the fp32
-// kernel (cuda/fa2_tf32.cuh), which is held to fp32 accuracy at large logits too.
-template <class Cfg, bool kExactDifference = false>
-__device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
-                                               float (&l)[2], float (&O)[Cfg::D / 8][4],
-                                               float scale_log2) {
-    // The lane's maximum of each row, as a pairwise tree: log2(Bc / 4) dependent steps instead of
-    // a chain of Bc / 4 (each step waits for the previous result).
-    constexpr int kNT = Cfg::Bc / 8;
-    float part[2][kNT];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) part[r][nt] = nan_max(S[nt][2 * r], S[nt][2 * r + 1]);
-#pragma unroll
-    for (int width = kNT / 2; width >= 1; width /= 2)
-#pragma unroll
-        for (int nt = 0; nt < width; ++nt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) part[r][nt] = nan_max(part[r][nt], part[r][nt + width]);
-    float m_new[2] = {nan_max(m[0], part[0][0]), nan_max(m[1], part[1][0])};
-    // The 4 lanes of a quad hold the same two rows: combine their maxima.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        m_new[r] = nan_max(m_new[r], __shfl_xor_sync(0xffffffffu, m_new[r], 1));
-        m_new[r] = nan_max(m_new[r], __shfl_xor_sync(0xffffffffu, m_new[r], 2));
-    }
-    float shift[2], old_scale[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        shift[r] = exp2_shift(m_new[r], scale_log2);
-        old_scale[r] = kExactDifference  // 0 while m_i = -inf
-                           ? exp2_of_difference(m[r], m_new[r], scale_log2)
-                           : exp2_shifted(m[r], shift[r], scale_log2);
-        m[r] = m_new[r];
-        l[r] *= old_scale[r];
-    }
-#pragma unroll
-    for (int dt = 0; dt < Cfg::D / 8; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) O[dt][e] *= old_scale[e / 2];
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            S[nt][e] = kExactDifference ? exp2_of_difference(S[nt][e], m_new[e / 2], scale_log2)
-                                        : exp2_shifted(S[nt][e], shift[e / 2], scale_log2);
-    // rowsum(P~), the same pairwise tree.
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) part[r][nt] = S[nt][2 * r] + S[nt][2 * r + 1];
-#pragma unroll
-    for (int width = kNT / 2; width >= 1; width /= 2)
-#pragma unroll
-        for (int nt = 0; nt < width; ++nt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) part[r][nt] += part[r][nt + width];
-    l[0] += part[0][0];
-    l[1] += part[1][0];
-}
-
 // FA2 L10 (second half): O_i += P~_ij V_j. P~ (fp32, in S's registers) is rounded to T and packed
 // into A fragments: the accumulator tiles 2 kk and 2 kk + 1 (keys 16 kk .. 16 kk + 15) are
 // (a0, a1) and (a2, a3). V_j is stored row-major (key, d), but in P V the key is the k index, so
@@ -362,75 +236,13 @@ __device__ __forceinline__ void accumulate_pv(float (&O)[Cfg::kMTiles][Cfg::D / 
     }
 }
 
-// FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),
-// written for the rows that exist. l_i is first summed over the quad (each lane held a partial
-// sum over its own columns). O's rows are p.dim floats apart; columns p.dim..D-1 (the zero padding
-// of a head dim that is not one of the compiled D, as cuda-fa2's tensor-core kernel has) are not
-// written.
-template <class Cfg>
-__device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], const float (&m)[2],
-                                             const float (&l)[2], const TcParams& params,
-                                             int row0, std::int64_t b, std::int64_t h, int lane) {
-    const AttentionProblem& p = params.problem;
-    float* O_head = params.O + p.q_offset(b, h);
-    float* lse_head = params.lse + p.lse_offset(b, h);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float l_row = l[r];
-        l_row += __shfl_xor_sync(0xffffffffu, l_row, 1);
-        l_row += __shfl_xor_sync(0xffffffffu, l_row, 2);
-        const int row = row0 + lane / 4 + 8 * r;
-        if (row >= p.seq_q) continue;
-        float* O_row = O_head + std::int64_t(row) * p.dim + 2 * (lane % 4);
-        if (p.dim == Cfg::D) {
-#pragma unroll
-            for (int dt = 0; dt < Cfg::D / 8; ++dt)
-                *reinterpret_cast<float2*>(O_row + 8 * dt) =
-                    make_float2(normalize_output(O[dt][2 * r], l_row),
-                                normalize_output(O[dt][2 * r + 1], l_row));
-        } else {  // padded d (possibly odd: no 8-byte stores)
-#pragma unroll
-            for (int dt = 0; dt < Cfg::D / 8; ++dt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (8 * dt + 2 * (lane % 4) + e < p.dim)
-                        O_row[8 * dt + e] = normalize_output(O[dt][2 * r + e], l_row);
-        }
-        if (lane % 4 == 0) lse_head[row] = log_sum_exp(SoftmaxState{m[r] * params.lse_scale, l_row});
-    }
-}
-
-// How much of key tile [cols) the query rows [rows) may see. Without a block mask this is
-// classify_causal; with one, classify_tile also walks the mask blocks the tile overlaps (64-bit
-// divisions, which a GPU runs as subroutine calls: kept out of kernels that have no block mask).
-template <bool kBlockMask>
-__device__ __forceinline__ TileVisibility visibility(const AttentionProblem& p, TileRange rows,
-                                                     TileRange cols) {
-    if constexpr (kBlockMask)
-        return classify_tile(p, rows, cols);
-    else
-        return classify_causal(p, rows, cols);
-}
-
-// The next key tile at or after j that the CTA's query rows can see (Tc_seen if none): with a
-// block mask, invisible tiles are neither loaded nor multiplied.
-template <bool kBlockMask>
-__device__ __forceinline__ int next_visible_tile(const AttentionProblem& p, TileRange rows, int j,
-                                                 int Tc_seen, int Bc) {
-    if constexpr (kBlockMask)
-        while (j < Tc_seen &&
-               classify_tile(p, rows, tile_range(j, Bc, p.seq_kv)) == TileVisibility::none)
-            ++j;
-    return j;
-}
-
 // ---- the kernel ------------------------------------------------------------------------------
 // kBlockMask: whether params.problem has a block mask (a separate instantiation, so that kernels
 // without one carry none of its code). Grid: (Tr, heads, batch). Block: Cfg::kThreads. Dynamic shared memory: Cfg::kSmemBytes, laid
 // out as Q_i (Br x D), then kStages K_j tiles (Bc x D), then kStages V_j tiles. The host checks
 // that seq_q and seq_kv fit in int (tc_check_problem); element offsets are 64-bit.
 template <class Cfg, bool kBlockMask>
-__global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const TcParams params) {
+__global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const KernelParams params) {
     using T = typename Cfg::T;
     constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D, kStages = Cfg::kStages;
     constexpr int kM = Cfg::kMTiles;
@@ -469,13 +281,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const TcParam
     // FA2 L7 (issued ahead): the first kStages - 1 visible tiles K_j, V_j, one group each. Every
     // thread commits a group per slot even when there is nothing left to load, so that "wait
     // until at most N groups are pending" always means the same tile.
-    int j_load = next_visible_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc);
+    int j_load = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (j_load < Tc_seen) {
             load_tile<Cfg, Bc>(sK + s * Bc * D, K_head, j_load * Bc, seq_kv);
             load_tile<Cfg, Bc>(sV + s * Bc * D, V_head, j_load * Bc, seq_kv);
-            j_load = next_visible_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
+            j_load = mma::next_key_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
         }
         cp_async_commit();
     }
@@ -501,8 +313,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const TcParam
 
     int stage = 0;  // ring slot of tile j
     // FA2 L6: for each key tile j that the CTA can see.
-    for (int j = next_visible_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc); j < Tc_seen;
-         j = next_visible_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc)) {
+    for (int j = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc); j < Tc_seen;
+         j = mma::next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc)) {
         // FA2 L7: tile j has landed (at most kStages - 2 younger groups still in flight), and the
         // barrier makes it visible to all warps -- and tells us every warp is done with the slot
         // used in the previous iteration, which the next copy may now overwrite.
@@ -512,14 +324,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const TcParam
         if (j_load < Tc_seen) {
             load_tile<Cfg, Bc>(sK + slot * Bc * D, K_head, j_load * Bc, seq_kv);
             load_tile<Cfg, Bc>(sV + slot * Bc * D, V_head, j_load * Bc, seq_kv);
-            j_load = next_visible_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
+            j_load = mma::next_key_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
         }
         cp_async_commit();
 
         // The warp's own rows may see less of the tile than the CTA's (the causal diagonal).
         const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
         const TileVisibility seen = warp_rows.size() > 0
-                                        ? visibility<kBlockMask>(p, warp_rows, TileRange{col_begin, col_end})
+                                        ? mma::visibility<kBlockMask>(p, warp_rows, TileRange{col_begin, col_end})
                                         : TileVisibility::none;
         if (seen != TileVisibility::none) {
             float S[kM][Bc / 8][4];
@@ -527,11 +339,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const TcParam
             if (seen == TileVisibility::partial || col_end - col_begin < Bc) {
 #pragma unroll
                 for (int mt = 0; mt < kM; ++mt)
-                    mask_scores<Cfg, kBlockMask>(S[mt], p, warp_begin + 16 * mt, col_begin, lane);
+                    mma::mask_scores<Cfg, kBlockMask>(S[mt], p, warp_begin + 16 * mt, col_begin, lane);
             }
 #pragma unroll
             for (int mt = 0; mt < kM; ++mt)  // FA2 L9, L10 (rescale)
-                online_softmax<Cfg>(S[mt], m[mt], l[mt], O[mt], params.scale_log2);
+                mma::online_softmax<Cfg>(S[mt], m[mt], l[mt], O[mt], params.scale_log2);
             accumulate_pv<Cfg>(O, S, sV + stage * Bc * D, lane);  // FA2 L10 (+ P~ V_j)
         }
         stage = (stage + 1) % kStages;
@@ -541,7 +353,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const TcParam
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
         if (warp_begin + 16 * mt < row_end)
-            write_output<Cfg>(O[mt], m[mt], l[mt], params, warp_begin + 16 * mt, b, h, lane);
+            mma::write_output<Cfg>(O[mt], m[mt], l[mt], params, warp_begin + 16 * mt, b, h, lane);
 }
 
 }  // namespace flashattn::tc

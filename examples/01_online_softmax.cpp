@@ -1,6 +1,6 @@
 // examples/01_online_softmax.cpp — the online softmax of one vector split into two blocks.
 //
-// The seeds' eqs. (9)–(23) (paper §3.1, "Tiling"): compute each block's local statistics
+// The softmax decomposition of FlashAttention §3.1, "Tiling": compute each block's local statistics
 // m(x_k), f(x_k), l(x_k) and local softmax, merge the running statistics with eqs. (17)/(18),
 // and rescale each local softmax with eq. (23); the result equals the softmax of the whole
 // vector. The rule itself is common/online_softmax.hpp's (merge_softmax, fa1_output_update):
@@ -34,7 +34,7 @@ SoftmaxState block_statistics(const float* x, float* f) {
     return s;
 }
 
-// eq: the seeds' number of the block's first equation (9 for x1, 13 for x2).
+// eq: a label for the block's first statistic in the printout (9 for x1, 13 for x2).
 void print_block(const char* name, int eq, const float* x, const float* f, SoftmaxState s) {
     std::printf("%s = [", name);
     print_values(x, kB);
@@ -59,9 +59,9 @@ int main() {
     const float* x1 = x;
     const float* x2 = x + kB;
 
-    std::printf("Online softmax of x = [x1 x2], two blocks of B = %d (the seeds' eqs. 9-23)\n\n", kB);
+    std::printf("Online softmax of x = [x1 x2], two blocks of B = %d (FlashAttention §3.1)\n\n", kB);
 
-    // Block 1. The running state (m_max, l_all of the seeds) is block 1's own statistics.
+    // Block 1. The running state (m_max, l_all in the printout) is block 1's own statistics.
     float f1[kB], f2[kB];
     const SoftmaxState s1 = block_statistics(x1, f1);
     print_block("x1", 9, x1, f1, s1);
@@ -81,7 +81,7 @@ int main() {
     std::printf("after block 2: running m = %.4f, l = %.4f\n\n", running.m, running.l);
 
     // Eq. (23): each local softmax, rescaled by l(x_k) exp(m(x_k) - m_new) / l_new. (Written as
-    // the seeds write it; local softmax times l(x_k) is just f(x_k) again.)
+    // walkthroughs often write it; local softmax times l(x_k) is just f(x_k) again.)
     std::vector<double> online(2 * kB);
     for (int k = 0; k < kB; ++k) {
         online[k] = (f1[k] / s1.l) * s1.l * merged.old_scale / merged.l_new;

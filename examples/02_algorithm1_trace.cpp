@@ -1,5 +1,5 @@
 // examples/02_algorithm1_trace.cpp — Algorithm 1 traced step by step on N = 12, d = 4, Br = 3,
-// Bc = 2 (the seeds' figure 6 blocking).
+// Bc = 2 (a blocking small enough to print).
 //
 // It runs THE scalar form (cpu/scalar.cpp) with an observer (ScalarTrace, cpu/scalar.hpp) and
 // prints, for every (j, i) step, the tile S_ij (line 9), m_tilde and l_tilde (line 10), the m_i and
@@ -88,7 +88,7 @@ int main() {
     const ScalarPlan plan = scalar_plan(p);
     const std::int64_t N = p.seq_q, d = p.dim;
 
-    std::printf("Algorithm 1 on N = %lld, d = %lld, Br = %lld, Bc = %lld (the seeds' figure 6)\n",
+    std::printf("Algorithm 1 on N = %lld, d = %lld, Br = %lld, Bc = %lld\n",
                 (long long)N, (long long)d, (long long)plan.blocks.Br, (long long)plan.blocks.Bc);
     std::printf("Line 1: Br, Bc given directly here (from M they would be ceil(M/4d), min(ceil(M/4d), d))\n");
     std::printf("Line 3: Tr = ceil(N/Br) = %lld blocks Q_i, Tc = ceil(N/Bc) = %lld blocks K_j, V_j\n",

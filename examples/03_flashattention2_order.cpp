@@ -1,7 +1,7 @@
 // examples/03_flashattention2_order.cpp — the FlashAttention-2 loop order on the figure 6 input
 // (N = 12, d = 4, Br = 3, Bc = 2), beside Algorithm 1's.
 //
-// FlashAttention-2 (FA2 paper Algorithm 1; the seeds' 001 pseudocode) swaps the loops: query
+// FlashAttention-2 (FlashAttention-2, arXiv 2307.08691, Algorithm 1) swaps the loops: query
 // blocks i outside, key/value blocks j inside. O_i, l_i and m_i then stay on chip for the whole
 // inner loop, O_i is kept unnormalized and divided by l_i once at the end, and O_i is written to
 // HBM once per row block instead of once per (j, i) step. Same result, far fewer O writes.

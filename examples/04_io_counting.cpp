@@ -1,7 +1,7 @@
 // examples/04_io_counting.cpp — Theorem 2 measured: HBM accesses of standard attention and of
 // FlashAttention as N and M grow.
 //
-// Theorem 2 (paper §3.2; the seeds' "MAC analysis"): with sequence length N, head dimension d and
+// Theorem 2 (FlashAttention §3.2, IO complexity): with sequence length N, head dimension d and
 // SRAM of M floats (d <= M <= Nd), standard attention (Algorithm 0) needs Theta(Nd + N^2) HBM
 // accesses and FlashAttention (Algorithm 1) Theta(N^2 d^2 / M). Both counts here are measured:
 // Algorithm 1 by the scalar form's IoCounter (cpu/scalar.cpp), Algorithm 0 by a plain-loop version

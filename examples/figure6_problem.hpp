@@ -1,5 +1,5 @@
 // examples/figure6_problem.hpp — the one small problem that examples 02 and 03 trace: N = 12,
-// d = 4, Br = 3, Bc = 2, the blocking of the seeds' figure 6 (Tr = 4 query blocks of 3 rows,
+// d = 4, Br = 3, Bc = 2, a blocking small enough to print (Tr = 4 query blocks of 3 rows,
 // Tc = 6 key/value blocks of 2 rows; 24 tiles S_ij of 3 x 2).
 //
 // Inputs are seeded standard-normal values rounded to two decimals, so the printed Q, K, V are

@@ -6,7 +6,7 @@
 //   * precision: each backend is tested in f32 where it has it (every CPU form), else in the
 //     first dtype it lists (a tensor-core form that only has f16/bf16);
 //   * a CUDA form may reject a head dimension or option it states as unsupported, with
-//     std::invalid_argument (DESIGN.md). The CPU forms must accept every valid problem (any
+//     std::invalid_argument (docs/design.md, Shapes and errors). The CPU forms must accept every valid problem (any
 //     N >= 1, d in [1, 256]), so for them a rejection fails the test.
 #pragma once
 

@@ -37,7 +37,8 @@ inline AttentionProblem make_problem(std::int64_t B, std::int64_t H, std::int64_
     return p;
 }
 
-// The odd-shape grid (DESIGN.md): (N_q, N_kv) pairs equal, N_q < N_kv and N_q > N_kv, and head
+// The odd-shape grid (docs/design.md, Correctness rule): (N_q, N_kv) pairs equal, N_q < N_kv and
+// N_q > N_kv, and head
 // dimensions, none a multiple of any block size except the power-of-two dims a kernel may favour.
 inline const std::vector<std::pair<std::int64_t, std::int64_t>> kOddSeqPairs = {
     {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 1023}, {1023, 203}};
@@ -103,5 +104,22 @@ inline void check_against_reference(const Backend& backend, const AttentionProbl
     for (float x : out.O) any_nan = any_nan || std::isnan(x);
     CHECK_FALSE(any_nan);
 }
+
+// Sets an environment variable for one scope and restores the caller's value (or its absence)
+// afterwards: FLASHATTN_VARIANT picks a kernel (cuda/variants.hpp), and the caller's choice
+// (cuda/tools/fa2_margins.sh runs the suites under one) must hold again for the test cases that
+// follow.
+struct ScopedEnv {
+    std::string name;
+    const char* env;
+    std::string saved;
+    explicit ScopedEnv(std::string n)
+        : name(std::move(n)), env(std::getenv(name.c_str())), saved(env ? env : "") {}
+    void set(const std::string& value) const { setenv(name.c_str(), value.c_str(), 1); }
+    ~ScopedEnv() {
+        if (env) setenv(name.c_str(), saved.c_str(), 1);
+        else unsetenv(name.c_str());
+    }
+};
 
 }  // namespace flashattn::test

@@ -1,9 +1,9 @@
-// tests/input_dependence.hpp — which inputs each output element reads, by DESIGN.md's masking
+// tests/input_dependence.hpp — which inputs each output element reads, by docs/design.md's masking
 // rules, worked out from the problem alone (never from a backend): O[i][c] reads Q_i, and K_j and
 // V_j[c] of every key j that row i attends; LSE[i] reads Q_i and K_j of every attended key. A
 // row that attends no key reads nothing (it is O = 0, LSE = -inf).
 //
-// With it, DESIGN.md's NaN rule is one line: an output is NaN exactly when it reads a NaN. The
+// With it, docs/design.md's NaN rule (Numerics) is one line: an output is NaN exactly when it reads a NaN. The
 // edge-case tests and the backend fuzzer both check it this way.
 #pragma once
 
@@ -54,7 +54,7 @@ OutputFlags reads_any(const AttentionProblem& p, const ProblemData& in, Pred pre
     return f;
 }
 
-// Where DESIGN.md's rule puts NaN in the outputs.
+// Where docs/design.md's NaN rule (Numerics) puts NaN in the outputs.
 inline OutputFlags expected_nans(const AttentionProblem& p, const ProblemData& in) {
     return reads_any(p, in, [](float x) { return x != x; });
 }

@@ -1,4 +1,4 @@
-// tests/test_bench.cpp — `flashattn bench` (DESIGN.md's contract): every listed backend in one
+// tests/test_bench.cpp — `flashattn bench` (docs/design.md, Command-line contract): every listed backend in one
 // run, one JSON object per measured row with the promised fields, the human table, and exit 2 with
 // "error:" for bad options. Timings themselves are not checked (no timing assertions in tests).
 #include <sys/wait.h>

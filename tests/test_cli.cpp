@@ -1,6 +1,6 @@
-// tests/test_cli.cpp — the command-line contract of DESIGN.md: `run` writes correct outputs, and
+// tests/test_cli.cpp — the command-line contract of docs/design.md: `run` writes correct outputs, and
 // any bad input gives exit status 2, a message starting "error:", and no output created or changed
-// (issue 8: a long list of bad inputs, hostile files, and output paths that cannot be written).
+// (a long list of bad inputs, hostile files, and output paths that cannot be written).
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,7 +40,7 @@ Result flashattn_cli(const std::string& args, const fs::path& dir) {
 struct TempDir {
     fs::path path;
     TempDir() {
-        // The process id: ctest runs test cases as parallel processes, and the seeds repeat.
+        // The process id: ctest runs test cases as parallel processes, and the random seeds repeat.
         path = fs::temp_directory_path() / ("flashattn_cli_" + std::to_string(::getpid()) + "_" +
                                             std::to_string(test::next_seed()));
         fs::create_directories(path);

@@ -4,7 +4,7 @@
 // result is a race), working memory and error reporting.
 //
 // Built only with CUDA; its main() (cuda_main.cpp) exits with CTest's skip code 77 when no GPU is
-// present. Tags: [quick] is a reduced set, [sanitize] the small set cuda/gpu_check.sh runs under
+// present. Tags: [quick] is a reduced set, [sanitize] the small set cuda/tools/gpu_check.sh runs under
 // compute-sanitizer (memcheck, racecheck, synccheck).
 #include <algorithm>
 #include <cmath>
@@ -41,22 +41,6 @@ struct RandomMask {
         if (Tr > 1) std::fill_n(bytes.begin(), Tc, 0);
         p.block_mask = {bytes.data(), bq, bkv};
         if (set_tiles) p.block_q = bq, p.block_kv = bkv;  // as the CLI does with --block-mask
-    }
-};
-
-// Sets an environment variable for one scope and restores the caller's value (or its absence)
-// afterwards: FLASHATTN_FA1_VARIANT / FLASHATTN_FA2_VARIANT pick a kernel, and the caller's choice
-// (cuda/fa2_margins.sh runs the suites under one) must hold again for the test cases that follow.
-struct ScopedEnv {
-    std::string name;
-    const char* env;
-    std::string saved;
-    explicit ScopedEnv(std::string n)
-        : name(std::move(n)), env(std::getenv(name.c_str())), saved(env ? env : "") {}
-    void set(const std::string& value) const { setenv(name.c_str(), value.c_str(), 1); }
-    ~ScopedEnv() {
-        if (env) setenv(name.c_str(), saved.c_str(), 1);
-        else unsetenv(name.c_str());
     }
 };
 
@@ -153,11 +137,11 @@ TEST_CASE("cuda-fa1: the FFMA kernel (v3) and the tensor-core kernel (v5) both m
     // ffma runs v3 everywhere (the default, auto, is tf32). Bc is varied through M (line 1)
     // across v5's range: a single key, ragged groups of 32 keys, and the largest Bc per D (at
     // d > 64, the device's M: a larger one does not fit v3's layout, which line 1 is sized by).
-    const ScopedEnv variant("FLASHATTN_FA1_VARIANT");
+    const test::ScopedEnv variant("FLASHATTN_VARIANT");
     const Backend& fa1 = find_backend("cuda-fa1");
     std::mt19937 gen(Catch::rngSeed() + 29);
     for (const char* kernel : {"tf32", "ffma"}) {
-        variant.set(kernel);
+        variant.set(std::string("cuda-fa1=") + kernel);
         for (std::int64_t d : {16, 37, 64, 65, 100, 128})
             for (std::int64_t M : {4 * d, 4 * d * 33, 4 * d * 100, d <= 64 ? 4 * d * 256 : 0})
                 for (bool causal : {false, true}) {
@@ -170,21 +154,21 @@ TEST_CASE("cuda-fa1: the FFMA kernel (v3) and the tensor-core kernel (v5) both m
         RandomMask mask(p, 1 + gen() % 90, 1 + gen() % 90, gen, true);
         check_against_reference(fa1, p);
     }
-    variant.set("wrong");  // a typo is an error, not a silent default
+    variant.set("cuda-fa1=wrong");  // a typo is an error, not a silent default
     const AttentionProblem p = test::make_problem(1, 1, 1, 8, 8, 64);
     const ProblemData in = random_problem_data(p, 1);
     CHECK_THROWS_WITH(fa1.prepare(p, in.Q.data(), in.K.data(), in.V.data(), DType::f32),
-                      Catch::Contains("FLASHATTN_FA1_VARIANT"));
+                      Catch::Contains("FLASHATTN_VARIANT"));
 }
 
 TEST_CASE("cuda-fa2: every compiled kernel configuration matches float64 attention", "[quick]") {
-    // FLASHATTN_FA2_VARIANT picks a configuration other than the default (the tuning knob); each
+    // FLASHATTN_VARIANT=cuda-fa2=<name> picks a configuration other than the default (the tuning knob); each
     // one must be as correct as the default, on its own range of d.
-    const ScopedEnv variant("FLASHATTN_FA2_VARIANT");
+    const test::ScopedEnv variant("FLASHATTN_VARIANT");
     const Backend& fa2 = find_backend("cuda-fa2");
     std::mt19937 gen(Catch::rngSeed() + 23);
     for (const cuda::Fa2VariantInfo& v : cuda::fa2_variants()) {
-        variant.set(v.name);
+        variant.set("cuda-fa2=" + v.name);
         INFO("variant " << v.name);
         for (std::int64_t d : {v.max_dim / 2 + 1, v.max_dim - 5, v.max_dim})
             for (bool causal : {false, true})

@@ -1,7 +1,7 @@
 // tests/test_cuda_tc.cpp — cuda-tc (FlashAttention-2 on tensor cores, fp16/bf16) against float64
 // standard attention. Exits 77 (CTest's "skipped") when no CUDA device is present.
 //
-// The rule (DESIGN.md, FlashAttention's own tests): with ref64 = float64 standard attention on the
+// The rule (docs/design.md, Correctness rule; FlashAttention's own tests): with ref64 = float64 standard attention on the
 // ORIGINAL float inputs, and std_p = float32 standard attention (CPU) on the inputs ROUNDED to
 // fp16 / bf16 -- the precision cuda-tc is handed --
 //     max|O_tc - ref64| <= 2 max|std_p - ref64| + 1e-6,   and the same for LSE.
@@ -105,7 +105,10 @@ TEST_CASE("cuda-tc: every compiled tile shape computes the same attention") {
     for (DType dtype : kDtypes)
         for (std::int64_t d : tc::tc_head_dims())
             for (const tc::TcTileShape& tile : tc::tc_tile_shapes(d, dtype)) {
-                const Backend backend = tc::tc_backend_with_tile(tile);
+                const test::ScopedEnv variant("FLASHATTN_VARIANT");
+                variant.set("cuda-tc=" + tile.name());
+                const Backend backend = tc::tc_backend();
+                INFO("variant " << tile.name());
                 check_against_reference(backend, test::make_problem(2, 2, 1, 203, 517, d, false), dtype);
                 check_against_reference(backend, test::make_problem(1, 2, 2, 517, 517, d, true), dtype);
             }

@@ -11,6 +11,10 @@ makes it fail instead. Rules:
      A line link whose text names nothing is an error: nothing could be checked.
   2. Every `Alg1 Lk` tag in cpu/scalar.cpp is linked from docs/algorithm1_walkthrough.md, and the
      tags stand in the order of the paper's lines.
+  3. Every reference a reader might follow exists: relative markdown links in README.md and docs/,
+     and paths such as `cuda/prepared.hpp` or `docs/design.md` named in the docs and in the
+     comments of the sources (a reference to a file the tree does not contain is an error), and
+     nothing cites the team's notes outside the repository (DESIGN.md, the source notes).
 
 Usage:
   test_docs_drift.py [--root DIR]              check (exit 1 on any problem)
@@ -128,6 +132,71 @@ def check(tree):
     return errors
 
 
+PATH_REF = re.compile(
+    r"(?<![\w./-])((?:common|cpu|cuda|docs|tests|examples|cmake)/[\w./-]*(?:\{[\w.,]+\})?[\w./-]*)")
+MD_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
+OUTSIDE = re.compile(r"\bDESIGN\.md\b|\bthe seeds\b|\bseeds'|\b00\d_[0-9a-f]{16}\.txt\b")
+SOURCE_DIRS = ("common", "cpu", "cuda", "examples", "tests", "cmake", "docs")
+SOURCE_EXT = (".hpp", ".cpp", ".cu", ".cuh", ".py", ".sh", ".txt", ".md", ".in", ".cmake")
+
+
+def expand(ref):
+    """cuda/tc_attention.{hpp,cu} -> both files; other references as they are."""
+    m = re.match(r"(.*)\{([^}]*)\}(.*)", ref)
+    if not m:
+        return [ref]
+    return [m.group(1) + part + m.group(3) for part in m.group(2).split(",")]
+
+
+def reference_sources(tree):
+    """Files whose comments and prose may name other files: README, docs, and the sources."""
+    found = ["README.md", "CMakeLists.txt"] if tree.exists("README.md") else []
+    for top in SOURCE_DIRS:
+        for folder, dirs, files in os.walk(os.path.join(tree.root, top)):
+            dirs[:] = [d for d in dirs if d not in ("corpus", "data", "images")]
+            for name in sorted(files):
+                if name.endswith(SOURCE_EXT) or name == "CMakeLists.txt":
+                    found.append(os.path.relpath(os.path.join(folder, name), tree.root))
+    return found
+
+
+# These two name files that do not exist on purpose (their self-tests).
+CHECKERS = ("tests/test_docs_drift.py", "tests/test_layering.py")
+
+
+def check_references(tree):
+    errors = []
+    for rel in reference_sources(tree):
+        if rel in CHECKERS:
+            continue
+        is_md = rel.endswith(".md")
+        base = os.path.dirname(rel)
+        for number, text in enumerate(tree.lines(rel), start=1):
+            where = "%s:%d" % (rel, number)
+            if OUTSIDE.search(text):
+                errors.append(where + ": cites notes outside the repository: %r"
+                              % OUTSIDE.search(text).group(0))
+            candidates = []
+            if is_md:
+                for m in MD_LINK.finditer(text):
+                    target = m.group(1)
+                    if "://" in target or target.startswith("mailto:"):
+                        continue
+                    candidates.append(os.path.normpath(os.path.join(base, target)))
+            for m in PATH_REF.finditer(text):
+                ref = m.group(1).rstrip(".,-/")
+                if any(c in ref for c in "*<>") or ref.endswith("/"):
+                    continue
+                candidates.extend(expand(ref))
+            for target in candidates:
+                if tree.exists(target) or os.path.isdir(os.path.join(tree.root, target)):
+                    continue
+                if "." not in os.path.basename(target):
+                    continue  # a folder-like or program name (`tests/fuzz`, `cuda/tools`)
+                errors.append(where + ": refers to %s, which is not in the tree" % target)
+    return errors
+
+
 def self_test(tree):
     """Insert a line above the first linked tag of the scalar form: the check must notice."""
     if check(tree):
@@ -142,6 +211,12 @@ def self_test(tree):
         return 1
     print("self-test: a line inserted above %s:%d is caught (%d problems), e.g.\n  %s"
           % (SCALAR, first_tag + 1, len(errors), errors[0]))
+    missing = check_references(Tree(tree.root, {"docs/design.md": tree.lines("docs/design.md") +
+                                                ["See cuda/no_such_kernel.cu and DESIGN.md."]}))
+    if not (any("no_such_kernel.cu" in e for e in missing) and any("DESIGN" in e for e in missing)):
+        print("self-test FAILED: a reference to a missing file (or to DESIGN.md) went unnoticed")
+        return 1
+    print("self-test: a reference to a missing file is caught, e.g.\n  %s" % missing[0])
     return 0
 
 
@@ -189,7 +264,7 @@ def main():
         return self_test(tree)
     if args.fix:
         fix(tree)
-    errors = check(tree)
+    errors = check(tree) + check_references(tree)
     for e in errors:
         print(e)
     if errors:

@@ -1,4 +1,4 @@
-// tests/test_edge_cases.cpp — numeric edge cases on every backend (issue 8): N = 1, d = 1, fully
+// tests/test_edge_cases.cpp — numeric edge cases on every backend: N = 1, d = 1, fully
 // masked rows, huge logits, all-equal scores, NaN placement, subnormal inputs, and two properties
 // of softmax that any correct form keeps: a constant added to a row's scores changes nothing, and
 // neither does the order of the keys.
@@ -151,7 +151,7 @@ TEST_CASE("edge: fully masked rows give O = 0 and LSE = -inf exactly, never NaN"
 TEST_CASE("edge: a visible key whose float32 score overflows to -inf still passes on a NaN of V") {
     // q . k = -4e60 is finite in the float64 reference (weight 1: O = V) but -inf in float32,
     // where the key gets weight 0 and l = 0, as if masked. A NaN in that key's V row must still
-    // make O NaN (DESIGN.md: an output that reads a NaN is NaN; found by fuzz_backends). Rows of
+    // make O NaN (docs/design.md, Numerics: an output that reads a NaN is NaN; found by fuzz_backends). Rows of
     // random inputs beside it check nothing else moved. CPU forms only: the GPU FFMA kernels
     // (cuda-fa1 v3, cuda-fa2) store a -inf score as a masked key and leave it out of P V, so
     // they give 0 here (a known gap, docs/testing.md).

@@ -1,5 +1,5 @@
 // tests/test_npy.cpp — the .npy reader accepts what numpy writes and rejects everything else,
-// with a clear message and without allocating what a hostile header claims (issue 8).
+// with a clear message and without allocating what a hostile header claims.
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -1,6 +1,6 @@
 // tests/test_validation.cpp — every backend refuses a problem it cannot run with
 // std::invalid_argument naming the field and its value, before it reads an input; and a problem
-// too large for memory is std::runtime_error, never a crash (issue 8).
+// too large for memory is std::runtime_error, never a crash.
 #include <functional>
 #include <limits>
 

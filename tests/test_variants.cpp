@@ -1,5 +1,5 @@
 // tests/test_variants.cpp — every variant on every backend against float64 standard attention by
-// the 2x rule (issue 6): causal (bottom-right), GQA/MQA, softmax scale, block-sparse masks
+// the 2x rule: causal (bottom-right), GQA/MQA, softmax scale, block-sparse masks
 // (Algorithm 5) with empty rows of blocks, explicit block sizes and M, and the f16/bf16 inputs,
 // on shapes that are not multiples of any block size, with N_q < N_kv, N_q > N_kv, N_q = 1 and
 // N_kv = 1. Fully masked rows (causal with N_q > N_kv, empty block rows) are part of the grid.

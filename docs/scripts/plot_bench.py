@@ -8,7 +8,7 @@ batch, causal, threads are used when present). Lines that are not JSON objects a
 a captured terminal log works too. Output: one PNG with two panels.
 
     flashattn bench --backends standard,scalar,omp --batch 1 --heads 1 --seq N --dim 64 --json >> rows.jsonl
-    python3 docs/scripts/plot_bench.py rows.jsonl docs/images/cpu_bench.png --title "..."
+    python3 docs/scripts/plot_bench.py rows.jsonl docs/images/cpu_bench_epyc2.png --title "..."
 
 Needs matplotlib (Debian: python3-matplotlib).
 """

@@ -2,7 +2,7 @@
 //
 // Each add_*_command() registers its options on the CLI11 app and returns the action to run when
 // that subcommand was chosen. Actions throw on bad input; main() turns any exception into
-// "error: ..." on stderr and exit status 2 (DESIGN.md's command-line contract).
+// "error: ..." on stderr and exit status 2 (docs/design.md, Command-line contract).
 #pragma once
 
 #include <CLI/CLI.hpp>

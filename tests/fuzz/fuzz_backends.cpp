@@ -8,7 +8,7 @@
 // magnitude, and up to six special values placed anywhere: NaN, +-inf, +-1e30, +-1e4, subnormal
 // and signed zeros. Each output element is then judged by the inputs it reads
 // (tests/input_dependence.hpp):
-//   * reads a NaN: it must be NaN in every backend (DESIGN.md's propagation rule), and in the
+//   * reads a NaN: it must be NaN in every backend (docs/design.md, Numerics), and in the
 //     reference;
 //   * reads only "tame" values (finite, |x| <= 1e4): it must not be NaN, and must satisfy
 //         |out - ref64| <= 2 * E_std + 1e-6 + C,
@@ -16,7 +16,7 @@
 //     elements, widened by C, the error any float32 form may make on this row: (d + 2) u times
 //     the largest |scale * q_i . k_j| term sum (a float32 score is that far off, and near a tie
 //     that moves O by up to the spread of V), plus (N_kv + d) u |V| for the sums;
-//   * reads an infinity or 1e30 without a NaN: DESIGN.md promises nothing beyond "no crash"
+//   * reads an infinity or 1e30 without a NaN: docs/design.md promises nothing beyond "no crash"
 //     (inf - inf is NaN in one summation order and not in another), so nothing is compared.
 // A finding prints the case and aborts, so libFuzzer saves the input.
 #include <fuzzer/FuzzedDataProvider.h>

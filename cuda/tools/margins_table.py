@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""cuda/margins_table.py — the worst error/bound per backend from FLASHATTN_TEST_MARGINS output.
+"""cuda/tools/margins_table.py — the worst error/bound per backend from FLASHATTN_TEST_MARGINS output.
 
 Reads the `margin <backend> <problem> O <err/bound> LSE <err/bound>` lines that tests/helpers.hpp
 prints (other lines are ignored) and prints, per backend and range of head dims, how many checks
 there were, the worst O and LSE margins (1.0 = at the 2x rule's bound; NaN counts as worst) and
 the problem of the worst O. The ranges follow cuda-fa2's kernel choice: tensor cores for
-16 <= d <= 128, FFMA otherwise. Used by cuda/fa2_margins.sh.
+16 <= d <= 128, FFMA otherwise. Used by cuda/tools/fa2_margins.sh.
 
-Usage: python3 cuda/margins_table.py LOG [LOG...]
+Usage: python3 cuda/tools/margins_table.py LOG [LOG...]
 """
 import math
 import re
@@ -44,5 +44,5 @@ def main(paths):
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit("usage: python3 cuda/margins_table.py LOG [LOG...]")
+        sys.exit("usage: python3 cuda/tools/margins_table.py LOG [LOG...]")
     main(sys.argv[1:])

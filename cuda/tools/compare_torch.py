@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""cuda/compare_torch.py — our CUDA backends side by side with PyTorch's SDPA, in fp32, one process
+"""cuda/tools/compare_torch.py — our CUDA backends side by side with PyTorch's SDPA, in fp32, one process
 per shape, on one GPU, plus the HBM traffic that ncu measures.
 
 What it prints (full logs and CSVs go to --out):
@@ -145,7 +145,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="bar shapes only (no sweeps, no ncu)")
     ap.add_argument("--variants", default="",
-                    help="comma-separated FLASHATTN_FA2_VARIANT names to time at the bar shapes")
+                    help="comma-separated cuda-fa2 variant names (FLASHATTN_VARIANT=cuda-fa2=NAME) to time at the bar shapes")
     ap.add_argument("--no-ncu", action="store_true")
     ap.add_argument("--sweep-n", default="512,1024,2048,4096,8192", help="N sweep, non-causal")
     ap.add_argument("--sweep-n-causal", default="1024,4096", help="N sweep, causal")
@@ -189,7 +189,7 @@ def main():
             if not covers // 2 < d <= covers:
                 continue
             r = run_ours(a.bin_dir, ["cuda-fa2"], B, H, N, d, repeat=a.repeat,
-                         env={"FLASHATTN_FA2_VARIANT": variant})[0]
+                         env={"FLASHATTN_VARIANT": "cuda-fa2=" + variant})[0]
             records.append({"table": "variant", "backend": "cuda-fa2:" + variant, "B": B, "H": H,
                             "N": N, "d": d, "median_ms": r["median_ms"],
                             "tflops": f / r["median_ms"] / 1e9})
@@ -202,7 +202,7 @@ def main():
                         spread_rows))
     variants = [r for r in records if r["table"] == "variant"]
     if variants:
-        report.append(table("cuda-fa2 variants (FLASHATTN_FA2_VARIANT)",
+        report.append(table("cuda-fa2 variants (FLASHATTN_VARIANT=cuda-fa2=NAME)",
                             ["variant", "shape", "ms", "TFLOP/s"],
                             [[r["backend"], f'{r["B"]}x{r["H"]}x{r["N"]}x{r["d"]}',
                               fmt(r["median_ms"], ".3f"), fmt(r["tflops"], ".1f")]

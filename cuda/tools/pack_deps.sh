@@ -1,12 +1,12 @@
 #!/bin/sh
-# cuda/pack_deps.sh — copies the Debian 12 packages the build finds with find_package (Eigen,
+# cuda/tools/pack_deps.sh — copies the Debian 12 packages the build finds with find_package (Eigen,
 # Catch2 2.x with its static libraries, CLI11, nlohmann-json) under one prefix, for a GPU machine
 # that has no package registry (its own Catch2 is 3.x). Debian's CMake package files are
 # relocatable, so pointing CMAKE_PREFIX_PATH at the prefix is enough:
-#   sh cuda/pack_deps.sh .carry/deps          # here (after sh cmake/install-deps.sh)
-#   bash cuda/gpu_check.sh .carry/deps        # there (.carry is git-ignored: carry it along)
+#   sh cuda/tools/pack_deps.sh .carry/deps          # here (after sh cmake/install-deps.sh)
+#   bash cuda/tools/gpu_check.sh .carry/deps        # there (.carry is git-ignored: carry it along)
 set -eu
-PREFIX=${1:?usage: cuda/pack_deps.sh PREFIX}
+PREFIX=${1:?usage: cuda/tools/pack_deps.sh PREFIX}
 for f in /usr/include/eigen3 /usr/share/eigen3/cmake /usr/include/catch2 /usr/lib/cmake/Catch2 \
          /usr/lib/libCatch2WithMain.a /usr/include/CLI /usr/share/cmake/CLI11 \
          /usr/include/nlohmann /usr/share/cmake/nlohmann_json; do

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# cuda/gpu_check.sh — everything the CUDA backends need checked on a machine with a GPU, in one go:
+# cuda/tools/gpu_check.sh — everything the CUDA backends need checked on a machine with a GPU, in one go:
 #   1. build (Release, sm_90a unless CUDA_ARCH says otherwise);
 #   2. the CUDA test suite (tests/test_cuda.cpp) against the float64 reference;
 #   3. compute-sanitizer memcheck, racecheck and synccheck over the suite's [sanitize] shapes;
-#   4. cuda/compare_torch.py: our backends vs PyTorch SDPA (EFFICIENT_ATTENTION, MATH) in fp32,
+#   4. cuda/tools/compare_torch.py: our backends vs PyTorch SDPA (EFFICIENT_ATTENTION, MATH) in fp32,
 #      N and block-size sweeps, ncu HBM bytes of cuda-standard vs cuda-fa2;
-#   5. cuda-tc: its suite, compute-sanitizer on small cases, cuda/compare_tc.py (vs PyTorch's
+#   5. cuda-tc: its suite, compute-sanitizer on small cases, cuda/tools/compare_tc.py (vs PyTorch's
 #      FLASH_ATTENTION and cuDNN on FlashAttention's benchmark grid);
 #   6. the host CPU: omp vs PyTorch's CPU attention (docs/scripts/omp_vs_torch_cpu.sh), and
 #      `flashattn bench` rows showing causal and block-sparse time falling with the work kept.
@@ -13,16 +13,16 @@
 # SKIP_BUILD=1 re-times an existing build.
 # A short summary is printed last; full logs and CSVs go to $OUT (default build/gpu_check).
 #
-# Usage: cuda/gpu_check.sh [DEPS_PREFIX]
+# Usage: cuda/tools/gpu_check.sh [DEPS_PREFIX]
 #   DEPS_PREFIX (or $FLASHATTN_DEPS): a prefix with Eigen/Catch2/CLI11/nlohmann-json CMake
 #   packages, passed as CMAKE_PREFIX_PATH. Environment: OUT, BUILD_DIR (default build/gpu),
 #   CUDA_ARCH (default 90a), SKIP_BUILD=1 (use an existing build), QUICK=1 (bar shapes only),
 #   FA2_VARIANTS=a,b (also time these cuda-fa2 configurations at the bar shapes),
-#   COMPARE_ARGS="..." (more compare_torch.py options, e.g. shorter sweeps),
+#   COMPARE_ARGS="..." (more cuda/tools/compare_torch.py options, e.g. shorter sweeps),
 #   STEP_TIMEOUT=seconds (limit for each test/sanitizer step; default none),
 #   SANITIZERS="memcheck racecheck" (default: memcheck racecheck synccheck).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/build/gpu_check}
 BUILD_DIR=${BUILD_DIR:-build/gpu}
 DEPS=${1:-${FLASHATTN_DEPS:-}}
@@ -62,23 +62,22 @@ if has tests; then
         $LIMIT ctest --test-dir "$BUILD_DIR" -j8 --output-on-failure
 fi
 if has sanitize; then
-    SMALL_TC="2,3,203,64,1,f16 1,2,517,128,0,bf16 1,2,300,256,1,f16 1,2,77,32,0,bf16 1,2,130,96,1,f16"
     for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
         step "compute-sanitizer $tool [sanitize]" "sanitizer_$tool.log" \
             $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/test_cuda" "[sanitize]"
         step "compute-sanitizer $tool cuda-tc small" "sanitizer_tc_$tool.log" \
-            $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/tc_bench" --repeat 1 \
-            --warmup 0 --no-check $SMALL_TC
+            $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/test_cuda_tc" \
+            "cuda-tc: bottom-right causal*"
     done
     step "compute-sanitizer memcheck cuda-tc block masks" sanitizer_tc_mask.log \
         $LIMIT compute-sanitizer --tool memcheck --error-exitcode 1 "$BIN/test_cuda_tc" "cuda-tc: block masks*"
 fi
 if has compare; then
     step "compare with PyTorch (fp32)" compare_torch.log \
-        python3 cuda/compare_torch.py --bin-dir "$BIN" --out "$OUT" ${QUICK:+--quick} \
+        python3 cuda/tools/compare_torch.py --bin-dir "$BIN" --out "$OUT" ${QUICK:+--quick} \
         ${FA2_VARIANTS:+--variants "$FA2_VARIANTS"} ${COMPARE_ARGS:-}
     step "cuda-tc vs PyTorch flash/cuDNN (fp16, bf16)" compare_tc.log \
-        bash -c "python3 cuda/compare_tc.py --tc-bench '$BIN/tc_bench' --repeat ${TC_REPEAT:-20} \
+        bash -c "python3 cuda/tools/compare_tc.py --bin-dir '$BIN' --repeat ${TC_REPEAT:-20} \
                  --json '$OUT/compare_tc.json' > '$OUT/compare_tc.txt'"
     step "omp vs PyTorch CPU (16 threads)" omp_vs_torch.log \
         bash docs/scripts/omp_vs_torch_cpu.sh "$BIN/flashattn" "$(nproc)"

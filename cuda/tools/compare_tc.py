@@ -1,26 +1,29 @@
 #!/usr/bin/env python3
-"""cuda/compare_tc.py -- cuda-tc against PyTorch's FlashAttention-2 (and cuDNN) on one GPU, in one command.
+"""cuda/tools/compare_tc.py -- cuda-tc against PyTorch's FlashAttention-2 (and cuDNN) on one GPU, in one command.
 
-    python3 cuda/compare_tc.py --tc-bench build/bin/tc_bench [--repeat 30] [--dtypes f16,bf16]
-                               [--tiles] [--json results.json]
+    python3 cuda/tools/compare_tc.py --bin-dir build/gpu/bin [--repeat 30] [--dtypes f16,bf16]
+                                     [--tiles NAME,NAME...] [--json results.json]
 
 The grid is FlashAttention's own benchmark: 16k tokens per batch, hidden size 2048, so
 d = 64 -> 32 heads and d = 128 -> 16 heads, B = 16384 / N, N in {1024, 2048, 4096, 8192},
 causal and not. Throughput counts FLOPs = 4 B H N^2 d, halved for causal.
 
-For each (d, causal, dtype) group, tc_bench (cuda/tc_bench.cu) times cuda-tc on device-generated
-inputs, then this process times torch.nn.functional.scaled_dot_product_attention under
-sdpa_kernel(FLASH_ATTENTION) and sdpa_kernel(CUDNN_ATTENTION) on random inputs of the same shape:
-the same method for all (CUDA events around each call after warm-up, median of --repeat calls),
-alternating between the two programs group by group on the same GPU. The table is printed last,
-with the geometric mean of cuda-tc / PyTorch-flash over the fp16 grid (the bar: >= 0.8, and no
-configuration below 0.6). --tiles also times every compiled tile shape of cuda-tc (fp16).
+For each shape, `flashattn bench --backends cuda-tc --json` times cuda-tc (inputs uploaded once
+before timing; warm-up runs, then the median of --repeat runs, each ended by a device
+synchronize), then this process times torch.nn.functional.scaled_dot_product_attention under
+sdpa_kernel(FLASH_ATTENTION) and sdpa_kernel(CUDNN_ATTENTION) on random inputs of the same shape
+(CUDA events around each call after warm-up, median of --repeat calls), alternating between the
+two programs shape by shape on the same GPU. The table is printed last, with the geometric mean
+of cuda-tc / PyTorch-flash over the fp16 grid (the bar: >= 0.8, and no configuration below 0.6).
+--tiles NAME,... also times those cuda-tc tile shapes (fp16; FLASHATTN_VARIANT=cuda-tc=NAME, names
+as in the error message of an unknown one, e.g. Br128w4-Bc64-s2).
 """
 import argparse
 import datetime
 import json
 import math
 import statistics
+import os
 import subprocess
 import sys
 
@@ -40,10 +43,18 @@ def flops(b, h, n, d, causal):
     return 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
 
 
-def run_tc_bench(exe, specs, repeat):
-    cmd = [exe, "--repeat", str(repeat)] + specs
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+def run_flashattn_bench(bin_dir, b, h, n, d, causal, dtype, repeat, tile=None):
+    """One cuda-tc row of `flashattn bench --json` (median_ms, min_ms, max_ms, ...)."""
+    cmd = [os.path.join(bin_dir, "flashattn"), "bench", "--backends", "cuda-tc", "--dtype", dtype,
+           "--batch", str(b), "--heads", str(h), "--seq", str(n), "--dim", str(d),
+           "--repeat", str(repeat), "--warmup", "3", "--json"] + (["--causal"] if causal else [])
+    env = dict(os.environ)
+    if tile:
+        env["FLASHATTN_VARIANT"] = "cuda-tc=" + tile
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    row = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][0]
+    row["tile"] = tile or "default"
+    return row
 
 
 def time_torch(torch, fn, repeat, warmup=5):
@@ -82,10 +93,10 @@ def torch_rows(torch, d, causal, n, b, h, dtype, repeat):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tc-bench", default="build/bin/tc_bench")
+    ap.add_argument("--bin-dir", default="build/release/bin", help="where `flashattn` is")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--dtypes", default="f16,bf16")
-    ap.add_argument("--tiles", action="store_true", help="also time every compiled cuda-tc tile shape (fp16)")
+    ap.add_argument("--tiles", default="", help="comma-separated cuda-tc tile names to time too (fp16)")
     ap.add_argument("--json", help="write every measured row to this file")
     args = ap.parse_args()
 
@@ -100,9 +111,8 @@ def main():
         for d in DIMS:
             for causal in (False, True):
                 group = [(d, causal, n, b, h) for (d_, c_, n, b, h) in grid() if d_ == d and c_ == causal]
-                specs = [f"{b},{h},{n},{d},{int(causal)},{dtype}" for (d, causal, n, b, h) in group]
-                tc = run_tc_bench(args.tc_bench, specs, args.repeat)
-                for (d_, c_, n, b, h), tc_row in zip(group, tc):
+                for (d_, c_, n, b, h) in group:
+                    tc_row = run_flashattn_bench(args.bin_dir, b, h, n, d, causal, dtype, args.repeat)
                     tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat)
                     f = flops(b, h, n, d, causal)
                     rows.append(dict(d=d, causal=causal, n=n, b=b, h=h, dtype=dtype, tile=tc_row["tile"],
@@ -110,18 +120,24 @@ def main():
                                      tc_tflops=f / tc_row["median_ms"] / 1e9,
                                      flash_tflops=f / tr["flash"] / 1e9 if tr["flash"] else None,
                                      cudnn_tflops=f / tr["cudnn"] / 1e9 if tr["cudnn"] else None,
-                                     check_err_o=tc_row.get("check_max_err_o"),
-                                     check_err_lse=tc_row.get("check_max_err_lse")))
+                                     tc_min_ms=tc_row["min_ms"], tc_max_ms=tc_row["max_ms"]))
 
     tile_rows = []
     if args.tiles:
-        specs = [f"{b},{h},{n},{d},{int(c)},f16,all" for (d, c, n, b, h) in grid() if n in (2048, 8192)]
-        tile_rows = run_tc_bench(args.tc_bench, specs, args.repeat)
+        for tile in filter(None, args.tiles.split(",")):
+            for (d, c, n, b, h) in grid():
+                if n not in (2048, 8192):
+                    continue
+                try:
+                    tile_rows.append(run_flashattn_bench(args.bin_dir, b, h, n, d, c, "f16",
+                                                         args.repeat, tile))
+                except subprocess.CalledProcessError:
+                    pass  # this tile is not compiled for this d
         print("\n# cuda-tc tile shapes (fp16), TFLOP/s")
-        print(f"{'d':>4} {'causal':>6} {'N':>5} {'tile':>18} {'TFLOP/s':>8} {'err_O':>8}")
+        print(f"{'d':>4} {'causal':>6} {'N':>5} {'tile':>18} {'TFLOP/s':>8}")
         for r in tile_rows:
             print(f"{r['dim']:>4} {str(r['causal']):>6} {r['seq_q']:>5} {r['tile']:>18} "
-                  f"{r['gflops'] / 1e3:>8.1f} {r.get('check_max_err_o', float('nan')):>8.1e}")
+                  f"{r['gflops'] / 1e3:>8.1f}")
 
     if args.json:
         with open(args.json, "w") as fh:
@@ -133,14 +149,14 @@ def main():
 
     print(f"\n# cuda-tc vs PyTorch SDPA on {dev} (TFLOP/s; ratio = cuda-tc / torch)")
     print(f"{'dtype':>5} {'d':>4} {'causal':>6} {'N':>5} {'B':>3} {'H':>3} {'tile':>16} {'cuda-tc':>8} "
-          f"{'flash':>8} {'cudnn':>8} {'tc/flash':>8} {'tc/cudnn':>8} {'err_O':>8}")
+          f"{'flash':>8} {'cudnn':>8} {'tc/flash':>8} {'tc/cudnn':>8} {'tc ms spread':>15}")
     for r in rows:
         rf = r["tc_tflops"] / r["flash_tflops"] if r["flash_tflops"] else None
         rc = r["tc_tflops"] / r["cudnn_tflops"] if r["cudnn_tflops"] else None
         r["ratio_flash"], r["ratio_cudnn"] = rf, rc
         print(f"{r['dtype']:>5} {r['d']:>4} {str(r['causal']):>6} {r['n']:>5} {r['b']:>3} {r['h']:>3} {r['tile']:>16} "
               f"{r['tc_tflops']:>8.1f} {fmt(r['flash_tflops']):>8} {fmt(r['cudnn_tflops']):>8} "
-              f"{fmt(rf, '.3f'):>8} {fmt(rc, '.3f'):>8} {fmt(r['check_err_o'], '.1e'):>8}")
+              f"{fmt(rf, '.3f'):>8} {fmt(rc, '.3f'):>8} {r['tc_min_ms']:>7.3f}-{r['tc_max_ms']:<7.3f}")
     for dtype in dtypes:
         ratios = [r["ratio_flash"] for r in rows if r["dtype"] == dtype and r["ratio_flash"]]
         cud = [r["ratio_cudnn"] for r in rows if r["dtype"] == dtype and r["ratio_cudnn"]]

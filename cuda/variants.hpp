@@ -1,0 +1,31 @@
+// cuda/variants.hpp — one way to choose a kernel variant, for every CUDA backend.
+//
+// A backend with more than one compiled kernel keeps them in a table of its own (a name, the
+// problems it covers, its launch) and picks its default itself (the fastest measured that can
+// run the problem). Tests, sweeps and comparisons ask for another with one environment variable:
+//
+//     FLASHATTN_VARIANT="cuda-fa2=d64_tf32_64x32,cuda-fa1=ffma,cuda-tc=Br64w4-Bc64-s2"
+//
+// Backends not named there run their default. A name the backend does not know is an error
+// (std::invalid_argument listing the names it does know), never a silent default. The variants of
+// each backend: cuda-fa1 tf32 | ffma; cuda-fa2 tf32 | ffma | one configuration of its kVariants
+// table (cuda/fa2.cu); cuda-tc one tile shape of tc_tile_shapes (cuda/tc_attention.hpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace flashattn::cuda {
+
+inline constexpr const char* kVariantVariable = "FLASHATTN_VARIANT";
+
+// The variant FLASHATTN_VARIANT names for `backend` ("" when it names none). Throws
+// std::invalid_argument when the variable is malformed.
+std::string requested_variant(const std::string& backend);
+
+// Throws std::invalid_argument naming the backend, the request and the known names unless
+// `requested` is empty or one of `known`.
+void require_known_variant(const std::string& backend, const std::string& requested,
+                           const std::vector<std::string>& known);
+
+}  // namespace flashattn::cuda
