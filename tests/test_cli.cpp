@@ -58,11 +58,15 @@ void check_no_temporaries(const fs::path& dir) {
         CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
 }
 
-// A refused command exits 2 and says why on a line starting "error:" (progress lines such as
-// scalar's block sizes may come before it).
-void check_refused(const Result& r) {
+// A refused command exits 2 and says why on a line starting "error:". For `run` that is the first
+// line (its informational lines, such as scalar's block sizes, are printed only after a success);
+// `demo` and `bench` may show progress lines before it.
+void check_refused(const Result& r, bool error_first = true) {
     CHECK(r.status == 2);
-    CHECK((r.err.rfind("error:", 0) == 0 || r.err.find("\nerror:") != std::string::npos));
+    if (error_first)
+        CHECK(r.err.rfind("error:", 0) == 0);
+    else
+        CHECK((r.err.rfind("error:", 0) == 0 || r.err.find("\nerror:") != std::string::npos));
 }
 
 // A directory of valid and broken inputs for `run`: q (2,3,5,8), k (2,1,7,8), and more.
@@ -323,6 +327,16 @@ TEST_CASE("flashattn run: outputs that cannot be written are refused and change 
         CHECK_FALSE(fs::exists(dir / "o.npy"));
         check_no_temporaries(dir);
     }
+    // The outputs are checked before anything is read or computed: with a missing input and an
+    // output in a missing directory, the error is about the output.
+    const std::string missing_input = "run --backend scalar --q " + (dir / "absent.npy").string() +
+                                      " --k " + in.k + " --v " + in.k + " --out " +
+                                      (dir / "no_such_dir" / "o.npy").string();
+    const Result r = flashattn_cli(missing_input, dir);
+    INFO("stderr: " << r.err);
+    check_refused(r);
+    CHECK(r.err.find("no_such_dir") != std::string::npos);
+    check_no_temporaries(dir);
 }
 
 TEST_CASE("flashattn run: a successful run replaces existing outputs whole, with the usual mode") {
@@ -362,6 +376,6 @@ TEST_CASE("flashattn demo and bench: a problem too large for memory is a clean e
          }) {
         const Result r = flashattn_cli(args, tmp.path);
         INFO("flashattn " << args << "\nstderr: " << r.err);
-        check_refused(r);
+        check_refused(r, /*error_first=*/false);  // demo shows its progress first
     }
 }

@@ -325,6 +325,21 @@ void AtomicWriter::check_targets() const {
     }
 }
 
+void AtomicWriter::probe(const std::vector<std::string>& paths) {
+    AtomicWriter dry;
+    for (const std::string& p : paths) dry.add(p, {});
+    dry.check_targets();
+    for (const std::string& path : paths) {
+        std::string tmpl = path + ".tmp.XXXXXX";
+        const int fd = mkstemp(tmpl.data());
+        if (fd < 0)
+            throw std::invalid_argument(path + ": cannot be written (" + std::strerror(errno) +
+                                        ")");
+        ::close(fd);
+        std::remove(tmpl.c_str());
+    }
+}
+
 void AtomicWriter::commit() {
     check_targets();
     std::vector<std::string> temps;

@@ -45,6 +45,12 @@ public:
     void add(const std::string& path, std::string contents);
     void commit();  // throws std::runtime_error naming the path that failed
 
+    // Checks, before any work is done, that commit() could write each path: not a directory or a
+    // device, no path given twice, and a temporary file can be created beside it (created and
+    // removed at once; the path itself is not touched). Throws std::invalid_argument naming the
+    // path and the reason.
+    static void probe(const std::vector<std::string>& paths);
+
 private:
     void check_targets() const;
 

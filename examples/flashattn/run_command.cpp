@@ -43,6 +43,10 @@ void read_shape(const npy::Array& a, const std::string& what, std::int64_t& B, s
 }
 
 int run(const RunOptions& o) {
+    // An output that cannot be written is found before anything is read or computed.
+    std::vector<std::string> outputs = {o.out};
+    if (!o.lse.empty()) outputs.push_back(o.lse);
+    npy::AtomicWriter::probe(outputs);
     const Backend& backend = find_backend(o.backend);
     const DType dtype = parse_dtype(o.dtype);
     if (!backend.supports(dtype))
@@ -108,14 +112,6 @@ int run(const RunOptions& o) {
     }
     validate(p);
 
-    if (backend.name == "scalar") {
-        const ScalarPlan plan = scalar_plan(p);
-        std::cerr << "scalar: " << (plan.M ? "M = " + std::to_string(plan.M) + " floats -> " : "")
-                  << "Br = " << plan.blocks.Br << ", Bc = " << plan.blocks.Bc << ", Tr = " << plan.Tr
-                  << ", Tc = " << plan.Tc << "; SRAM buffers hold " << plan.sram_floats
-                  << " floats\n";
-    }
-
     std::vector<float> O(static_cast<std::size_t>(p.q_elements()));
     std::vector<float> lse(static_cast<std::size_t>(p.lse_elements()));
     run_backend(backend, p, q.floats.data(), k.floats.data(), v.floats.data(), O.data(),
@@ -127,6 +123,15 @@ int run(const RunOptions& o) {
     writer.add(o.out, npy::serialize_float32(q.shape, O.data()));
     if (!o.lse.empty()) writer.add(o.lse, npy::serialize_float32(lse_shape, lse.data()));
     writer.commit();
+
+    // Said only after success, so that a failure's stderr starts with "error:".
+    if (backend.name == "scalar") {
+        const ScalarPlan plan = scalar_plan(p);
+        std::cerr << "scalar: " << (plan.M ? "M = " + std::to_string(plan.M) + " floats -> " : "")
+                  << "Br = " << plan.blocks.Br << ", Bc = " << plan.blocks.Bc << ", Tr = " << plan.Tr
+                  << ", Tc = " << plan.Tc << "; SRAM buffers hold " << plan.sram_floats
+                  << " floats\n";
+    }
     return 0;
 }
 
