@@ -32,6 +32,9 @@ public:
     virtual void fetch(float* O, float* lse) = 0;
     // Peak working memory of the last execute(), in bytes, beyond inputs and outputs.
     virtual std::size_t extra_bytes() const = 0;
+    // The tiles this run uses, in the paper's names ("Br = 64, Bc = 32"); empty for a form that
+    // does not tile (Algorithm 0). `flashattn run` prints it.
+    virtual std::string tiles() const { return {}; }
 };
 
 // What the backward pass reads: the forward's inputs, its outputs O and LSE (L = m + log l, the
@@ -58,6 +61,14 @@ public:
     virtual std::size_t extra_bytes() const = 0;
 };
 
+// How a backend treats explicit tile sizes (AttentionProblem::block_q/block_kv, sram_floats). One
+// meaning only: they are tile sizes; a block mask's granularity is its own (BlockMask).
+enum class TileSizes {
+    none,    // the form does not tile (Algorithm 0): there is nothing for them to change
+    caller,  // honored: scalar, omp, cuda-fa1 (Algorithm 1 line 1 on M, or Br/Bc as given)
+    own,     // compiled tiles of the backend's choosing: explicit ones are refused
+};
+
 struct Backend {
     using PrepareForward = std::function<std::unique_ptr<PreparedAttention>(
         const AttentionProblem&, const float* Q, const float* K, const float* V, DType)>;
@@ -68,6 +79,7 @@ struct Backend {
     std::string device;   // "cpu" or "cuda"
     std::string summary;  // one line for `flashattn backends --verbose` and --help
     std::vector<DType> dtypes;
+    TileSizes tile_sizes = TileSizes::none;
     // Throws std::invalid_argument for a problem this backend cannot run (naming the reason).
     PrepareForward prepare;
     // Empty for a backend without a backward pass.
@@ -78,6 +90,17 @@ struct Backend {
     }
     bool has_backward() const { return static_cast<bool>(prepare_backward); }
 };
+
+// Throws std::invalid_argument when the problem asks for tile sizes the backend does not take
+// (TileSizes::own). The registry (common/registry.cpp) checks this before every prepare.
+inline void require_tile_choice(const Backend& backend, const AttentionProblem& p) {
+    if (backend.tile_sizes != TileSizes::own || (p.block_q == 0 && p.sram_floats == 0)) return;
+    throw std::invalid_argument(
+        "backend = " + backend.name +
+        ": chooses its own tiles, so explicit block sizes or an SRAM size M cannot apply (they "
+        "are honored by scalar, omp and cuda-fa1; a block mask's block size is given on its own, "
+        "--mask-block-q/--mask-block-kv)");
+}
 
 // Convenience: prepare, execute once, fetch. O holds q_elements(), lse lse_elements() floats.
 inline void run_backend(const Backend& backend, const AttentionProblem& problem, const float* Q,

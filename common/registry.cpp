@@ -8,10 +8,30 @@
 namespace flashattn {
 namespace {
 
+// Every prepare first checks what the interface promises for all backends alike: a backend that
+// chooses its own tiles refuses explicit ones (require_tile_choice).
+Backend with_tile_check(Backend b) {
+    Backend checked;  // only what the check reads
+    checked.name = b.name, checked.tile_sizes = b.tile_sizes;
+    b.prepare = [checked, inner = b.prepare](const AttentionProblem& p, const float* Q,
+                                             const float* K, const float* V, DType dtype) {
+        require_tile_choice(checked, p);
+        return inner(p, Q, K, V, dtype);
+    };
+    if (b.has_backward())
+        b.prepare_backward = [checked, inner = b.prepare_backward](
+                                 const AttentionProblem& p, const BackwardInputs& in, DType dtype) {
+            require_tile_choice(checked, p);
+            return inner(p, in, dtype);
+        };
+    return b;
+}
+
 std::vector<Backend> make_backends() {
-    std::vector<Backend> list = cpu_backends();
+    std::vector<Backend> list;
+    for (Backend& b : cpu_backends()) list.push_back(with_tile_check(std::move(b)));
 #ifdef FLASHATTN_WITH_CUDA
-    for (Backend& b : cuda_backends()) list.push_back(std::move(b));
+    for (Backend& b : cuda_backends()) list.push_back(with_tile_check(std::move(b)));
 #endif
     return list;
 }

@@ -1,10 +1,20 @@
 // cpu/backends.cpp — the CPU forms as Backend entries, in the order a learner meets them.
+#include <string>
+
 #include "cpu/cpu_backend.hpp"
 #include "cpu/omp.hpp"
 #include "cpu/scalar.hpp"
 #include "cpu/standard.hpp"
 
 namespace flashattn {
+namespace {
+
+std::string block_words(const BlockSizes& b, std::int64_t Tr, std::int64_t Tc) {
+    return "Br = " + std::to_string(b.Br) + ", Bc = " + std::to_string(b.Bc) +
+           " (Tr = " + std::to_string(Tr) + ", Tc = " + std::to_string(Tc) + ")";
+}
+
+}  // namespace
 
 std::vector<Backend> cpu_backends() {
     std::vector<Backend> list;
@@ -15,13 +25,23 @@ std::vector<Backend> cpu_backends() {
     list.push_back(cpu_backend(
         "scalar", "Algorithm 1 line by line: plain loops, K/V blocks outer, Q blocks inner",
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
-           float* lse) { scalar_attention(p, Q, K, V, O, lse); }));
+           float* lse) { scalar_attention(p, Q, K, V, O, lse); },
+        [](const AttentionProblem& p) {
+            const ScalarPlan plan = scalar_plan(p);
+            return (plan.M ? "M = " + std::to_string(plan.M) + " floats -> " : std::string()) +
+                   block_words(plan.blocks, plan.Tr, plan.Tc) + "; SRAM buffers hold " +
+                   std::to_string(plan.sram_floats) + " floats";
+        }));
     list.push_back(cpu_backend(
         "omp",
         "FlashAttention-2 order on the CPU: Q tiles in parallel (OpenMP), register-blocked tile "
         "products",
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
-           float* lse) { omp_attention(p, Q, K, V, O, lse); }));
+           float* lse) { omp_attention(p, Q, K, V, O, lse); },
+        [](const AttentionProblem& p) {
+            const OmpPlan plan = omp_plan(p);
+            return block_words(plan.blocks, plan.Tr, plan.Tc);
+        }));
     return list;
 }
 

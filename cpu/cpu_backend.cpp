@@ -44,9 +44,10 @@ std::size_t measure_workspace(Work&& work) {
 
 class PreparedCpu final : public PreparedAttention {
 public:
-    PreparedCpu(CpuAttentionFn fn, const AttentionProblem& p, const float* Q, const float* K,
-                const float* V, DType dtype)
+    PreparedCpu(CpuAttentionFn fn, const CpuTilesFn& tiles, const AttentionProblem& p,
+                const float* Q, const float* K, const float* V, DType dtype)
         : fn_(std::move(fn)),
+          tiles_(tiles ? tiles(p) : std::string()),
           problem_(p),
           Q_(Q, p.q_elements(), dtype),
           K_(K, p.kv_elements(), dtype),
@@ -66,9 +67,11 @@ public:
     }
 
     std::size_t extra_bytes() const override { return extra_bytes_; }
+    std::string tiles() const override { return tiles_; }
 
 private:
     CpuAttentionFn fn_;
+    std::string tiles_;
     AttentionProblem problem_;
     RoundedInput Q_, K_, V_;
     std::vector<float> O_, lse_;
@@ -120,17 +123,18 @@ private:
 }  // namespace
 
 Backend cpu_backend(std::string name, std::string summary, CpuAttentionFn forward,
-                    CpuBackwardFn backward) {
+                    CpuTilesFn tiles, CpuBackwardFn backward) {
     Backend b;
     b.name = std::move(name);
     b.device = "cpu";
     b.summary = std::move(summary);
     b.dtypes = {DType::f32, DType::f16, DType::bf16};
-    b.prepare = [forward](const AttentionProblem& p, const float* Q, const float* K,
-                          const float* V, DType dtype) -> std::unique_ptr<PreparedAttention> {
+    b.tile_sizes = tiles ? TileSizes::caller : TileSizes::none;
+    b.prepare = [forward, tiles](const AttentionProblem& p, const float* Q, const float* K,
+                                 const float* V, DType dtype) -> std::unique_ptr<PreparedAttention> {
         validate(p);
         require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
-        return std::make_unique<PreparedCpu>(forward, p, Q, K, V, dtype);
+        return std::make_unique<PreparedCpu>(forward, tiles, p, Q, K, V, dtype);
     };
     if (backward)
         b.prepare_backward = [backward](const AttentionProblem& p, const BackwardInputs& in,

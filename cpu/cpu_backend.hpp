@@ -20,9 +20,15 @@ using CpuAttentionFn = std::function<void(const AttentionProblem&, const float* 
 using CpuBackwardFn = std::function<void(const AttentionProblem&, const BackwardInputs&,
                                          float* dQ, float* dK, float* dV)>;
 
-// A Backend on device "cpu" for every dtype; `backward` may be empty (no backward pass).
+// The tiles a tiled CPU form uses for a problem, in words ("Br = 3, Bc = 5"; PreparedAttention::
+// tiles()).
+using CpuTilesFn = std::function<std::string(const AttentionProblem&)>;
+
+// A Backend on device "cpu" for every dtype. A form with `tiles` tiles and honors explicit tile
+// sizes (TileSizes::caller); one without does not tile (TileSizes::none). `backward` may be empty
+// (no backward pass).
 Backend cpu_backend(std::string name, std::string summary, CpuAttentionFn forward,
-                    CpuBackwardFn backward = {});
+                    CpuTilesFn tiles = {}, CpuBackwardFn backward = {});
 
 // The CPU forms of this build: standard, scalar, omp (cpu/backends.cpp).
 std::vector<Backend> cpu_backends();

@@ -173,6 +173,14 @@ public:
         synchronize();
     }
 
+    std::string tiles() const override {
+        return (plan_.M ? "M = " + std::to_string(plan_.M) + " floats -> " : std::string()) +
+               "Br = " + std::to_string(plan_.blocks.Br) + ", Bc = " +
+               std::to_string(plan_.blocks.Bc) + " (Tr = " + std::to_string(plan_.Tr) +
+               ", Tc = " + std::to_string(plan_.Tc) + "), " +
+               (kernel_ == Fa1Kernel::ffma ? "FFMA" : "3xTF32 tensor-core") + " kernel";
+    }
+
 private:
     Fa1Plan plan_;
     Fa1Kernel kernel_;
@@ -185,7 +193,8 @@ Backend cuda_fa1_backend() {
     return make_cuda_backend<PreparedFa1>(
         "cuda-fa1",
         "Algorithm 1 on the GPU: K/V blocks outer, Q blocks inner, O/l/m in HBM, "
-        "Br/Bc from the device's M");
+        "Br/Bc from the device's M",
+        TileSizes::caller);
 }
 
 }  // namespace flashattn::cuda

@@ -136,6 +136,10 @@ public:
         synchronize();
     }
 
+    std::string tiles() const override {
+        return std::string("configuration ") + variant_.name + " (Br x Bc in its name)";
+    }
+
 private:
     const Fa2Variant& variant_;
 };
@@ -146,7 +150,8 @@ Backend cuda_fa2_backend() {
     return make_cuda_backend<PreparedFa2>(
         "cuda-fa2",
         "FlashAttention-2 in fp32: Q tile resident, K/V streamed (cp.async); "
-        "tensor cores (3xTF32) for 16 <= d <= 128, FFMA register micro-tiles otherwise");
+        "tensor cores (3xTF32) for 16 <= d <= 128, FFMA register micro-tiles otherwise",
+        TileSizes::own);
 }
 
 }  // namespace flashattn::cuda

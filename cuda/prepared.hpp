@@ -70,14 +70,16 @@ private:
 };
 
 // A Backend entry whose prepare() constructs a `Prepared` (a PreparedCuda subclass taking
-// (problem, Q, K, V, dtype)); the CUDA counterpart of cpu_backend().
+// (problem, Q, K, V, dtype)); the CUDA counterpart of cpu_backend(). tile_sizes says whether
+// explicit tile sizes are honored (common/backend.hpp).
 template <class Prepared>
-Backend make_cuda_backend(std::string name, std::string summary) {
+Backend make_cuda_backend(std::string name, std::string summary, TileSizes tile_sizes) {
     Backend b;
     b.name = std::move(name);
     b.device = "cuda";
     b.summary = std::move(summary);
     b.dtypes = {DType::f32};
+    b.tile_sizes = tile_sizes;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
                    DType dtype) -> std::unique_ptr<PreparedAttention> {
         return std::make_unique<Prepared>(p, Q, K, V, dtype);

@@ -188,7 +188,8 @@ Backend cuda_standard_backend() {
     return make_cuda_backend<PreparedStandard>(
         "cuda-standard",
         "Algorithm 0 on the GPU: cuBLAS SGEMMs (no TF32) + softmax kernel, "
-        "S/P in HBM");
+        "S/P in HBM",
+        TileSizes::none);
 }
 
 }  // namespace flashattn::cuda

@@ -32,6 +32,7 @@ public:
         synchronize();
     }
     // The kernel keeps everything in registers and shared memory: no working memory in HBM.
+    std::string tiles() const override { return "tile shape " + tile_.name(); }
 
 private:
     TcTileShape tile_;
@@ -60,6 +61,7 @@ Backend tc_backend() {
         "FlashAttention-2 on tensor cores: fp16/bf16 mma.sync, ldmatrix, cp.async ring, fp32 "
         "softmax and output; d in {32, 64, 96, 128, 256}";
     b.dtypes = {DType::f16, DType::bf16};
+    b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
                    DType dtype) -> std::unique_ptr<PreparedAttention> {
         tc_check_problem(p, dtype);

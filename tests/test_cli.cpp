@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 
 #include "helpers.hpp"
 #include "npy.hpp"
@@ -277,6 +278,69 @@ TEST_CASE("flashattn run: block masks of the wrong dtype, shape or values are re
         "run --backend scalar" + in.io + " --sram-bytes 4096 --block-mask " + in.file("mn.npy"),
     };
     for (const std::string& args : bad) check_refused_with_outputs(args, in.tmp.path);
+}
+
+TEST_CASE("flashattn run: a block mask in either spelling, and tile sizes stay tile sizes") {
+    TempDir tmp;
+    AttentionProblem p = test::make_problem(1, 2, 1, 9, 11, 5);
+    const ProblemData in = random_problem_data(p, test::next_seed());
+    write_file(tmp.path / "q.npy", npy::serialize_float32({1, 2, 9, 5}, in.Q.data()));
+    write_file(tmp.path / "k.npy", npy::serialize_float32({1, 1, 11, 5}, in.K.data()));
+    write_file(tmp.path / "v.npy", npy::serialize_float32({1, 1, 11, 5}, in.V.data()));
+    // Blocks of 2 x 3: (Tr, Tc) = (5, 4); query block 1 sees nothing (its rows get zeros).
+    std::vector<std::uint8_t> mask(5 * 4);
+    std::mt19937 gen(static_cast<unsigned>(test::next_seed()));
+    for (auto& m : mask) m = gen() % 3 != 0;
+    std::fill_n(mask.begin() + 4, 4, 0);
+    write_file(tmp.path / "m.npy",
+               npy_file(npy_dict("|u1", "(5, 4)"), 1, 0) + std::string(mask.begin(), mask.end()));
+    p.block_mask = {mask.data(), 2, 3};
+    const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
+
+    const auto path = [&](const char* name) { return (tmp.path / name).string(); };
+    const std::string io = " --q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
+                           path("v.npy") + " --out " + path("o.npy");
+    const std::string mask_arg = " --block-mask " + path("m.npy");
+    struct Case {
+        std::string backend, options, says, never_says;
+    };
+    const std::vector<Case> cases = {
+        // The older spelling: --block-q/--block-kv are the mask's blocks, not tiles.
+        {"scalar", " --block-q 2 --block-kv 3" + mask_arg, "scalar: tiles M = ", "Br = 2, Bc = 3"},
+        {"omp", " --block-q 2 --block-kv 3" + mask_arg, "omp: tiles Br = ", "Br = 2, Bc = 3"},
+        {"standard", " --block-q 2 --block-kv 3" + mask_arg, "standard: no tiles", "Br ="},
+        // The mask's blocks on their own options; --block-q/--block-kv are then the tiles.
+        {"scalar", " --mask-block-q 2 --mask-block-kv 3 --block-q 4 --block-kv 1" + mask_arg,
+         "scalar: tiles Br = 4, Bc = 1 (Tr = 3, Tc = 11)", "M ="},
+        {"omp", " --mask-block-q 2 --mask-block-kv 3 --block-q 1 --block-kv 7" + mask_arg,
+         "omp: tiles Br = 1, Bc = 7 (Tr = 9, Tc = 2)", "M ="},
+        {"scalar", " --mask-block-q 2 --mask-block-kv 3 --sram-bytes 400" + mask_arg,
+         "scalar: tiles M = 100 floats -> Br = 5, Bc = 5", "Br = 2"},
+    };
+    for (const Case& c : cases) {
+        const Result r = flashattn_cli("run --backend " + c.backend + io + c.options, tmp.path);
+        INFO("run --backend " << c.backend << c.options << "\nstderr: " << r.err);
+        REQUIRE(r.status == 0);
+        CHECK(r.err.find(c.says) != std::string::npos);
+        CHECK(r.err.find(c.never_says) == std::string::npos);
+        const npy::Array O = npy::load(path("o.npy"));
+        CHECK(max_abs_error(O.floats.data(), ref.O.data(), p.q_elements()) < 1e-5);
+    }
+    // The mask's block size alone, half of it, or one that does not fit the mask's shape.
+    const std::vector<std::string> bad = {
+        " --mask-block-q 2 --mask-block-kv 3",
+        " --mask-block-q 2" + mask_arg,
+        " --mask-block-q 0 --mask-block-kv 3" + mask_arg,
+        " --mask-block-q 3 --mask-block-kv 3" + mask_arg,
+        " --mask-block-q 2 --mask-block-kv 3 --block-q 2" + mask_arg,
+    };
+    for (const std::string& options : bad) {
+        fs::remove(path("o.npy"));
+        const Result r = flashattn_cli("run --backend scalar" + io + options, tmp.path);
+        INFO("run --backend scalar" << options << "\nstderr: " << r.err);
+        check_refused(r);
+        CHECK_FALSE(fs::exists(path("o.npy")));
+    }
 }
 
 TEST_CASE("flashattn run: outputs that cannot be written are refused and change nothing") {

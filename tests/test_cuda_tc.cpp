@@ -90,13 +90,12 @@ TEST_CASE("cuda-tc: block masks skip invisible tiles and mask partial ones") {
                     AttentionProblem p = test::make_problem(1, 2, 1, Nq, Nkv, d, causal);
                     // Mask blocks that do not line up with the kernel's tiles, and ones that do.
                     const bool aligned = gen() % 3 == 0;
-                    p.block_q = aligned ? 128 : 1 + gen() % 150;
-                    p.block_kv = aligned ? 64 : 1 + gen() % 150;
-                    std::vector<std::uint8_t> mask(tile_count(Nq, p.block_q) *
-                                                   tile_count(Nkv, p.block_kv));
+                    const std::int64_t bq = aligned ? 128 : 1 + gen() % 150;
+                    const std::int64_t bkv = aligned ? 64 : 1 + gen() % 150;
+                    std::vector<std::uint8_t> mask(tile_count(Nq, bq) * tile_count(Nkv, bkv));
                     for (auto& m : mask) m = gen() % 2;
-                    std::fill_n(mask.begin(), tile_count(Nkv, p.block_kv), 0);  // rows see nothing
-                    p.block_mask = {mask.data(), p.block_q, p.block_kv};
+                    std::fill_n(mask.begin(), tile_count(Nkv, bkv), 0);  // rows see nothing
+                    p.block_mask = {mask.data(), bq, bkv};
                     check_against_reference(backend, p, dtype);
                 }
 }

@@ -124,7 +124,6 @@ TEST_CASE("edge: fully masked rows give O = 0 and LSE = -inf exactly, never NaN"
     for (int variant = 0; variant < 3; ++variant) {
         AttentionProblem p = make_problem(1, 3, 1, 37, 29, 6);
         p.causal = variant == 2;
-        p.block_q = 5, p.block_kv = 4;
         mask.assign(tile_count(p.seq_q, 5) * tile_count(p.seq_kv, 4), 0);
         if (variant != 1)
             for (auto& m : mask) m = gen() % 3 != 0;
@@ -318,7 +317,6 @@ TEST_CASE(
             p.causal = place.causal;
             std::vector<std::uint8_t> mask;
             if (with_mask) {  // a pattern of 3x4 blocks: key j is hidden from some rows
-                p.block_q = 3, p.block_kv = 4;
                 const std::int64_t Tr = tile_count(p.seq_q, 3), Tc = tile_count(p.seq_kv, 4);
                 for (std::int64_t r = 0; r < Tr; ++r)
                     for (std::int64_t c = 0; c < Tc; ++c) mask.push_back((r + c) % 3 != 1);

@@ -75,12 +75,28 @@ TEST_CASE("variants: random block masks with empty rows of blocks, alone and wit
                 AttentionProblem p = make_problem(2, 4, 2, Nq, Nkv, 13);
                 p.causal = causal;
                 // Block sizes of the mask, 1..40: often larger than N, rarely dividing it.
-                p.block_q = 1 + gen() % 40, p.block_kv = 1 + gen() % 40;
-                p.block_mask = {nullptr, p.block_q, p.block_kv};
+                p.block_mask = {nullptr, 1 + std::int64_t(gen() % 40), 1 + std::int64_t(gen() % 40)};
                 const std::vector<std::uint8_t> mask = random_block_mask(p, gen);
                 p.block_mask.data = mask.data();
                 on_every_backend(p);
             }
+}
+
+// Explicit tile sizes mean tiles, and only tiles: the forms that take them (TileSizes::caller)
+// give the same attention at any Br, Bc or M; a form without tiles (Algorithm 0) is unaffected; a
+// form with compiled tiles of its own refuses them, naming itself, rather than ignoring them.
+void on_backends_by_tile_sizes(const AttentionProblem& p) {
+    const ProblemData in = random_problem_data(p, test::next_seed());
+    for (const Backend& b : available_backends()) {
+        INFO(b.name << " on " << test::describe(p));
+        if (b.tile_sizes == TileSizes::own)
+            CHECK_THROWS_WITH(b.prepare(p, in.Q.data(), in.K.data(), in.V.data(),
+                                        test::test_dtype(b)),
+                              Catch::Contains("backend = " + b.name) &&
+                                  Catch::Contains("chooses its own tiles"));
+        else if (test::backend_accepts(b, p))
+            check_against_reference(b, p, test::test_dtype(b));
+    }
 }
 
 TEST_CASE("variants: explicit block sizes and SRAM sizes M give the same attention") {
@@ -89,12 +105,12 @@ TEST_CASE("variants: explicit block sizes and SRAM sizes M give the same attenti
         for (bool causal : {false, true}) {
             AttentionProblem p = make_problem(1, 2, 1, 113, 87, 24);
             p.block_q = Br, p.block_kv = Bc, p.causal = causal;
-            on_every_backend(p);
+            on_backends_by_tile_sizes(p);
         }
     for (std::int64_t M : {4 * 24, 1000, 16384, 1 << 20}) {
         AttentionProblem p = make_problem(2, 2, 2, 87, 113, 24);
         p.sram_floats = M;
-        on_every_backend(p);
+        on_backends_by_tile_sizes(p);
     }
 }
 

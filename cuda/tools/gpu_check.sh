@@ -82,8 +82,8 @@ if has compare; then
     step "omp vs PyTorch CPU (16 threads)" omp_vs_torch.log \
         bash docs/scripts/omp_vs_torch_cpu.sh "$BIN/flashattn" "$(nproc)"
     step "causal and block-sparse bench rows" bench_variants.log bash -c "
-        for args in '' '--causal' '--block-q 128 --block-kv 128 --block-density 0.5' \
-                    '--block-q 128 --block-kv 128 --block-density 0.25'; do
+        for args in '' '--causal' '--mask-block-q 128 --mask-block-kv 128 --block-density 0.5' \
+                    '--mask-block-q 128 --mask-block-kv 128 --block-density 0.25'; do
             '$BIN/flashattn' bench --backends cuda-tc --dtype f16 --batch 4 --heads 16 \
                 --seq 4096 --dim 64 --repeat 10 \$args 2>/dev/null | sed -n '1,5p' || true
             '$BIN/flashattn' bench --backends cuda-standard,cuda-fa1,cuda-fa2 --batch 4 --heads 16 \

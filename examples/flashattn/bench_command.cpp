@@ -34,6 +34,7 @@
 #include "format.hpp"
 #include "gemm_ceiling.hpp"
 #include "cpu/reference.hpp"
+#include "tile_options.hpp"
 
 namespace flashattn::cli {
 namespace {
@@ -48,7 +49,7 @@ struct BenchOptions {
     std::optional<int> threads;
     bool json = false, gemm_ceiling = false;
     std::uint64_t seed = 2022;
-    std::optional<std::int64_t> block_q, block_kv, sram_bytes;
+    TileOptions tiles;
     std::optional<double> block_density;
 };
 
@@ -139,14 +140,8 @@ void check_options(const BenchOptions& o) {
     if (o.heads_kv) positive("--heads-kv", *o.heads_kv);
     if (o.seq_kv) positive("--seq-kv", *o.seq_kv);
     if (o.threads) positive("--threads", *o.threads);
-    if (o.block_q) positive("--block-q", *o.block_q);
-    if (o.block_kv) positive("--block-kv", *o.block_kv);
-    if (o.block_q.has_value() != o.block_kv.has_value())
-        throw std::invalid_argument("--block-q and --block-kv must be given together");
-    if (o.sram_bytes) positive("--sram-bytes", *o.sram_bytes);
+    if (o.tiles.sram_bytes) positive("--sram-bytes", *o.tiles.sram_bytes);
     if (o.block_density) {
-        if (!o.block_q)
-            throw std::invalid_argument("--block-density needs --block-q and --block-kv (its blocks)");
         if (!(*o.block_density > 0.0 && *o.block_density <= 1.0))
             throw std::invalid_argument("--block-density = " + std::to_string(*o.block_density) +
                                         ": must be in (0, 1]");
@@ -164,18 +159,18 @@ int bench(const BenchOptions& o) {
     AttentionProblem p;
     p.batch = o.batch, p.heads = o.heads, p.heads_kv = o.heads_kv.value_or(o.heads);
     p.seq_q = o.seq, p.seq_kv = o.seq_kv.value_or(o.seq), p.dim = o.dim, p.causal = o.causal;
-    p.block_q = o.block_q.value_or(0), p.block_kv = o.block_kv.value_or(0);
-    p.sram_floats = o.sram_bytes.value_or(0) / 4;
+    const BlockSizes mask_blocks =
+        apply_tile_options(o.tiles, o.block_density ? "--block-density" : "", p);
     // Block-sparse (Algorithm 5): a random (Tr, Tc) mask keeping a fraction of the blocks, so the
     // time of the flash forms can be seen falling with the work kept.
     std::vector<std::uint8_t> mask;
     if (o.block_density) {
         std::mt19937_64 gen(o.seed + 99);
         std::bernoulli_distribution keep(*o.block_density);
-        mask.resize(static_cast<std::size_t>(tile_count(p.seq_q, p.block_q) *
-                                             tile_count(p.seq_kv, p.block_kv)));
+        mask.resize(static_cast<std::size_t>(tile_count(p.seq_q, mask_blocks.Br) *
+                                             tile_count(p.seq_kv, mask_blocks.Bc)));
         for (auto& m : mask) m = keep(gen) ? 1 : 0;
-        p.block_mask = {mask.data(), p.block_q, p.block_kv};
+        p.block_mask = {mask.data(), mask_blocks.Br, mask_blocks.Bc};
     }
     validate(p);
 
@@ -269,8 +264,11 @@ int bench(const BenchOptions& o) {
                 row["seq_q"] = p.seq_q, row["seq_kv"] = p.seq_kv, row["dim"] = p.dim;
                 row["causal"] = p.causal, row["dtype"] = to_string(dtype);
                 if (p.block_q) row["block_q"] = p.block_q, row["block_kv"] = p.block_kv;
-                if (p.sram_floats) row["sram_bytes"] = *o.sram_bytes;
-                if (o.block_density) row["block_density"] = *o.block_density;
+                if (p.sram_floats) row["sram_bytes"] = *o.tiles.sram_bytes;
+                if (o.block_density) {
+                    row["block_density"] = *o.block_density;
+                    row["mask_block_q"] = mask_blocks.Br, row["mask_block_kv"] = mask_blocks.Bc;
+                }
             } else {
                 row["m"] = row["n"] = row["k"] = SgemmCeiling::kSize;
                 row["dtype"] = "f32";
@@ -299,7 +297,7 @@ int bench(const BenchOptions& o) {
     if (o.block_density)
         std::printf("block-sparse: %zu of %zu blocks of %lldx%lld kept (density %.2f)\n",
                     static_cast<std::size_t>(std::count(mask.begin(), mask.end(), 1)), mask.size(),
-                    (long long)p.block_q, (long long)p.block_kv, *o.block_density);
+                    (long long)mask_blocks.Br, (long long)mask_blocks.Bc, *o.block_density);
     std::vector<std::string> header = {"backend", "device",  "median ms", "min ms",
                                        "max ms",  "GFLOP/s", "vs first",  "working mem"};
     if (ceiling) header.push_back("of SGEMM");
@@ -365,14 +363,10 @@ Command add_bench_command(CLI::App& app) {
     cmd->add_flag("--gemm-ceiling", o->gemm_ceiling,
                   "Also time Eigen SGEMM 2048^3 with the same threads (the machine's GEMM rate)");
     cmd->add_option("--seed", o->seed, "Random seed of the inputs")->capture_default_str();
-    cmd->add_option("--block-q", o->block_q, "Query block size Br of the tiled forms (with --block-kv)");
-    cmd->add_option("--block-kv", o->block_kv, "Key/value block size Bc (with --block-q)");
-    cmd->add_option("--sram-bytes", o->sram_bytes,
-                    "SRAM size M in bytes for the forms that derive Br, Bc from it (Algorithm 1 line 1)")
-        ->excludes("--block-q");
+    add_tile_options(cmd, o->tiles);
     cmd->add_option("--block-density", o->block_density,
-                    "Block-sparse run: a random mask over --block-q x --block-kv blocks keeping this\n"
-                    "fraction (0, 1]; FLOPs and GFLOP/s stay those of the dense problem");
+                    "Block-sparse run: a random mask over --mask-block-q x --mask-block-kv blocks\n"
+                    "keeping this fraction (0, 1]; FLOPs and GFLOP/s stay the dense problem's");
     return {cmd, [o] { return bench(*o); }};
 }
 

@@ -10,8 +10,8 @@
 #include "commands.hpp"
 #include "common/tiling.hpp"
 #include "common/registry.hpp"
-#include "cpu/scalar.hpp"
 #include "npy.hpp"
+#include "tile_options.hpp"
 
 namespace flashattn::cli {
 namespace {
@@ -20,7 +20,7 @@ struct RunOptions {
     std::string backend, q, k, v, out, lse, block_mask, dtype = "f32";
     std::optional<double> scale;
     bool causal = false;
-    std::optional<std::int64_t> block_q, block_kv, sram_bytes;
+    TileOptions tiles;
 };
 
 std::string shape_str(const std::vector<std::int64_t>& s) {
@@ -76,30 +76,15 @@ int run(const RunOptions& o) {
         p.scale = static_cast<float>(*o.scale);
     }
     p.causal = o.causal;
-    if (o.block_q.has_value() != o.block_kv.has_value())
-        throw std::invalid_argument("--block-q and --block-kv must be given together");
-    if (o.block_q) {
-        if (*o.block_q < 1 || *o.block_kv < 1)
-            throw std::invalid_argument("--block-q/--block-kv = " + std::to_string(*o.block_q) +
-                                        "/" + std::to_string(*o.block_kv) + ": must be at least 1");
-        p.block_q = *o.block_q;
-        p.block_kv = *o.block_kv;
-    }
-    if (o.sram_bytes) {
-        if (*o.sram_bytes < 16 * p.dim)
-            throw std::invalid_argument("--sram-bytes = " + std::to_string(*o.sram_bytes) +
-                                        ": must be at least 16*d = " + std::to_string(16 * p.dim) +
-                                        " bytes (Algorithm 1 line 1 needs M >= 4d floats)");
-        p.sram_floats = *o.sram_bytes / 4;
-    }
+    const BlockSizes mask_blocks =
+        apply_tile_options(o.tiles, o.block_mask.empty() ? "" : "--block-mask", p);
     npy::Array mask;
     if (!o.block_mask.empty()) {
-        if (!o.block_q)
-            throw std::invalid_argument("--block-mask needs --block-q and --block-kv (its block sizes)");
         mask = npy::load(o.block_mask);
         if (mask.type == npy::ElementType::float32)
             throw std::invalid_argument("--block-mask " + o.block_mask + ": must be uint8 or bool");
-        const std::int64_t Tr = tile_count(p.seq_q, p.block_q), Tc = tile_count(p.seq_kv, p.block_kv);
+        const std::int64_t Tr = tile_count(p.seq_q, mask_blocks.Br),
+                           Tc = tile_count(p.seq_kv, mask_blocks.Bc);
         if (mask.shape != std::vector<std::int64_t>{Tr, Tc})
             throw std::invalid_argument("--block-mask shape " + shape_str(mask.shape) +
                                         ": must be (Tr, Tc) = (" + std::to_string(Tr) + ", " +
@@ -108,14 +93,15 @@ int run(const RunOptions& o) {
             if (b > 1)
                 throw std::invalid_argument("--block-mask " + o.block_mask +
                                             ": entries must be 0 or 1, found " + std::to_string(b));
-        p.block_mask = {mask.bytes.data(), p.block_q, p.block_kv};
+        p.block_mask = {mask.bytes.data(), mask_blocks.Br, mask_blocks.Bc};
     }
     validate(p);
 
     std::vector<float> O(static_cast<std::size_t>(p.q_elements()));
     std::vector<float> lse(static_cast<std::size_t>(p.lse_elements()));
-    run_backend(backend, p, q.floats.data(), k.floats.data(), v.floats.data(), O.data(),
-                lse.data(), dtype);
+    auto prepared = backend.prepare(p, q.floats.data(), k.floats.data(), v.floats.data(), dtype);
+    prepared->execute();
+    prepared->fetch(O.data(), lse.data());
 
     npy::AtomicWriter writer;
     std::vector<std::int64_t> lse_shape = q.shape;
@@ -125,13 +111,10 @@ int run(const RunOptions& o) {
     writer.commit();
 
     // Said only after success, so that a failure's stderr starts with "error:".
-    if (backend.name == "scalar") {
-        const ScalarPlan plan = scalar_plan(p);
-        std::cerr << "scalar: " << (plan.M ? "M = " + std::to_string(plan.M) + " floats -> " : "")
-                  << "Br = " << plan.blocks.Br << ", Bc = " << plan.blocks.Bc << ", Tr = " << plan.Tr
-                  << ", Tc = " << plan.Tc << "; SRAM buffers hold " << plan.sram_floats
-                  << " floats\n";
-    }
+    const std::string tiles = prepared->tiles();
+    std::cerr << backend.name << ": "
+              << (tiles.empty() ? "no tiles (S and P materialized, Algorithm 0)" : "tiles " + tiles)
+              << "\n";
     return 0;
 }
 
@@ -152,14 +135,10 @@ Command add_run_command(CLI::App& app) {
     cmd->add_option("--scale", o->scale, "Softmax scale (default 1/sqrt(d))");
     cmd->add_flag("--causal", o->causal,
                   "Causal mask, bottom-right aligned: row i attends key j iff j <= i + N_kv - N_q");
-    auto* bq = cmd->add_option("--block-q", o->block_q, "Query block size Br (with --block-kv)");
-    auto* bkv = cmd->add_option("--block-kv", o->block_kv, "Key/value block size Bc (with --block-q)");
-    auto* sram = cmd->add_option("--sram-bytes", o->sram_bytes,
-                                 "SRAM size M in bytes; Algorithm 1 line 1 derives Br and Bc from it");
-    sram->excludes(bq)->excludes(bkv);
+    add_tile_options(cmd, o->tiles);
     cmd->add_option("--block-mask", o->block_mask,
                     "Block-sparse mask (Algorithm 5): (Tr, Tc) uint8/bool .npy of 0/1 over blocks of\n"
-                    "--block-q x --block-kv; 0 blocks are skipped");
+                    "--mask-block-q x --mask-block-kv; 0 blocks are skipped");
     cmd->add_option("--dtype", o->dtype, "Precision the backend computes in: f32, f16 or bf16 "
                                          "(inputs are rounded to it; outputs stay float32)")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}));
