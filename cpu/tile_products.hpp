@@ -5,11 +5,9 @@
 //
 // Why not a library GEMM: the products here are small (a few rows of Q_i at a time against a
 // 64 x 512 K_j^T) and run once per tile pair, and a general GEMM spends part of each call packing
-// and unpacking. Measured on one core of the development machine (AMD EPYC, AVX-512, FMA peak
-// 115 GFLOP/s, 2026-11-23, a stand-alone loop over one tile pair): Eigen's GEMM ran the old
-// 128 x 64 x 256 tiles at 83 (S) and 88 (P V) GFLOP/s, the blocks below at 112 and 117. That
-// difference is what lets the flash form beat standard attention (which keeps Eigen's GEMMs) by
-// more than standard's N x N memory traffic costs it (docs/omp.md).
+// and unpacking. The blocks below run these tiles faster than Eigen's GEMM, and that is what lets
+// the flash form beat standard attention (which keeps Eigen's GEMMs) by more than standard's
+// N x N memory traffic costs it (measurements: docs/omp.md, section "tile_products.hpp").
 //
 // How: a block of kRows query rows x kVecs vectors of columns lives in kRows kVecs vector
 // registers; every step of the inner loop loads kVecs vectors of one operand, broadcasts kRows

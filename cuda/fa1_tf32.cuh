@@ -16,13 +16,10 @@
 // The rule (exp2_of_difference, merge_softmax, fa1_output_update, log_sum_exp) is common/online_softmax.hpp's,
 // called per element as in the scalar form (cpu/scalar.cpp) and in v3 (cuda/fa1.cu).
 //
-// Why v5: v3 did lines 9 and 12 with fp32 FMAs on 4 x 4 register micro-tiles: 0.91x the speed of
-// cuda-standard at d = 64 and 0.58x at d = 128 (H100), short of the >= 1 goal. cuda-fa2's
-// 3xTF32 kernel showed that tensor cores do the same fp32-accurate products ~1.3x faster per
-// FLOP. A first tensor-core fa1 (v4, reverted) was slower than v3: it formed 16 x 32 warp units,
-// wrote S_ij to shared memory and ran lines 10-11 with 8 lanes per row, so its mma chains were
-// short and dependent (ncu: 45% of stalls). v5 is built like cuda-fa2's tensor-core kernel
-// instead:
+// Why v5 is built like cuda-fa2's tensor-core kernel: 3xTF32 products are as accurate as v3's
+// fp32 FMAs and faster per FLOP, but only with long, independent mma chains per warp; a first
+// tensor-core fa1 with short, dependent chains (S_ij through shared memory) was slower than v3
+// (versions and measurements: docs/cuda_fp32_notes.md, section "fa1_tf32.cuh"). So:
 //
 //  * One warp owns a 16-row slice of Q_i and *all* Bc keys of K_j for the step: S_ij's 16 x Bc
 //    scores stay in that warp's registers (mma accumulator layout) through lines 9-12, and the
@@ -46,20 +43,11 @@
 //    shared memory; the load at the top of each step of the j loop is the price (ncu at
 //    d = 128: 15% of the warps' stall cycles are at that barrier).
 //
-// Measured (H100, 2026-11-23, docs/cuda_fp32_notes.md, cuda-standard in the same process):
-// first 25.8 ms at 4x16x4096x128 (v3: 33.5) and 32.5 ms at 4x32x4096x64 (v3: 30.9; S_ij's 128
-// registers at Bc = 227 made the kernel spill). Then, in steps: the split in integer operations
-// (tf32_mma.cuh), exp2 of the difference instead of expf, one reciprocal of l_new per row
-// (fa1_output_update): 18.1 ms at d = 128. The spills at d = 64 were ptxas hoisting P~'s split
-// out of line 12's pass loop (256 registers for P~ split): one pass at D = 64 removed them,
-// 30.2 -> 23.0 ms; then the per-D choices of Fa1Tf32Tile: 18.0 ms at d = 128 (cuda-standard
-// 18.5) and 21.4 ms at d = 64 (cuda-standard 27.2). Where the time goes (ncu at d = 128): 2
-// warps per scheduler (255 registers, 8 warps per SM), an instruction issued every 2.3 cycles;
-// 40% of the stalls wait on fixed-latency results (the split chains, the fp32 adds after the
-// mma's), 15% at the barrier of each step (K_j, V_j are not double-buffered, see above).
+// Where the time goes: waits on the split chains and on the fp32 adds after the mma's, and the
+// barrier of each step (measurements: docs/cuda_fp32_notes.md, section "fa1_tf32.cuh").
 //
 // Inputs must be finite (the split turns inf into NaN) and d >= 16 (3xTF32's operands carry
-// ~22 bits; the fa2 measurements that set this bound are in cuda/fa2.cu): cuda/fa1.cu checks and
+// ~22 bits; why this bound: cuda/tensor_cores.hpp): cuda/fa1.cu checks and
 // runs v3 otherwise.
 #pragma once
 

@@ -22,16 +22,11 @@
 //    distinct).
 //  * Accuracy: a tensor core adds the products of one mma to its accumulator with truncation
 //    (round toward zero), not fp32's round to nearest, so the error of a chain of mma's into one
-//    accumulator grows with its length, one-sided. Measured: chaining every product of a tile
-//    into S and every key tile into O gave errors up to 1.5x over the tests' bound (2x standard
-//    fp32 + 1e-6, H200); one fresh accumulator per 16 columns of d and per key tile still reached
-//    1.72x at scale 2.5, d = 21. Now every k-step (8 columns of d for S, 8 keys for O) takes a
-//    fresh accumulator -- its three mma's, small products first, truncate only a sum of 8
-//    products -- and is added to S_ij or O_i with an ordinary fp32 add (round to nearest), as
-//    Ootomo and Yokota's single-precision tensor-core GEMM does. Worst error over 3 seeds of every
-//    CUDA suite: 0.6x the bound (H100). Cost: at d = 128 the kernel went from 0.96x to 0.81x of
-//    PyTorch's EFFICIENT_ATTENTION timed in the same command (H200 before, H100 after: not one
-//    machine, so ~15% is an estimate); at d = 64 it stayed at 1.13-1.14x.
+//    accumulator grows with its length, one-sided; long chains broke the tests' 2x rule. So every
+//    k-step (8 columns of d for S, 8 keys for O) takes a fresh accumulator -- its three mma's,
+//    small products first, truncate only a sum of 8 products -- and is added to S_ij or O_i with
+//    an ordinary fp32 add (round to nearest), as Ootomo and Yokota's single-precision
+//    tensor-core GEMM does (errors and cost: docs/cuda_fp32_notes.md, section "fa2_tf32.cuh").
 //  * Exponents as 2^((s - m) c), not 2^(s c - m c) (exp2_of_difference): at large logits the
 //    second form moved weights by ~0.1% (measured: O error 2.4e-4 on the tests' |s| ~ 1e4 case).
 //  * Inputs must be finite (the split turns inf into NaN, and a masked key's P = 0 times a NaN V is

@@ -30,16 +30,14 @@ std::string TcTileShape::name() const {
 namespace {
 
 // ---- the compiled tile shapes ------------------------------------------------------------------
-// Why these defaults (measured on an H200; docs/cuda_tc.md has the tables):
+// Why these defaults (measurements: docs/cuda_tc.md, section "tc_attention.cu"):
 //   * Br = 128 everywhere: every CTA streams all of K and V of its head through L2 once, so the
 //     L2 traffic is 4 N_kv d bytes per Br query rows; Br = 64 would double it.
 //   * d <= 64: 4 warps of 2 row tiles (32 rows) each, as FlashAttention-2 does: every K/V fragment
 //     read from shared memory feeds two mma's, and Q_i (d/2 registers) still fits in registers.
-//     Measured faster than 8 warps of one row tile (5-12% in the first version, more since).
 //   * d = 96, 128: 8 warps of one row tile. Two row tiles would need O_i (2 x d/2 registers) + S
-//     (2 x Bc/2) beside each other, which spills at d = 128 (372 bytes, 860 MB of local-memory
-//     traffic per call in Nsight Compute); one row tile fits in ~250 registers with Q_i in
-//     registers and was 7-13% faster.
+//     (2 x Bc/2) beside each other, which spills at d = 128; one row tile fits in ~250 registers
+//     with Q_i in registers.
 //   * Bc = 64, 2 stages: a third stage bought nothing (the copy of tile j+1 already hides behind the
 //     math of tile j); Bc = 32 or 128 were slower or spilled.
 //   * d = 256: O_i alone takes 128 registers for one row tile, so Bc = 32 and Q_i stays in shared

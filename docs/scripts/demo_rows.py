@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """docs/scripts/demo_rows.py — CPU timing rows from `flashattn demo`, in `bench --json`'s format.
 
-A stop-gap for docs/results.md until `flashattn bench` lands: for each N it runs `flashattn demo`
---repeat times, reads the table it prints, and writes one JSON line per (backend, N) with the
-median of the repeats. Each demo run times one execute() per backend without warm-up, and
-prints working memory rounded to 4 digits; `bench` measures properly and should replace this.
+A stop-gap that made the first CPU table (now in docs/results_archive.md) before `flashattn bench`
+existed: for each N it runs `flashattn demo` --repeat times, reads the table it prints, and writes
+one JSON line per (backend, N) with the median of the repeats. Each demo run times one execute() per backend without warm-up, and
+prints working memory rounded to 4 digits; `bench` measures properly and has replaced it.
 
     python3 docs/scripts/demo_rows.py build/release/bin/flashattn --seq 256 512 1024 > rows.jsonl
 

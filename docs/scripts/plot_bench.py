@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """docs/scripts/plot_bench.py — runtime and working memory against sequence length, per backend,
-log-log: the plots of docs/results.md.
+log-log: the plots of docs/results.md, docs/results_cpu.md and docs/results_archive.md.
 
 Input: a file of JSON lines as `flashattn bench --json` prints them, one measured row per line,
 with at least the keys backend, seq_q, median_ms and extra_bytes (gflops, dtype, dim, heads,
