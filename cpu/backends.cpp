@@ -21,7 +21,11 @@ std::vector<Backend> cpu_backends() {
     list.push_back(cpu_backend(
         "standard", "Algorithm 0 on the CPU: Eigen GEMMs, S and P materialized (float32)",
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
-           float* lse) { standard_attention<float>(p, Q, K, V, O, lse); }));
+           float* lse) { standard_attention<float>(p, Q, K, V, O, lse); },
+        {},
+        [](const AttentionProblem& p, const BackwardInputs& in, float* dQ, float* dK, float* dV) {
+            standard_backward<float>(p, in.Q, in.K, in.V, in.dO, dQ, dK, dV);  // Algorithm 3
+        }));
     list.push_back(cpu_backend(
         "scalar", "Algorithm 1 line by line: plain loops, K/V blocks outer, Q blocks inner",
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,

@@ -84,4 +84,43 @@ RuleBounds rule_bounds(const AttentionProblem& p, const ProblemData& in, const R
                 eps * lse_scale};
 }
 
+GradReference reference_backward(const AttentionProblem& p, const float* Q, const float* K,
+                                 const float* V, const float* dO) {
+    GradReference r;
+    r.dQ.assign(static_cast<std::size_t>(p.q_elements()), 0.0);
+    r.dK.assign(static_cast<std::size_t>(p.kv_elements()), 0.0);
+    r.dV.assign(static_cast<std::size_t>(p.kv_elements()), 0.0);
+    standard_backward<double>(p, Q, K, V, dO, r.dQ.data(), r.dK.data(), r.dV.data());
+    return r;
+}
+
+GradBaseline baseline_backward(const AttentionProblem& p, const ProblemData& in,
+                               const std::vector<float>& dO, DType dtype) {
+    ProblemData rounded = in;
+    std::vector<float> dO_rounded = dO;
+    round_to_dtype(rounded.Q, dtype);
+    round_to_dtype(rounded.K, dtype);
+    round_to_dtype(rounded.V, dtype);
+    round_to_dtype(dO_rounded, dtype);
+    GradBaseline b;
+    b.dQ.assign(static_cast<std::size_t>(p.q_elements()), 0.0f);
+    b.dK.assign(static_cast<std::size_t>(p.kv_elements()), 0.0f);
+    b.dV.assign(static_cast<std::size_t>(p.kv_elements()), 0.0f);
+    standard_backward<float>(p, rounded.Q.data(), rounded.K.data(), rounded.V.data(),
+                             dO_rounded.data(), b.dQ.data(), b.dK.data(), b.dV.data());
+    return b;
+}
+
+GradBounds gradient_bounds(const AttentionProblem& p, const ProblemData& in,
+                           const std::vector<float>& dO, const GradReference& ref, DType dtype) {
+    const GradBaseline base = baseline_backward(p, in, dO, dtype);
+    const auto bound = [](const std::vector<float>& b, const std::vector<double>& r) {
+        double size = 1;
+        for (double x : r)
+            if (std::isfinite(x)) size = std::max(size, std::fabs(x));
+        return 2 * max_abs_error(b.data(), r.data(), std::int64_t(r.size())) + 1e-6 * size;
+    };
+    return {bound(base.dQ, ref.dQ), bound(base.dK, ref.dK), bound(base.dV, ref.dV)};
+}
+
 }  // namespace flashattn

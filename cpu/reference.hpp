@@ -59,4 +59,28 @@ struct Accuracy {
     bool passed() const { return error <= bound; }
 };
 
+// The backward pass (docs/design.md, "Correctness rule", applied to each gradient): the float64
+// reference is Algorithm 3 in double (cpu/standard.hpp), itself checked by central finite
+// differences in tests/test_backward.cpp; the baseline is Algorithm 3 in float32 on the inputs
+// rounded to `dtype` (Q, K, V and dO).
+struct GradReference {
+    std::vector<double> dQ, dK, dV;
+};
+GradReference reference_backward(const AttentionProblem& p, const float* Q, const float* K,
+                                 const float* V, const float* dO);
+
+struct GradBaseline {
+    std::vector<float> dQ, dK, dV;
+};
+GradBaseline baseline_backward(const AttentionProblem& p, const ProblemData& in,
+                               const std::vector<float>& dO, DType dtype);
+
+// 2 * max|baseline - ref64| + eps for each gradient. A gradient's size grows with the scores
+// and with N (dK_j, dV_j sum over query rows), so eps = 1e-6 is scaled by its largest |value|.
+struct GradBounds {
+    double dQ = 0, dK = 0, dV = 0;
+};
+GradBounds gradient_bounds(const AttentionProblem& p, const ProblemData& in,
+                           const std::vector<float>& dO, const GradReference& ref, DType dtype);
+
 }  // namespace flashattn

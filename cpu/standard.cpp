@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/memory.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/vector_softmax.hpp"
 #include "cpu/workspace.hpp"
@@ -50,24 +51,46 @@ double exp_of_row(double* row, std::int64_t n, double m) {
     return sum;
 }
 
-// One (batch, head) pair: S, P and O of Algorithm 0. S_buffer holds N_q x N_kv Reals.
+// Out = A B where A (rows x n) is zero wherever visible(r, c) is false. A masked pair is absent
+// from the sum, not "0 times B's row": with a NaN or inf in row c of B, 0 * B_c would leak into
+// rows of Out that never read it (docs/design.md, Numerics). So rows of B with a non-finite entry
+// are zeroed for the GEMM and added back only where visible.
+// A and B may be any Eigen expressions (a transpose is not copied).
+template <class Real, class MatA, class MatB, class Visible>
+void masked_product(const AttentionProblem& p, const MatA& A, const MatB& B, MatrixMap<Real> Out,
+                    Visible visible) {
+    std::vector<std::int64_t> bad_rows;
+    if (has_mask(p))
+        for (std::int64_t c = 0; c < B.rows(); ++c)
+            if (!B.row(c).allFinite()) bad_rows.push_back(c);
+    if (bad_rows.empty()) {
+        Out.noalias() = A * B;
+        return;
+    }
+    Matrix<Real> B_clean = B;  // rare: only a masked problem with a non-finite input
+    for (std::int64_t c : bad_rows) B_clean.row(c).setZero();
+    Out.noalias() = A * B_clean;
+    for (std::int64_t c : bad_rows)
+        for (std::int64_t r = 0; r < A.rows(); ++r)
+            if (visible(r, c)) Out.row(r) += A(r, c) * B.row(c);
+}
+
+// Algorithm 0 lines 1-2 for one (batch, head) pair: S = scale Q K^T with the masks (-inf), then
+// each row of S turned in place into exp(S - rowmax), its sum in row_sum (0 for a row with no
+// visible key, whose row is then all zeros) and, if lse is given, LSE = m + log(row_sum).
 template <class Real>
-void attend_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>> Qh,
-                     Eigen::Ref<const Matrix<Real>> Kh, Eigen::Ref<const Matrix<Real>> Vh,
-                     Real* S_buffer, Real* O, Real* lse) {
+void softmax_scores(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>> Qh,
+                    Eigen::Ref<const Matrix<Real>> Kh, MatrixMap<Real> S, Real* row_sum,
+                    Real* lse) {
     const Real inf = std::numeric_limits<Real>::infinity();
     const Real scale = static_cast<Real>(p.softmax_scale());
-    MatrixMap<Real> S(S_buffer, p.seq_q, p.seq_kv);
-
-    // Algorithm 0 line 1: S = QK^T (scaled inside the GEMM, no extra pass over S), then the masks.
+    // Line 1: S = QK^T (scaled inside the GEMM, no extra pass over S), then the masks.
     S.noalias() = scale * (Qh * Kh.transpose());
     if (has_mask(p))
         for (std::int64_t i = 0; i < p.seq_q; ++i)
             for (std::int64_t j = 0; j < p.seq_kv; ++j)
                 if (!p.key_visible(i, j)) S(i, j) = -inf;
-
-    // Algorithm 0 line 2: P = softmax(S), in place, row by row.
-    WorkBuffer<Real> row_sum(static_cast<std::size_t>(p.seq_q));
+    // Line 2: P = softmax(S), in place, row by row (the division by row_sum left to the caller).
     for (std::int64_t i = 0; i < p.seq_q; ++i) {
         Real* row = &S(i, 0);
         const Real m = max_of_row(row, p.seq_kv);
@@ -80,27 +103,66 @@ void attend_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>> Q
         row_sum[i] = exp_of_row(row, p.seq_kv, m);
         if (lse) lse[i] = m + std::log(row_sum[i]);
     }
+}
 
-    // Algorithm 0 line 3: O = PV. A masked key is absent from the sum, not "0 times V_j": with
-    // a NaN or inf in V_j, 0 * V_j would leak into rows that never attend key j. So rows of V
-    // with a non-finite entry are zeroed for the GEMM and added back only where visible.
+// One (batch, head) pair: S, P and O of Algorithm 0. S_buffer holds N_q x N_kv Reals.
+template <class Real>
+void attend_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>> Qh,
+                     Eigen::Ref<const Matrix<Real>> Kh, Eigen::Ref<const Matrix<Real>> Vh,
+                     Real* S_buffer, Real* O, Real* lse) {
+    MatrixMap<Real> S(S_buffer, p.seq_q, p.seq_kv);
+    WorkBuffer<Real> row_sum(static_cast<std::size_t>(p.seq_q));
+    softmax_scores<Real>(p, Qh, Kh, S, row_sum.data(), lse);
+
+    // Algorithm 0 line 3: O = PV, masked keys absent from the sum (masked_product).
     MatrixMap<Real> Oh(O, p.seq_q, p.dim);
-    std::vector<std::int64_t> bad_rows;
-    if (has_mask(p))
-        for (std::int64_t j = 0; j < p.seq_kv; ++j)
-            if (!Vh.row(j).allFinite()) bad_rows.push_back(j);
-    if (bad_rows.empty()) {
-        Oh.noalias() = S * Vh;
-    } else {
-        Matrix<Real> V_clean = Vh;
-        for (std::int64_t j : bad_rows) V_clean.row(j).setZero();
-        Oh.noalias() = S * V_clean;
-        for (std::int64_t j : bad_rows)
-            for (std::int64_t i = 0; i < p.seq_q; ++i)
-                if (p.key_visible(i, j)) Oh.row(i) += S(i, j) * Vh.row(j);
-    }
+    masked_product<Real>(p, S, Vh, Oh, [&](std::int64_t i, std::int64_t j) {
+        return p.key_visible(i, j);
+    });
     for (std::int64_t i = 0; i < p.seq_q; ++i)
         if (row_sum[i] != Real(0)) Oh.row(i) /= row_sum[i];
+}
+
+// The gradients of one (batch, head) pair, the paper's Algorithm 3 (standard attention backward,
+// Appendix B.2): P and dP are N_q x N_kv matrices in memory. P is recomputed here from Q and K (the
+// interface keeps no P between the passes), which costs one GEMM and the softmax. dK and dV of
+// this query head are written to dK_h, dV_h (N_kv x d); the caller sums a GQA group.
+// P_buffer and dP_buffer hold N_q x N_kv Reals.
+template <class Real>
+void backward_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>> Qh,
+                       Eigen::Ref<const Matrix<Real>> Kh, Eigen::Ref<const Matrix<Real>> Vh,
+                       Eigen::Ref<const Matrix<Real>> dOh, Real* P_buffer, Real* dP_buffer,
+                       Real* dQ, Real* dK_h, Real* dV_h) {
+    const Real scale = static_cast<Real>(p.softmax_scale());
+    const auto visible = [&](std::int64_t i, std::int64_t j) { return p.key_visible(i, j); };
+    const auto visible_transposed = [&](std::int64_t j, std::int64_t i) { return visible(i, j); };
+    MatrixMap<Real> P(P_buffer, p.seq_q, p.seq_kv), dP(dP_buffer, p.seq_q, p.seq_kv);
+    WorkBuffer<Real> row_sum(static_cast<std::size_t>(p.seq_q));
+    softmax_scores<Real>(p, Qh, Kh, P, row_sum.data(), nullptr);
+    for (std::int64_t i = 0; i < p.seq_q; ++i)
+        if (row_sum[i] != Real(0)) P.row(i) /= row_sum[i];
+
+    // Algorithm 3 line 1: dV = P^T dO (masked pairs absent, as in the forward's PV).
+    masked_product<Real>(p, P.transpose(), dOh, MatrixMap<Real>(dV_h, p.seq_kv, p.dim),
+                         visible_transposed);
+    // Line 2: dP = dO V^T. A masked entry may hold anything (V's NaN): line 3 never reads it.
+    dP.noalias() = dOh * Vh.transpose();
+    // Line 3: dS_ij = P_ij (dP_ij - sum_l P_il dP_il), in place of dP; masked entries 0. The sum
+    // is Algorithm 3's own; the flash forms use the equal D_i = rowsum(dO_i o O_i)
+    // (common/backward.hpp).
+    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        Real D = 0;
+        for (std::int64_t j = 0; j < p.seq_kv; ++j)
+            if (visible(i, j)) D += P(i, j) * dP(i, j);
+        for (std::int64_t j = 0; j < p.seq_kv; ++j)
+            dP(i, j) = visible(i, j) ? P(i, j) * (dP(i, j) - D) : Real(0);
+    }
+    // Lines 4-5: dQ = scale dS K, dK = scale dS^T Q (masked pairs absent).
+    MatrixMap<Real> dQh(dQ, p.seq_q, p.dim), dKh(dK_h, p.seq_kv, p.dim);
+    masked_product<Real>(p, dP, Kh, dQh, visible);
+    masked_product<Real>(p, dP.transpose(), Qh, dKh, visible_transposed);
+    dQh *= scale;
+    dKh *= scale;
 }
 
 }  // namespace
@@ -139,6 +201,53 @@ void standard_attention(const AttentionProblem& p, const float* Q, const float* 
 
 template void standard_attention<float>(const AttentionProblem&, const float*, const float*,
                                         const float*, float*, float*);
+
+template <class Real>
+void standard_backward(const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                       const float* dO, Real* dQ, Real* dK, Real* dV) {
+    validate(p);
+    require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V"), require_array(dO, "dO");
+    require_array(dQ, "dQ"), require_array(dK, "dK"), require_array(dV, "dV");
+    // Parallel over (batch, K/V head): the query heads of a GQA group run one after another on
+    // one thread and add their dK, dV in a fixed order, so no two threads write the same rows.
+    const std::int64_t groups = p.batch * p.heads_kv, G = p.group_size();
+    const double concurrent = double(std::min<std::int64_t>(groups, omp_get_max_threads()));
+    require_memory(concurrent * 2 * double(p.seq_q) * double(p.seq_kv) * sizeof(Real),
+                   "standard attention's backward P and dP (2 x " + std::to_string(p.seq_q) +
+                       " x " + std::to_string(p.seq_kv) + " per head)");
+    const std::size_t kv_size = static_cast<std::size_t>(p.seq_kv * p.dim);
+    parallel_for(groups, [&](std::int64_t bg) {
+        const std::int64_t b = bg / p.heads_kv, g = bg % p.heads_kv;
+        WorkBuffer<Real> P(static_cast<std::size_t>(work_elements(p.seq_q, p.seq_kv)));
+        WorkBuffer<Real> dP(static_cast<std::size_t>(work_elements(p.seq_q, p.seq_kv)));
+        WorkBuffer<Real> dK_h(kv_size), dV_h(kv_size);
+        Real* dK_g = dK + p.kv_offset(b, g * G);
+        Real* dV_g = dV + p.kv_offset(b, g * G);
+        std::fill(dK_g, dK_g + kv_size, Real(0));
+        std::fill(dV_g, dV_g + kv_size, Real(0));
+        for (std::int64_t h = g * G; h < (g + 1) * G; ++h) {
+            const ConstFloatMap Qf(Q + p.q_offset(b, h), p.seq_q, p.dim);
+            const ConstFloatMap Kf(K + p.kv_offset(b, h), p.seq_kv, p.dim);
+            const ConstFloatMap Vf(V + p.kv_offset(b, h), p.seq_kv, p.dim);
+            const ConstFloatMap dOf(dO + p.q_offset(b, h), p.seq_q, p.dim);
+            Real* dQ_h = dQ + p.q_offset(b, h);
+            if constexpr (std::is_same_v<Real, float>) {
+                backward_one_head<Real>(p, Qf, Kf, Vf, dOf, P.data(), dP.data(), dQ_h, dK_h.data(),
+                                        dV_h.data());
+            } else {
+                backward_one_head<Real>(p, Qf.cast<Real>(), Kf.cast<Real>(), Vf.cast<Real>(),
+                                        dOf.cast<Real>(), P.data(), dP.data(), dQ_h, dK_h.data(),
+                                        dV_h.data());
+            }
+            for (std::size_t e = 0; e < kv_size; ++e) dK_g[e] += dK_h[e], dV_g[e] += dV_h[e];
+        }
+    });
+}
+
+template void standard_backward<float>(const AttentionProblem&, const float*, const float*,
+                                       const float*, const float*, float*, float*, float*);
+template void standard_backward<double>(const AttentionProblem&, const float*, const float*,
+                                        const float*, const float*, double*, double*, double*);
 template void standard_attention<double>(const AttentionProblem&, const float*, const float*,
                                          const float*, double*, double*);
 
