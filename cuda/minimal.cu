@@ -56,23 +56,19 @@ __global__ void minimal_forward_kernel(const AttentionProblem p, const float* __
     K += p.kv_offset(b, h), V += p.kv_offset(b, h);  // GQA: K/V head kv_head(h)
     float *q = Q_i + t * ds, *o = O_i + t * ds, *s = S_ij + t * (kBc + 1);  // this row's
     const float scale = p.softmax_scale();
-
     for (std::int64_t e = t; e < rows.size() * d; e += kBr) {
         Q_i[e / d * ds + e % d] = Q[rows.begin * d + e];  // Alg1 L8: Q_i to shared memory
         O_i[e / d * ds + e % d] = 0.0f;                   // Alg1 L2: O = 0 (l = 0, m = -inf: row)
     }
     SoftmaxState row;  // (m_i, l_i) = (-inf, 0)
-    // Alg1 L5: for each K_j, V_j that a row of this block sees (tiles past the causal diagonal
-    // and zero blocks of a block mask, Alg5, are skipped)
+    // Alg1 L5: each K_j, V_j a row here sees (skipping tiles past the diagonal, Alg5's zeros)
     for (std::int64_t j = next_visible_tile(p, TileAxis::keys, rows, 0, Tc, kBc); j < Tc;
          j = next_visible_tile(p, TileAxis::keys, rows, j + 1, Tc, kBc)) {
         const TileRange cols = tile_range(j, kBc, p.seq_kv);  // the last tile may be short
         const int bc = static_cast<int>(cols.size());
         __syncthreads();  // every thread is done with the previous K_j, V_j
-        for (std::int64_t e = t; e < bc * d; e += kBr) {  // Alg1 L6: K_j, V_j to shared memory
-            K_j[e] = K[cols.begin * d + e];
-            V_j[e] = V[cols.begin * d + e];
-        }
+        for (std::int64_t e = t; e < bc * d; e += kBr)  // Alg1 L6: K_j, V_j to shared memory
+            K_j[e] = K[cols.begin * d + e], V_j[e] = V[cols.begin * d + e];
         __syncthreads();
         if (!active) continue;  // an idle thread still meets both barriers of every step
         float m_tilde = -INFINITY, l_tilde = 0.0f;
