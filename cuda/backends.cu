@@ -1,10 +1,12 @@
-// cuda/backends.cu — registers the CUDA backends (one file per kernel: standard.cu, fa1.cu, fa2.cu).
+// cuda/backends.cu — registers the CUDA backends, one file per kernel: standard.cu, minimal.cu,
+// fa1.cu, fa2.cu, tc_backend.cu.
 #include "cuda/backends.hpp"
 
 #include <cuda_runtime.h>
 
 #include "cuda/fa1.hpp"
 #include "cuda/fa2.hpp"
+#include "cuda/minimal.hpp"
 #include "cuda/standard.hpp"
 #include "cuda/tc_backend.hpp"
 
@@ -32,6 +34,7 @@ std::vector<Backend> cuda_backends() {
     std::vector<Backend> list;
     if (!cuda_device_available()) return list;
     list.push_back(cuda::cuda_standard_backend());
+    list.push_back(cuda::cuda_minimal_backend());  // before cuda-fa1: the learning order
     list.push_back(cuda::cuda_fa1_backend());
     list.push_back(cuda::cuda_fa2_backend());
     list.push_back(tc::tc_backend());

@@ -1,7 +1,7 @@
-// tests/test_cuda.cpp — the CUDA backends (cuda-standard, cuda-fa1, cuda-fa2) against float64
-// standard attention by the 2x rule (tests/helpers.hpp), with poisoned outputs, on shapes that are
-// not multiples of any block size; plus the masks, GQA, NaN propagation, repeatability (a moving
-// result is a race), working memory and error reporting.
+// tests/test_cuda.cpp — the fp32 CUDA backends (cuda-standard, cuda-minimal, cuda-fa1, cuda-fa2)
+// against float64 standard attention by the 2x rule (tests/helpers.hpp), with poisoned outputs, on
+// shapes that are not multiples of any block size; plus the masks, GQA, NaN propagation,
+// repeatability (a moving result is a race), working memory and error reporting.
 //
 // Built only with CUDA; its main() (cuda_main.cpp) exits with CTest's skip code 77 when no GPU is
 // present. Tags: [quick] is a reduced set, [sanitize] the small set cuda/tools/gpu_check.sh runs under
@@ -19,6 +19,7 @@
 #include "common/tiling.hpp"
 #include "cuda/fa1.hpp"
 #include "cuda/fa2.hpp"
+#include "cuda/minimal.hpp"
 #include "cuda/prepared.hpp"
 #include "helpers.hpp"
 
@@ -27,7 +28,8 @@ using flashattn::test::check_against_reference;
 
 namespace {
 
-const std::vector<std::string> kCudaBackends = {"cuda-standard", "cuda-fa1", "cuda-fa2"};
+const std::vector<std::string> kCudaBackends = {"cuda-standard", "cuda-minimal", "cuda-fa1",
+                                                 "cuda-fa2"};
 
 // A random (Tr, Tc) block mask over blocks of bq x bkv, with the first row of blocks all zero
 // (rows that attend nothing) when there is more than one row of blocks.
@@ -95,6 +97,39 @@ TEST_CASE("cuda backends: scale, bottom-right causal, GQA/MQA and block masks", 
         AttentionProblem p = test::make_problem(2, 2, 1, 700, 900, 64, causal);
         RandomMask mask(p, 128, 64, gen, backend.tile_sizes == TileSizes::caller);
         check_against_reference(backend, p);
+    }
+}
+
+TEST_CASE("cuda-minimal: ragged tails, every d up to 256, causal, GQA, any scale", "[quick]") {
+    // One thread per query row, Br = Bc = 32 (cuda/minimal.cu): N = 1, 7, 33, 113 leave short last
+    // tiles on both axes (33 = one full tile and one row), and rows past seq_q sit idle in the
+    // last thread block. d = 256 takes 132 KiB of shared memory; a device without it must refuse
+    // with std::invalid_argument naming the size, never launch.
+    const Backend& minimal = find_backend("cuda-minimal");
+    CHECK(cuda::cuda_minimal_smem_bytes(256) ==
+          (2 * 32 * 257 + 2 * 32 * 256 + 32 * 33) * sizeof(float));
+    CHECK(cuda::cuda_minimal_smem_bytes(64) ==
+          (2 * 32 * 65 + 2 * 32 * 64 + 32 * 33) * sizeof(float));
+    const std::int64_t Ns[] = {1, 7, 33, 113};
+    int variant = 0;
+    for (std::int64_t d : {1, 3, 59, 111, 256}) {
+        if (cuda::cuda_minimal_smem_bytes(d) > cuda::device_limits().smem_per_block_optin) {
+            const AttentionProblem p = test::make_problem(1, 1, 1, 7, 7, d);
+            const ProblemData in = random_problem_data(p, test::next_seed());
+            INFO("d = " << d);
+            CHECK_THROWS_WITH(minimal.prepare(p, in.Q.data(), in.K.data(), in.V.data(), DType::f32),
+                              Catch::Contains("shared memory"));
+            continue;
+        }
+        for (std::int64_t Nq : Ns)
+            for (std::int64_t Nkv : Ns)
+                for (bool causal : {false, true}) {
+                    // MHA, GQA (ratio 2) and MQA in turn; the default scale and a negative one.
+                    const std::int64_t Hkv = std::int64_t{4} >> (variant % 3);
+                    AttentionProblem p = test::make_problem(2, 4, Hkv, Nq, Nkv, d, causal);
+                    if (variant++ % 2) p.scale = -0.7f;
+                    check_against_reference(minimal, p);
+                }
     }
 }
 
@@ -266,7 +301,8 @@ TEST_CASE("cuda backends: repeated runs give bitwise identical results", "[quick
         }
 }
 
-TEST_CASE("cuda backends: working memory is S/P for standard, l and m for fa1, none for fa2") {
+TEST_CASE(
+    "cuda backends: working memory is S/P for standard, l and m for fa1, none for minimal, fa2") {
     const AttentionProblem p = test::make_problem(2, 4, 2, 333, 517, 64);
     const ProblemData in = random_problem_data(p, test::next_seed());
     const auto extra = [&](const std::string& name) {
@@ -277,6 +313,7 @@ TEST_CASE("cuda backends: working memory is S/P for standard, l and m for fa1, n
     };
     CHECK(extra("cuda-standard") == std::size_t(2 * 4 * 333 * 517) * sizeof(float));
     CHECK(extra("cuda-fa1") == std::size_t(2 * 2 * 4 * 333) * sizeof(float));
+    CHECK(extra("cuda-minimal") == 0);
     CHECK(extra("cuda-fa2") == 0);
 }
 
