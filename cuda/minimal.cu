@@ -11,8 +11,8 @@
 // common/online_softmax.hpp); the loop order is the one FlashAttention-2 made standard (cuda-fa2).
 //
 // Tiles: Br = Bc = 32, fixed: 32 query rows are one warp (a row per lane) and 32 keys keep S_ij
-// small. p.block_q/block_kv and p.sram_floats (the tiles of the scalar form and cuda-fa1) are
-// ignored; a block mask keeps its own block sizes. Shared memory per thread block, in floats:
+// small. Explicit tile sizes (p.block_q/block_kv, p.sram_floats) are refused (TileSizes::own); a
+// block mask keeps its own block sizes. Shared memory per thread block, in floats:
 //     Q_i, O_i: 2 Br (d|1)    K_j, V_j: 2 Bc d    S_ij: Br (Bc + 1)
 // (cuda_minimal_smem_bytes): 132 KiB at d = 256, which an A100 or H100 grants (163 / 227 KiB per
 // block after opting in); a GPU with 99 KiB refuses d >= 190 with std::invalid_argument.
@@ -142,6 +142,10 @@ public:
         synchronize();
     }
 
+    std::string tiles() const override {
+        return "Br = " + std::to_string(kBr) + ", Bc = " + std::to_string(kBc) + " (fixed)";
+    }
+
 private:
     std::size_t smem_;
     std::int64_t blocks_;
@@ -152,7 +156,8 @@ private:
 Backend cuda_minimal_backend() {
     return make_cuda_backend<PreparedMinimal>(
         "cuda-minimal",
-        "Algorithm 1 with one thread per query row (Br = Bc = 32): the shortest correct GPU form");
+        "Algorithm 1 with one thread per query row (Br = Bc = 32): the shortest correct GPU form",
+        TileSizes::own);
 }
 
 }  // namespace flashattn::cuda
