@@ -35,6 +35,9 @@ std::vector<Backend> cpu_backends() {
             return (plan.M ? "M = " + std::to_string(plan.M) + " floats -> " : std::string()) +
                    block_words(plan.blocks, plan.Tr, plan.Tc) + "; SRAM buffers hold " +
                    std::to_string(plan.sram_floats) + " floats";
+        },
+        [](const AttentionProblem& p, const BackwardInputs& in, float* dQ, float* dK, float* dV) {
+            scalar_backward(p, in, dQ, dK, dV);  // Algorithm 4
         }));
     list.push_back(cpu_backend(
         "omp",

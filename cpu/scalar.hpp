@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
+#include "common/backend.hpp"
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
 
@@ -62,5 +64,31 @@ public:
 void scalar_attention(const AttentionProblem& problem, const float* Q, const float* K,
                       const float* V, float* O, float* lse, IoCounter* io = nullptr,
                       ScalarTrace* trace = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// The backward pass: Algorithm 4 of the paper (Appendix B.4), line by line (cpu/scalar_backward.cpp,
+// docs/algorithm4_walkthrough.md). The same block sizes as the forward (line 2 is Algorithm 1's
+// line 1: scalar_plan). K/V blocks outer, Q blocks inner; dQ in "HBM" is read and written at every
+// step (line 21), dK_j and dV_j are accumulated on chip and written once per j (line 24).
+
+// One (j, i) step of Algorithm 4 as an observer sees it, after line 22. Row r of P_ij and dS_ij
+// starts at r * Bc (masked entries 0); row c of dK_j, dV_j (the on-chip accumulators, in double)
+// at c * d; row r of dQ_i (just written to HBM) at r * d.
+struct ScalarBackwardStep {
+    std::int64_t batch = 0, head = 0;
+    std::int64_t j = 0, i = 0;
+    TileRange rows, cols;
+    std::int64_t d = 0, Bc = 0;
+    const float *P_ij = nullptr, *dS_ij = nullptr, *D_i = nullptr;
+    const double *dK_j = nullptr, *dV_j = nullptr, *dQ_i = nullptr;
+};
+using ScalarBackwardTrace = std::function<void(const ScalarBackwardStep&)>;
+
+// dQ: shape of Q; dK, dV: shape of K and V (summed over the query heads of a GQA group). Reads
+// Q, K, V, the forward's O and LSE, and dO. io counts the "HBM" accesses (Q, K, V, O, dO, L, dQ,
+// dK, dV); trace (may be empty) observes every visited step.
+void scalar_backward(const AttentionProblem& problem, const BackwardInputs& in, float* dQ,
+                     float* dK, float* dV, IoCounter* io = nullptr,
+                     const ScalarBackwardTrace& trace = {});
 
 }  // namespace flashattn

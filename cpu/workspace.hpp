@@ -76,6 +76,10 @@ public:
     T& operator[](std::size_t i) { return data_[i]; }
     const T& operator[](std::size_t i) const { return data_[i]; }
     std::size_t size() const { return count_; }
+    T* begin() { return data(); }
+    T* end() { return data() + count_; }
+    const T* begin() const { return data(); }
+    const T* end() const { return data() + count_; }
     std::size_t bytes() const { return count_ * sizeof(T); }
 
 private:

@@ -105,6 +105,62 @@ inline void check_against_reference(const Backend& backend, const AttentionProbl
     CHECK_FALSE(any_nan);
 }
 
+// The backward pass (Algorithm 4) checked the same way, on each of dQ, dK, dV: the float64
+// reference is Algorithm 3 in double, the yardstick Algorithm 3 in float32 on dtype-rounded
+// inputs (cpu/reference.hpp). The backward reads the forward's O and LSE; here they are the
+// float64 reference's, rounded to float, so that a backward is judged on its own error.
+struct Gradients {
+    std::vector<float> dQ, dK, dV;
+};
+
+inline Gradients check_backward_against_reference(const Backend& backend,
+                                                  const AttentionProblem& p, const ProblemData& in,
+                                                  const std::vector<float>& dO,
+                                                  DType dtype = DType::f32) {
+    INFO(backend.name << " backward " << describe(p) << " dtype=" << to_string(dtype));
+    const Reference fwd = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
+    const std::vector<float> O(fwd.O.begin(), fwd.O.end()), lse(fwd.lse.begin(), fwd.lse.end());
+    const GradReference ref = reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+    const GradBounds bound = gradient_bounds(p, in, dO, ref, dtype);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    Gradients g{std::vector<float>(p.q_elements(), nan), std::vector<float>(p.kv_elements(), nan),
+                std::vector<float>(p.kv_elements(), nan)};
+    const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dO.data()};
+    run_backward(backend, p, bin, g.dQ.data(), g.dK.data(), g.dV.data(), dtype);
+    const double err_q = max_abs_error(g.dQ.data(), ref.dQ.data(), p.q_elements());
+    const double err_k = max_abs_error(g.dK.data(), ref.dK.data(), p.kv_elements());
+    const double err_v = max_abs_error(g.dV.data(), ref.dV.data(), p.kv_elements());
+    INFO("dQ error " << err_q << " (bound " << bound.dQ << "), dK error " << err_k << " (bound "
+                     << bound.dK << "), dV error " << err_v << " (bound " << bound.dV << ")");
+    REQUIRE(std::isfinite(bound.dQ));
+    REQUIRE(std::isfinite(bound.dK));
+    REQUIRE(std::isfinite(bound.dV));
+    if (std::getenv("FLASHATTN_TEST_MARGINS"))
+        std::fprintf(stderr, "margin %s backward %s dQ %.3f dK %.3f dV %.3f\n",
+                     backend.name.c_str(), describe(p).c_str(), err_q / bound.dQ,
+                     err_k / bound.dK, err_v / bound.dV);
+    CHECK(err_q <= bound.dQ);
+    CHECK(err_k <= bound.dK);
+    CHECK(err_v <= bound.dV);
+    return g;
+}
+
+// The same on fresh random inputs and a fresh random dO; no gradient may be NaN.
+inline void check_backward_against_reference(const Backend& backend, const AttentionProblem& p,
+                                             DType dtype = DType::f32) {
+    const std::uint64_t seed = next_seed();
+    INFO("seed=" << seed);
+    const ProblemData in = random_problem_data(p, seed);
+    const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+    const Gradients g = check_backward_against_reference(backend, p, in, dO, dtype);
+    const auto any_nan = [](const std::vector<float>& v) {
+        return std::any_of(v.begin(), v.end(), [](float x) { return std::isnan(x); });
+    };
+    CHECK_FALSE(any_nan(g.dQ));
+    CHECK_FALSE(any_nan(g.dK));
+    CHECK_FALSE(any_nan(g.dV));
+}
+
 // Sets an environment variable for one scope and restores the caller's value (or its absence)
 // afterwards: FLASHATTN_VARIANT picks a kernel (cuda/variants.hpp), and the caller's choice
 // (cuda/tools/fa2_margins.sh runs the suites under one) must hold again for the test cases that

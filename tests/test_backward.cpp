@@ -1,0 +1,218 @@
+// tests/test_backward.cpp — the backward pass (paper Algorithm 4; Algorithm 3 for standard) on every
+// backend that has one, against the float64 reference by the 2x rule on each of dQ, dK, dV; and the
+// float64 reference itself against central finite differences of the forward.
+#include <omp.h>
+
+#include <cmath>
+#include <random>
+
+#include "helpers.hpp"
+#include "common/tiling.hpp"
+
+using namespace flashattn;
+
+namespace {
+
+std::vector<const Backend*> backends_with_backward() {
+    std::vector<const Backend*> list;
+    for (const Backend& b : available_backends())
+        if (b.has_backward()) list.push_back(&b);
+    return list;
+}
+
+void on_every_backward(const AttentionProblem& p) {
+    for (const Backend* b : backends_with_backward()) {
+        if (b->device != "cpu") continue;  // the CUDA backwards have their own suite
+        test::check_backward_against_reference(*b, p);
+    }
+}
+
+// loss(Q, K, V) = sum(O o dO) in float64: its gradient is what the backward computes.
+double loss(const AttentionProblem& p, const ProblemData& in, const std::vector<float>& dO) {
+    const Reference r = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
+    double sum = 0;
+    for (std::size_t e = 0; e < r.O.size(); ++e) sum += r.O[e] * dO[e];
+    return sum;
+}
+
+// Central differences of loss over every element of one input, against the reference gradient.
+void check_by_finite_differences(const AttentionProblem& p, ProblemData in,
+                                 const std::vector<float>& dO, std::vector<float> ProblemData::*x,
+                                 const std::vector<double>& grad, const char* name) {
+    const float h = 1e-3f;
+    for (std::size_t e = 0; e < (in.*x).size(); ++e) {
+        const float saved = (in.*x)[e];
+        const float up = saved + h, down = saved - h;  // the step actually taken, in float
+        (in.*x)[e] = up;
+        const double l_up = loss(p, in, dO);
+        (in.*x)[e] = down;
+        const double l_down = loss(p, in, dO);
+        (in.*x)[e] = saved;
+        const double numeric = (l_up - l_down) / (double(up) - double(down));
+        INFO(name << "[" << e << "]: reference " << grad[e] << ", finite differences " << numeric);
+        CHECK(std::fabs(grad[e] - numeric) <= 1e-5 * std::max(1.0, std::fabs(numeric)));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("backward reference: float64 Algorithm 3 agrees with central finite differences") {
+    std::vector<std::uint8_t> mask = {1, 0, 1, 1, 0, 1};  // (Tr, Tc) = (3, 2) blocks of 2 x 3
+    for (int variant = 0; variant < 5; ++variant) {
+        AttentionProblem p = test::make_problem(1, 2, 1, 5, 4, 3);  // GQA: two heads share K, V
+        if (variant == 1) p.causal = true;
+        if (variant == 2) p.seq_q = 3, p.seq_kv = 6, p.causal = true;
+        if (variant == 3) p.scale = -0.7f;
+        if (variant == 4) p.seq_kv = 6, p.block_mask = {mask.data(), 2, 3};
+        INFO("variant " << variant << ": " << test::describe(p));
+        const std::uint64_t seed = test::next_seed();
+        const ProblemData in = random_problem_data(p, seed);
+        const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+        const GradReference g = reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+        check_by_finite_differences(p, in, dO, &ProblemData::Q, g.dQ, "dQ");
+        check_by_finite_differences(p, in, dO, &ProblemData::K, g.dK, "dK");
+        check_by_finite_differences(p, in, dO, &ProblemData::V, g.dV, "dV");
+    }
+}
+
+TEST_CASE("backward: every CPU backward matches float64 on the odd-shape grid") {
+    REQUIRE(backends_with_backward().size() >= 1);
+    for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+             {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 517}})
+        for (std::int64_t d : {1, 3, 59, 111})
+            for (bool causal : {false, true})
+                on_every_backward(test::make_problem(1, 2, 1, Nq, Nkv, d, causal));
+}
+
+TEST_CASE("backward: B*H > 1, GQA ratios 2 and 3, MQA: dK and dV summed over the group") {
+    for (std::int64_t Hkv : {3, 2, 1})
+        for (bool causal : {false, true})
+            on_every_backward(test::make_problem(2, 6, Hkv, 37, 53, 19, causal));
+}
+
+TEST_CASE("backward: explicit tiny tiles (Br = 3, Bc = 5) and tiles from M") {
+    for (const Backend* b : backends_with_backward()) {
+        if (b->device != "cpu" || b->tile_sizes != TileSizes::caller) continue;
+        for (auto [Br, Bc] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                 {3, 5}, {1, 1}, {7, 2}, {64, 16}, {500, 500}})
+            for (bool causal : {false, true}) {
+                AttentionProblem p = test::make_problem(1, 2, 1, 41, 29, 13, causal);
+                p.block_q = Br, p.block_kv = Bc;
+                test::check_backward_against_reference(*b, p);
+            }
+        for (std::int64_t M : {4 * 13, 1000, 1 << 20}) {
+            AttentionProblem p = test::make_problem(1, 2, 2, 29, 41, 13);
+            p.sram_floats = M;
+            test::check_backward_against_reference(*b, p);
+        }
+    }
+}
+
+TEST_CASE("backward: scale (small, negative, large) and long rows") {
+    for (float scale : {0.05f, -0.6f, 2.5f}) {
+        AttentionProblem p = test::make_problem(1, 2, 1, 57, 91, 24, true);
+        p.scale = scale;
+        on_every_backward(p);
+    }
+    on_every_backward(test::make_problem(1, 1, 1, 3, 1500, 8));  // dQ sums 1500 keys
+    on_every_backward(test::make_problem(1, 1, 1, 1500, 3, 8));  // dK, dV sum 1500 rows
+}
+
+TEST_CASE("backward: block masks skip zero blocks; a fully masked row gets zero gradients") {
+    std::mt19937 gen(Catch::rngSeed() + 41);
+    for (bool causal : {false, true})
+        for (int repeat = 0; repeat < 3; ++repeat) {
+            AttentionProblem p = test::make_problem(1, 4, 2, 47, 38, 9, causal);
+            const std::int64_t bq = 1 + gen() % 12, bkv = 1 + gen() % 12;
+            const std::int64_t Tr = tile_count(p.seq_q, bq), Tc = tile_count(p.seq_kv, bkv);
+            std::vector<std::uint8_t> mask(Tr * Tc);
+            for (auto& m : mask) m = gen() % 3 != 0;
+            const std::int64_t empty = gen() % Tr;  // one row of blocks sees nothing
+            std::fill_n(mask.begin() + empty * Tc, Tc, 0);
+            p.block_mask = {mask.data(), bq, bkv};
+            for (const Backend* b : backends_with_backward()) {
+                if (b->device != "cpu") continue;
+                const std::uint64_t seed = test::next_seed();
+                const ProblemData in = random_problem_data(p, seed);
+                const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+                const test::Gradients g = test::check_backward_against_reference(*b, p, in, dO);
+                for (std::int64_t bh = 0; bh < p.heads; ++bh)
+                    for (std::int64_t i = empty * bq; i < std::min(p.seq_q, (empty + 1) * bq); ++i)
+                        for (std::int64_t k = 0; k < p.dim; ++k)
+                            CHECK(g.dQ[(bh * p.seq_q + i) * p.dim + k] == 0.0f);
+            }
+        }
+    // Causal with N_q > N_kv: the first N_q - N_kv rows see no key at all.
+    on_every_backward(test::make_problem(1, 2, 1, 31, 9, 5, true));
+}
+
+TEST_CASE("backward: a NaN in an input reaches exactly the gradients that read it") {
+    // N_q = 9 < N_kv = 14, causal: row i sees keys j <= i + 5. A NaN in V at key 8 is read by
+    // dP_i8 and by O_i (so D_i) of the rows that see key 8 (i >= 3): their dQ rows, and through
+    // dS_ij every dK_j those rows see (all j <= 13, every key); dQ of rows 0..2 and all of dV
+    // (P^T dO) never read V. A NaN in dO at row 2 reaches dQ_2 and the dV_j, dK_j of the keys
+    // row 2 sees (j <= 7); other rows' dQ do not read dO_2.
+    for (const Backend* b : backends_with_backward()) {
+        if (b->device != "cpu") continue;
+        const AttentionProblem p = test::make_problem(1, 1, 1, 9, 14, 6, true);
+        const std::uint64_t seed = test::next_seed();
+        const ProblemData clean = random_problem_data(p, seed);
+        const std::vector<float> clean_dO = random_normal(p.q_elements(), seed + 3);
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        const auto row_has_nan = [&](const std::vector<float>& v, std::int64_t row) {
+            for (std::int64_t k = 0; k < p.dim; ++k)
+                if (std::isnan(v[row * p.dim + k])) return true;
+            return false;
+        };
+        {
+            ProblemData in = clean;
+            in.V[8 * p.dim + 2] = nan;
+            const test::Gradients g = test::check_backward_against_reference(*b, p, in, clean_dO);
+            for (std::int64_t i = 0; i < p.seq_q; ++i) CHECK(row_has_nan(g.dQ, i) == (i >= 3));
+            for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+                CHECK(row_has_nan(g.dK, j));
+                CHECK_FALSE(row_has_nan(g.dV, j));
+            }
+        }
+        {
+            std::vector<float> dO = clean_dO;
+            dO[2 * p.dim + 4] = nan;
+            const test::Gradients g = test::check_backward_against_reference(*b, p, clean, dO);
+            for (std::int64_t i = 0; i < p.seq_q; ++i) CHECK(row_has_nan(g.dQ, i) == (i == 2));
+            for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+                CHECK(row_has_nan(g.dK, j) == (j <= 7));
+                CHECK(row_has_nan(g.dV, j) == (j <= 7));
+            }
+        }
+    }
+}
+
+TEST_CASE("backward: missing arrays and backends without a backward are refused") {
+    const AttentionProblem p = test::make_problem(1, 1, 1, 4, 4, 4);
+    const ProblemData in = random_problem_data(p, 1);
+    const std::vector<float> dO(p.q_elements(), 1.0f), O(p.q_elements()), lse(p.lse_elements());
+    std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
+    for (const Backend* b : backends_with_backward()) {
+        if (b->device != "cpu") continue;
+        BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), nullptr};
+        CHECK_THROWS_WITH(run_backward(*b, p, bin, dQ.data(), dK.data(), dV.data()),
+                          Catch::Contains("dO = null"));
+        bin.dO = dO.data(), bin.lse = nullptr;
+        CHECK_THROWS_WITH(run_backward(*b, p, bin, dQ.data(), dK.data(), dV.data()),
+                          Catch::Contains("LSE = null"));
+        bin.lse = lse.data();
+        CHECK_THROWS_WITH(run_backward(*b, p, bin, nullptr, dK.data(), dV.data()),
+                          Catch::Contains("dQ = null"));
+        AttentionProblem bad = p;
+        bad.heads_kv = 3;
+        CHECK_THROWS_WITH(run_backward(*b, bad, bin, dQ.data(), dK.data(), dV.data()),
+                          Catch::Contains("heads_kv = 3"));
+    }
+    for (const Backend& b : available_backends())
+        if (!b.has_backward()) {
+            const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(),
+                                     O.data(),    lse.data(), dO.data()};
+            CHECK_THROWS_WITH(run_backward(b, p, bin, dQ.data(), dK.data(), dV.data()),
+                              Catch::Contains("has no backward pass"));
+        }
+}
