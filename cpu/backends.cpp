@@ -48,6 +48,9 @@ std::vector<Backend> cpu_backends() {
         [](const AttentionProblem& p) {
             const OmpPlan plan = omp_plan(p);
             return block_words(plan.blocks, plan.Tr, plan.Tc);
+        },
+        [](const AttentionProblem& p, const BackwardInputs& in, float* dQ, float* dK, float* dV) {
+            omp_backward(p, in, dQ, dK, dV);  // FlashAttention-2's backward
         }));
     return list;
 }

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "common/backend.hpp"
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
 
@@ -48,5 +49,12 @@ OmpPlan omp_plan(const AttentionProblem& problem);
 // invalid problem, std::runtime_error when working memory cannot be allocated.
 void omp_attention(const AttentionProblem& problem, const float* Q, const float* K, const float* V,
                    float* O, float* lse);
+
+// The backward pass in FlashAttention-2's order (cpu/omp_backward.cpp): D = rowsum(dO o O) first,
+// then K/V tiles outer with dK_j, dV_j accumulated on chip and dQ_i added per tile pair. dQ: shape
+// of Q; dK, dV: shape of K, V (summed over a GQA group). Bitwise identical for any thread count.
+// Throws std::invalid_argument for an invalid problem or a missing array.
+void omp_backward(const AttentionProblem& problem, const BackwardInputs& in, float* dQ, float* dK,
+                  float* dV);
 
 }  // namespace flashattn

@@ -114,10 +114,11 @@ GradBaseline baseline_backward(const AttentionProblem& p, const ProblemData& in,
 GradBounds gradient_bounds(const AttentionProblem& p, const ProblemData& in,
                            const std::vector<float>& dO, const GradReference& ref, DType dtype) {
     const GradBaseline base = baseline_backward(p, in, dO, dtype);
-    const auto bound = [](const std::vector<float>& b, const std::vector<double>& r) {
-        double size = 1;
-        for (double x : r)
+    double size = 1;
+    for (const std::vector<double>* g : {&ref.dQ, &ref.dK, &ref.dV})
+        for (double x : *g)
             if (std::isfinite(x)) size = std::max(size, std::fabs(x));
+    const auto bound = [size](const std::vector<float>& b, const std::vector<double>& r) {
         return 2 * max_abs_error(b.data(), r.data(), std::int64_t(r.size())) + 1e-6 * size;
     };
     return {bound(base.dQ, ref.dQ), bound(base.dK, ref.dK), bound(base.dV, ref.dV)};

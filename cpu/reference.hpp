@@ -75,8 +75,11 @@ struct GradBaseline {
 GradBaseline baseline_backward(const AttentionProblem& p, const ProblemData& in,
                                const std::vector<float>& dO, DType dtype);
 
-// 2 * max|baseline - ref64| + eps for each gradient. A gradient's size grows with the scores
-// and with N (dK_j, dV_j sum over query rows), so eps = 1e-6 is scaled by its largest |value|.
+// 2 * max|baseline - ref64| + eps for each gradient. The gradients' sizes grow with the scores
+// and with N (dK_j, dV_j sum over query rows), so eps = 1e-6 is scaled by the largest |value| of
+// the three: where one gradient is zero by cancellation (N_kv = 1 gives dS = dP - D = 0, which
+// Algorithm 3 reproduces exactly and Algorithm 4, with D = rowsum(dO o O), to the rounding of
+// dP), its error is a rounding of the backward's other quantities, not of itself.
 struct GradBounds {
     double dQ = 0, dK = 0, dV = 0;
 };

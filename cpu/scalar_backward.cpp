@@ -84,10 +84,12 @@ void algorithm4(const AttentionProblem& p, const ScalarPlan& plan, const float* 
                         P_ij[r * Bc + c] = 0.0f;
                         continue;
                     }
-                    double s = 0.0;
-                    for (std::int64_t k = 0; k < d; ++k) s += double(Q_i[r * d + k]) * K_j[c * d + k];
+                    // The same float sum as the forward's line 9, so that S_ij is the forward's
+                    // bit for bit and exp(S_ij - L_i) cancels what L_i took from it.
+                    float s = 0.0f;
+                    for (std::int64_t k = 0; k < d; ++k) s += Q_i[r * d + k] * K_j[c * d + k];
                     // Alg4 L13: P_ij = diag(l_i)^-1 exp(S_ij^masked - m_i) = exp(S_ij - L_i)
-                    P_ij[r * Bc + c] = recomputed_probability(tau * float(s), L_i[r]);
+                    P_ij[r * Bc + c] = recomputed_probability(tau * s, L_i[r]);
                 }
             // Alg4 L14: (dropout only) draw the mask Z_ij, entries 1/(1 - p_drop) or 0
             // Alg4 L15: (dropout only) P_ij^dropped = P_ij o Z_ij; without dropout it is P_ij

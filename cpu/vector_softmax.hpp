@@ -96,4 +96,20 @@ inline float exp_shifted_row(float* x, std::int64_t n, float m) {
     return sum;
 }
 
+// The backward's P rebuilt for a whole row (common/backward.hpp, recomputed_probability): x[c] <-
+// exp(x[c] - L), 0 for a masked score (-inf), and the whole row 0 when L = -inf (no visible key
+// carried weight). L >= max(x) in exact arithmetic (L = m + log l with l >= 1); a score a rounding
+// above L would give an exponent a hair above 0, which is taken as 0 (P = 1, its largest value).
+inline void probability_row(float* x, std::int64_t n, float L) {
+    if (L == -INFINITY) {
+        for (std::int64_t c = 0; c < n; ++c) x[c] = 0.0f;
+        return;
+    }
+#pragma omp simd
+    for (std::int64_t c = 0; c < n; ++c) {
+        const float t = x[c] - L;  // NaN stays NaN: the comparison below is false for it
+        x[c] = exp_nonpositive(t > 0.0f ? 0.0f : t);
+    }
+}
+
 }  // namespace flashattn

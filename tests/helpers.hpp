@@ -107,8 +107,9 @@ inline void check_against_reference(const Backend& backend, const AttentionProbl
 
 // The backward pass (Algorithm 4) checked the same way, on each of dQ, dK, dV: the float64
 // reference is Algorithm 3 in double, the yardstick Algorithm 3 in float32 on dtype-rounded
-// inputs (cpu/reference.hpp). The backward reads the forward's O and LSE; here they are the
-// float64 reference's, rounded to float, so that a backward is judged on its own error.
+// inputs (cpu/reference.hpp). The backward reads the O and LSE of the same backend's forward, as
+// in training (`flashattn run --dout`): the flash forms rebuild P as exp(S - L), and their own
+// forward's L was computed from the same S.
 struct Gradients {
     std::vector<float> dQ, dK, dV;
 };
@@ -118,8 +119,9 @@ inline Gradients check_backward_against_reference(const Backend& backend,
                                                   const std::vector<float>& dO,
                                                   DType dtype = DType::f32) {
     INFO(backend.name << " backward " << describe(p) << " dtype=" << to_string(dtype));
-    const Reference fwd = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
-    const std::vector<float> O(fwd.O.begin(), fwd.O.end()), lse(fwd.lse.begin(), fwd.lse.end());
+    const Outputs fwd = run_poisoned(backend, p, in, dtype);
+    const std::vector<float>& O = fwd.O;
+    const std::vector<float>& lse = fwd.lse;
     const GradReference ref = reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
     const GradBounds bound = gradient_bounds(p, in, dO, ref, dtype);
     const float nan = std::numeric_limits<float>::quiet_NaN();

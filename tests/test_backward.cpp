@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "helpers.hpp"
@@ -214,5 +215,40 @@ TEST_CASE("backward: missing arrays and backends without a backward are refused"
                                      O.data(),    lse.data(), dO.data()};
             CHECK_THROWS_WITH(run_backward(b, p, bin, dQ.data(), dK.data(), dV.data()),
                               Catch::Contains("has no backward pass"));
+        }
+}
+
+TEST_CASE("backward: omp gives the same bits for 1 to 4 threads (one-pass and two-pass plans)") {
+    // With B * H_kv = 2 groups, 1 and 2 threads take the one-pass plan, 3 and 4 the two-pass plan
+    // (cpu/omp_backward.cpp); every thread count must give identical gradients.
+    const Backend& omp = find_backend("omp");
+    const int saved = omp_get_max_threads();
+    for (std::int64_t d : {32, 19})  // dQ accumulated in place (d = 32) or in a padded copy
+        for (bool causal : {false, true}) {
+            AttentionProblem p = test::make_problem(2, 4, 1, 203, 157, d, causal);
+            const std::uint64_t seed = test::next_seed();
+            const ProblemData in = random_problem_data(p, seed);
+            const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+            std::vector<float> O(p.q_elements()), lse(p.lse_elements());
+            run_backend(omp, p, in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data());
+            const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(),
+                                     O.data(),    lse.data(),  dO.data()};
+            test::Gradients first;
+            for (int threads = 1; threads <= 4; ++threads) {
+                omp_set_num_threads(threads);
+                test::Gradients g{std::vector<float>(p.q_elements()),
+                                  std::vector<float>(p.kv_elements()),
+                                  std::vector<float>(p.kv_elements())};
+                run_backward(omp, p, bin, g.dQ.data(), g.dK.data(), g.dV.data());
+                INFO(test::describe(p) << ", " << threads << " threads");
+                if (threads == 1) {
+                    first = g;
+                    continue;
+                }
+                CHECK(std::memcmp(g.dQ.data(), first.dQ.data(), g.dQ.size() * 4) == 0);
+                CHECK(std::memcmp(g.dK.data(), first.dK.data(), g.dK.size() * 4) == 0);
+                CHECK(std::memcmp(g.dV.data(), first.dV.data(), g.dV.size() * 4) == 0);
+            }
+            omp_set_num_threads(saved);
         }
 }
