@@ -30,9 +30,9 @@ void algorithm4(const AttentionProblem& p, const ScalarPlan& plan, const float* 
                 double* dK, double* dV, IoCounter& io, const ScalarBackwardTrace& trace,
                 std::int64_t b, std::int64_t h) {
     const std::int64_t N_q = p.seq_q, N_kv = p.seq_kv, d = p.dim;
-    const std::int64_t Br = plan.blocks.Br, Bc = plan.blocks.Bc;  // Alg4 L2: Bc = ceil(M/4d), Br = min(ceil(M/4d), d)
     const float tau = p.softmax_scale();
     // Alg4 L1: (dropout only) set the random generator's state R as the forward left it
+    const std::int64_t Br = plan.blocks.Br, Bc = plan.blocks.Bc;  // Alg4 L2: Bc = ceil(M/4d), Br = min(ceil(M/4d), d)
 
     // The "SRAM": fixed-size buffers, allocated once; tiles at a ragged tail use a prefix.
     WorkBuffer<float> K_j(Bc * d), V_j(Bc * d), Q_i(Br * d), O_i(Br * d), dO_i(Br * d);
@@ -103,22 +103,24 @@ void algorithm4(const AttentionProblem& p, const ScalarPlan& plan, const float* 
                     dV_j[c * d + k] += sum;
                 }
 
-            for (std::int64_t r = 0; r < br; ++r) {
-                // Alg4 L19: D_i = rowsum(dO_i o O_i)
-                D_i[r] = output_delta(&dO_i[r * d], &O_i[r * d], d);
+            // Alg4 L17: dP_ij^dropped = dO_i V_j^T (into the dS_ij buffer; masked pairs 0)
+            for (std::int64_t r = 0; r < br; ++r)
                 for (std::int64_t c = 0; c < bc; ++c) {
-                    if (!visible(r, c)) {
-                        dS_ij[r * Bc + c] = 0.0f;
-                        continue;
-                    }
-                    // Alg4 L17: dP_ij^dropped = dO_i V_j^T
                     double dP = 0.0;
-                    for (std::int64_t k = 0; k < d; ++k) dP += double(dO_i[r * d + k]) * V_j[c * d + k];
-                    // Alg4 L18: (dropout only) dP_ij = dP_ij^dropped o Z_ij; here dP_ij^dropped
-                    // Alg4 L20: dS_ij = P_ij o (dP_ij - D_i)
-                    dS_ij[r * Bc + c] = score_gradient(P_ij[r * Bc + c], float(dP), D_i[r]);
+                    if (visible(r, c))
+                        for (std::int64_t k = 0; k < d; ++k) dP += double(dO_i[r * d + k]) * V_j[c * d + k];
+                    dS_ij[r * Bc + c] = float(dP);
                 }
-            }
+            // Alg4 L18: (dropout only) dP_ij = dP_ij^dropped o Z_ij; without dropout the same
+
+            // Alg4 L19: D_i = rowsum(dO_i o O_i)
+            for (std::int64_t r = 0; r < br; ++r) D_i[r] = output_delta(&dO_i[r * d], &O_i[r * d], d);
+
+            // Alg4 L20: dS_ij = P_ij o (dP_ij - D_i), in place of dP_ij (masked pairs stay 0)
+            for (std::int64_t r = 0; r < br; ++r)
+                for (std::int64_t c = 0; c < bc; ++c)
+                    if (visible(r, c))
+                        dS_ij[r * Bc + c] = score_gradient(P_ij[r * Bc + c], dS_ij[r * Bc + c], D_i[r]);
 
             // Alg4 L21: write dQ_i = dQ_i + tau dS_ij K_j to HBM
             for (std::int64_t r = 0; r < br; ++r)
@@ -173,11 +175,11 @@ void scalar_backward(const AttentionProblem& p, const BackwardInputs& in, float*
     WorkBuffer<double> dQ_h(p.seq_q * p.dim), dK_g(p.seq_kv * p.dim), dV_g(p.seq_kv * p.dim);
     for (std::int64_t b = 0; b < p.batch; ++b)
         for (std::int64_t g = 0; g < p.heads_kv; ++g) {
-            std::fill(dK_g.begin(), dK_g.end(), 0.0);  // Alg4 L5 for dK, dV of this K/V head
+            std::fill(dK_g.begin(), dK_g.end(), 0.0);  // (Algorithm 4 line 5 for dK, dV of this K/V head)
             std::fill(dV_g.begin(), dV_g.end(), 0.0);
             counter.writes += 2 * p.seq_kv * p.dim;
             for (std::int64_t h = g * p.group_size(); h < (g + 1) * p.group_size(); ++h) {
-                std::fill(dQ_h.begin(), dQ_h.end(), 0.0);  // Alg4 L5 for dQ
+                std::fill(dQ_h.begin(), dQ_h.end(), 0.0);  // (line 5 for dQ)
                 counter.writes += p.seq_q * p.dim;
                 algorithm4(p, plan, in.Q + p.q_offset(b, h), in.K + p.kv_offset(b, h),
                            in.V + p.kv_offset(b, h), in.O + p.q_offset(b, h),

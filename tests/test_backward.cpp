@@ -119,7 +119,7 @@ TEST_CASE("backward: scale (small, negative, large) and long rows") {
     on_every_backward(test::make_problem(1, 1, 1, 1500, 3, 8));  // dK, dV sum 1500 rows
 }
 
-TEST_CASE("backward: block masks skip zero blocks; a fully masked row gets zero gradients") {
+TEST_CASE("backward: block masks skip zero blocks, and a fully masked row gets zero gradients") {
     std::mt19937 gen(Catch::rngSeed() + 41);
     for (bool causal : {false, true})
         for (int repeat = 0; repeat < 3; ++repeat) {

@@ -9,8 +9,9 @@ makes it fail instead. Rules:
      line, and its text names what is on that line: each tag `AlgN Lk` in the link text must be on
      the line (as a tag, so `Alg1 L1` does not match `Alg1 L10`), and so must each `code span`.
      A line link whose text names nothing is an error: nothing could be checked.
-  2. Every `Alg1 Lk` tag in cpu/scalar.cpp is linked from docs/algorithm1_walkthrough.md, and the
-     tags stand in the order of the paper's lines.
+  2. Every `Alg1 Lk` tag in cpu/scalar.cpp is linked from docs/algorithm1_walkthrough.md, every
+     `Alg4 Lk` tag in cpu/scalar_backward.cpp from docs/algorithm4_walkthrough.md, and the tags
+     stand in the order of the paper's lines.
   3. Every reference a reader might follow exists: relative markdown links in README.md and docs/,
      and paths such as `cuda/prepared.hpp` or `docs/design.md` named in the docs and in the
      comments of the sources (a reference to a file the tree does not contain is an error), and
@@ -36,6 +37,9 @@ TAG = re.compile(r"\bAlg(\d+) L(\d+)(?!\d)")
 CODE = re.compile(r"`([^`]+)`")
 SCALAR = "cpu/scalar.cpp"
 WALKTHROUGH = "docs/algorithm1_walkthrough.md"
+# (algorithm, the form whose tags it carries, the walkthrough that must link every tag)
+TAGGED = [("1", SCALAR, WALKTHROUGH),
+          ("4", "cpu/scalar_backward.cpp", "docs/algorithm4_walkthrough.md")]
 
 
 class Tree:
@@ -93,7 +97,7 @@ def links(tree, md):
 
 def check(tree):
     errors = []
-    linked_scalar_lines = set()
+    linked = set()  # (source, line) pairs linked from their walkthrough
     for md in tree.markdown_files():
         for number, text, target, line, _ in links(tree, md):
             where = "%s:%d: link [%s](...%s#L%d)" % (md, number, text, target, line)
@@ -114,21 +118,24 @@ def check(tree):
             if not line_has(lines[line - 1], tags, spans):
                 errors.append(where + ": line %d is now %r" % (line, lines[line - 1].strip()))
                 continue
-            if target == SCALAR and md == WALKTHROUGH:
-                linked_scalar_lines.add(line)
+            if any(target == src and md == doc for _, src, doc in TAGGED):
+                linked.add((target, line))
 
-    # Rule 2: every Alg1 tag of the scalar form is in the walkthrough, and in paper order.
-    previous = 0
-    for number, text in enumerate(tree.lines(SCALAR), start=1):
-        for alg, paper_line in TAG.findall(text):
-            if alg != "1":
-                continue
-            where = "%s:%d: tag Alg1 L%s" % (SCALAR, number, paper_line)
-            if number not in linked_scalar_lines:
-                errors.append(where + ": not linked from " + WALKTHROUGH)
-            if int(paper_line) < previous:
-                errors.append(where + ": out of order (after Alg1 L%d)" % previous)
-            previous = max(previous, int(paper_line))
+    # Rule 2: every tag of a tagged form is in its walkthrough, and in paper order.
+    for alg_wanted, source, walkthrough in TAGGED:
+        if not tree.exists(source):
+            continue
+        previous = 0
+        for number, text in enumerate(tree.lines(source), start=1):
+            for alg, paper_line in TAG.findall(text):
+                if alg != alg_wanted:
+                    continue
+                where = "%s:%d: tag Alg%s L%s" % (source, number, alg, paper_line)
+                if (source, number) not in linked:
+                    errors.append(where + ": not linked from " + walkthrough)
+                if int(paper_line) < previous:
+                    errors.append(where + ": out of order (after Alg%s L%d)" % (alg, previous))
+                previous = max(previous, int(paper_line))
     return errors
 
 
@@ -271,7 +278,7 @@ def main():
         print("%d problem(s). After moving code, `python3 tests/test_docs_drift.py --fix` "
               "updates line numbers; review its diff." % len(errors))
         return 1
-    print("docs drift: all line links and Alg1 tags agree")
+    print("docs drift: all line links and Alg1/Alg4 tags agree")
     return 0
 
 
