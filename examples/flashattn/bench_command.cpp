@@ -288,10 +288,11 @@ int bench(const BenchOptions& o) {
         const int rounds = o.warmup + o.repeat;
         for (int round = 0; round < rounds; ++round)
             for (Contender& c : contenders) {
+                const std::string what = c.pass == "backward" ? c.name + " backward" : c.name;
                 progress.update(round < o.warmup
-                                    ? "warm-up, " + c.name
+                                    ? "warm-up, " + what
                                     : "round " + std::to_string(round - o.warmup + 1) + "/" +
-                                          std::to_string(o.repeat) + ", " + c.name);
+                                          std::to_string(o.repeat) + ", " + what);
                 const auto start = Clock::now();
                 try {
                     c.run();

@@ -133,10 +133,16 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
             std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
             const BackwardInputs in{data.Q.data(), data.K.data(), data.V.data(),
                                     O.data(),      lse.data(),    dO.data()};
-            run_backward(b, p, in, dQ.data(), dK.data(), dV.data(), t);
-            const double ratio = worst_gradient_ratio(p, dQ, dK, dV, *grad_ref, gb);
-            grad_cell = fixed(ratio, 2);
-            ok = ok && ratio <= 1;
+            try {
+                run_backward(b, p, in, dQ.data(), dK.data(), dV.data(), t);
+                const double ratio = worst_gradient_ratio(p, dQ, dK, dV, *grad_ref, gb);
+                grad_cell = fixed(ratio, 2);
+                ok = ok && ratio <= 1;
+            } catch (const std::invalid_argument& e) {
+                // A backward with a narrower contract than its forward: said, like a skip.
+                grad_cell = "skipped";
+                skipped.push_back(b.name + "'s backward: " + e.what());
+            }
         }
         failures += ok ? 0 : 1;
         table.add({b.name, b.device, to_string(t), fixed(ms, 2), std::to_string(times.size()), fixed(flops / ms / 1e6, 1),
