@@ -50,6 +50,23 @@ inline std::uint64_t next_seed() {
     return seed += 7919;
 }
 
+// A backend of this build without a backward pass, for the tests that such a backend is refused:
+// found at run time, since more backends gain a backward as they are written. Empty when every
+// backend has one (the caller then WARNs and skips that check).
+inline std::string backend_without_backward() {
+    for (const Backend& b : available_backends())
+        if (!b.has_backward()) return b.name;
+    return {};
+}
+
+// The CPU backends that have a backward pass, in the registry's order (standard first).
+inline std::vector<std::string> cpu_backends_with_backward() {
+    std::vector<std::string> names;
+    for (const Backend& b : available_backends())
+        if (b.device == "cpu" && b.has_backward()) names.push_back(b.name);
+    return names;
+}
+
 struct Outputs {
     std::vector<float> O, lse;
 };

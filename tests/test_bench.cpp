@@ -66,6 +66,7 @@ TEST_CASE("flashattn bench --json: one row per backend, in order, with every pro
         const nlohmann::json& row = rows[i];
         INFO(row.dump());
         CHECK(row.at("backend") == names[i]);
+        CHECK(row.at("pass") == "forward");  // the default --pass
         CHECK(row.at("batch") == 2);
         CHECK(row.at("heads") == 4);
         CHECK(row.at("heads_kv") == 2);
@@ -125,6 +126,8 @@ TEST_CASE("flashattn bench: bad options give exit 2 and a message starting with 
         "bench --backends omp" + shape + " --warmup -1",
         "bench --backends omp" + shape + " --dtype f64",
         "bench --backends omp" + shape + " --seq-kv -4",
+        "bench --backends standard" + shape + " --pass sideways",
+        "bench --backends standard" + shape + " --pass",
         "bench --backends omp --batch 1 --heads 2 --seq 16",  // no --dim
         "bench --batch 1 --heads 2 --seq 16 --dim 8",         // no --backends
     };
@@ -133,5 +136,88 @@ TEST_CASE("flashattn bench: bad options give exit 2 and a message starting with 
         INFO("flashattn " << args << "\nstderr: " << r.err);
         CHECK(r.status == 2);
         CHECK(r.err.rfind("error:", 0) == 0);
+    }
+}
+
+namespace {
+
+// The FLOPs a row claims, from the row's own fields: 4*B*H*N_q*N_kv*d, halved for causal when
+// N_q == N_kv, and 2.5x that for a backward row (docs/design.md, Command-line contract).
+double row_flops(const nlohmann::json& row) {
+    const double forward = 4.0 * row.at("batch").get<double>() * row.at("heads").get<double>() *
+                           row.at("seq_q").get<double>() * row.at("seq_kv").get<double>() *
+                           row.at("dim").get<double>();
+    const bool halved = row.at("causal").get<bool>() && row.at("seq_q") == row.at("seq_kv");
+    return (halved ? forward / 2 : forward) * (row.at("pass") == "backward" ? 2.5 : 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("flashattn bench --pass backward: rows time the backward and count 2.5x the FLOPs") {
+    for (const char* shape : {"--seq 48 --causal", "--seq 37 --seq-kv 53"}) {
+        const std::vector<nlohmann::json> rows =
+            bench_json(std::string("bench --backends standard --batch 2 --heads 4 --heads-kv 2 ") +
+                       shape + " --dim 16 --repeat 3 --threads 2 --pass backward --json");
+        REQUIRE(rows.size() == 1);
+        const nlohmann::json& row = rows[0];
+        INFO(row.dump());
+        CHECK(row.at("kind") == "attention");
+        CHECK(row.at("backend") == "standard");
+        CHECK(row.at("pass") == "backward");
+        CHECK(row.at("heads_kv") == 2);
+        // gflops = FLOPs / median, by the row's own numbers.
+        const double median = row.at("median_ms");
+        REQUIRE(median > 0);
+        CHECK(row.at("gflops").get<double>() ==
+              Approx(row_flops(row) / median / 1e6).epsilon(1e-9));
+        // standard's backward materializes P and dP: its working memory is not zero.
+        CHECK(row.at("extra_bytes").get<std::size_t>() > 0);
+        CHECK(row.at("speedup_vs_first").get<double>() == Approx(1.0));
+    }
+}
+
+TEST_CASE("flashattn bench --pass both: a forward row then a backward row for each backend") {
+    const std::vector<std::string> backends = flashattn::test::cpu_backends_with_backward();
+    REQUIRE_FALSE(backends.empty());
+    std::string list;
+    for (const std::string& b : backends) list += (list.empty() ? "" : ",") + b;
+    const std::vector<nlohmann::json> rows =
+        bench_json("bench --backends " + list +
+                   " --batch 1 --heads 2 --seq 32 --dim 8 --repeat 2 --threads 2 --pass both"
+                   " --json");
+    REQUIRE(rows.size() == 2 * backends.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        INFO(rows[i].dump());
+        CHECK(rows[i].at("backend") == backends[i / 2]);
+        CHECK(rows[i].at("pass") == (i % 2 == 0 ? "forward" : "backward"));
+        CHECK(rows[i].at("gflops").get<double>() ==
+              Approx(row_flops(rows[i]) / rows[i].at("median_ms").get<double>() / 1e6)
+                  .epsilon(1e-9));
+    }
+    // The table says which pass each row is, and how a backward's FLOPs are counted.
+    const Result table = bench_cli("bench --backends " + list +
+                                   " --batch 1 --heads 2 --seq 32 --dim 8 --repeat 1 --pass both");
+    INFO(table.err);
+    REQUIRE(table.status == 0);
+    CHECK(table.out.find("pass") != std::string::npos);
+    CHECK(table.out.find("backward") != std::string::npos);
+    CHECK(table.out.find("backward FLOPs = 2.5 x forward's") != std::string::npos);
+}
+
+TEST_CASE("flashattn bench --pass backward|both: a backend without a backward is refused") {
+    const std::string backend = flashattn::test::backend_without_backward();
+    if (backend.empty()) {
+        WARN("every backend of this build has a backward pass: nothing to refuse");
+        return;
+    }
+    for (const char* pass : {"backward", "both"}) {
+        const Result r = bench_cli("bench --backends standard," + backend +
+                                   " --batch 1 --heads 2 --seq 16 --dim 8 --repeat 1 --pass " +
+                                   pass);
+        INFO("--pass " << pass << "\nstderr: " << r.err);
+        CHECK(r.status == 2);
+        CHECK(r.err.rfind("error:", 0) == 0);
+        CHECK(r.err.find(backend) != std::string::npos);
+        CHECK(r.out.empty());  // refused before any timing
     }
 }

@@ -443,3 +443,212 @@ TEST_CASE("flashattn demo and bench: a problem too large for memory is a clean e
         check_refused(r, /*error_first=*/false);  // demo shows its progress first
     }
 }
+
+// --- The backward pass on the command line: run --dout dO.npy --dq --dk --dv --------------------
+
+namespace {
+
+// Runs `flashattn run` with the backward on a backend, on random inputs written as .npy of the
+// given shapes (4 entries: (B, H, N, d); 2: (N, d)), and checks dQ, dK, dV against the float64
+// Algorithm 3 by the 2x rule (gradient_bounds), and their shapes against Q's and K's.
+void check_run_backward(const std::string& backend, const AttentionProblem& p, bool four_d,
+                        DType dtype, const TempDir& tmp) {
+    INFO("run --backend " << backend << " " << test::describe(p) << " (" << (four_d ? 4 : 2)
+                          << "-d files) dtype=" << to_string(dtype));
+    const std::uint64_t seed = test::next_seed();
+    INFO("seed=" << seed);
+    const ProblemData in = random_problem_data(p, seed);
+    const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+    const std::vector<std::int64_t> qs =
+        four_d ? std::vector<std::int64_t>{p.batch, p.heads, p.seq_q, p.dim}
+               : std::vector<std::int64_t>{p.seq_q, p.dim};
+    const std::vector<std::int64_t> ks =
+        four_d ? std::vector<std::int64_t>{p.batch, p.heads_kv, p.seq_kv, p.dim}
+               : std::vector<std::int64_t>{p.seq_kv, p.dim};
+    const auto path = [&](const char* name) { return (tmp.path / name).string(); };
+    write_file(path("q.npy"), npy::serialize_float32(qs, in.Q.data()));
+    write_file(path("k.npy"), npy::serialize_float32(ks, in.K.data()));
+    write_file(path("v.npy"), npy::serialize_float32(ks, in.V.data()));
+    write_file(path("do.npy"), npy::serialize_float32(qs, dO.data()));
+    const Result r = flashattn_cli(
+        "run --backend " + backend + (p.causal ? " --causal" : "") + " --dtype " +
+            to_string(dtype) + " --q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
+            path("v.npy") + " --out " + path("o.npy") + " --dout " + path("do.npy") + " --dq " +
+            path("dq.npy") + " --dk " + path("dk.npy") + " --dv " + path("dv.npy"),
+        tmp.path);
+    INFO("stderr: " << r.err);
+    REQUIRE(r.status == 0);
+    CHECK(r.err.find(backend + ": backward done") != std::string::npos);
+    const npy::Array dQ = npy::load(path("dq.npy")), dK = npy::load(path("dk.npy")),
+                     dV = npy::load(path("dv.npy"));
+    CHECK(dQ.shape == qs);
+    CHECK(dK.shape == ks);
+    CHECK(dV.shape == ks);
+    // Against the float64 backward, never against the code path under test.
+    const GradReference ref =
+        reference_backward(p, in.Q.data(), in.K.data(), in.V.data(), dO.data());
+    const GradBounds bound = gradient_bounds(p, in, dO, ref, dtype);
+    CHECK(max_abs_error(dQ.floats.data(), ref.dQ.data(), p.q_elements()) <= bound.dQ);
+    CHECK(max_abs_error(dK.floats.data(), ref.dK.data(), p.kv_elements()) <= bound.dK);
+    CHECK(max_abs_error(dV.floats.data(), ref.dV.data(), p.kv_elements()) <= bound.dV);
+}
+
+// The outputs of a run with the backward, each an existing file or a fresh name.
+const std::vector<std::string> kAllOutputs = {"--out", "--lse", "--dq", "--dk", "--dv"};
+
+// Runs `flashattn ARGS` plus the outputs named in `outputs` (a subset of kAllOutputs), first as
+// existing files and then as fresh names: the command must be refused, leave every existing file
+// as it was, create none of the fresh ones and leave no temporary file.
+void check_backward_refused(const std::string& args, const std::vector<std::string>& outputs,
+                            const fs::path& dir) {
+    const auto file = [&](const char* kind, const std::string& option) {
+        return dir / (kind + option.substr(2) + ".npy");  // "existing_dq.npy", "fresh_dq.npy"
+    };
+    for (const char* kind : {"existing_", "fresh_"}) {
+        std::string command = args;
+        for (const std::string& option : kAllOutputs) {
+            fs::remove(file("fresh_", option));
+            write_file(file("existing_", option), "keep " + option);
+        }
+        for (const std::string& option : outputs)
+            command += " " + option + " " + file(kind, option).string();
+        const Result r = flashattn_cli(command, dir);
+        INFO("flashattn " << command << "\nstderr: " << r.err);
+        check_refused(r);
+        for (const std::string& option : kAllOutputs) {
+            CHECK(read_file(file("existing_", option)) == "keep " + option);
+            CHECK_FALSE(fs::exists(file("fresh_", option)));
+        }
+    }
+    check_no_temporaries(dir);
+}
+
+}  // namespace
+
+TEST_CASE("flashattn run --dout/--dq/--dk/--dv writes gradients that match the float64 backward") {
+    // The command line is under test here, on standard; every backward's accuracy on the
+    // odd-shape grid is tests/test_backward.cpp's.
+    TempDir tmp;
+    for (bool causal : {true, false}) {
+        // GQA (H = 4 over H_kv = 2), N_q != N_kv both ways, sizes that divide nothing.
+        check_run_backward("standard", test::make_problem(2, 4, 2, 37, 53, 11, causal), true,
+                           DType::f32, tmp);
+        check_run_backward("standard", test::make_problem(1, 4, 2, 29, 17, 8, causal), true,
+                           DType::f32, tmp);
+        // (N, d) files: B = H = 1.
+        check_run_backward("standard", test::make_problem(1, 1, 1, 23, 41, 7, causal), false,
+                           DType::f32, tmp);
+    }
+    // --dtype applies to the backward too: judged against float32 Algorithm 3 on bf16 inputs.
+    check_run_backward("standard", test::make_problem(1, 2, 1, 19, 31, 16, true), true,
+                       DType::bf16, tmp);
+}
+
+TEST_CASE("flashattn run: --dout, --dq, --dk and --dv come together or not at all") {
+    const Inputs in;
+    const std::string dO = in.array("do.npy", {2, 3, 5, 8});
+    const std::string run = "run --backend standard" + in.io;
+    // Each of the four missing in turn: refused, nothing written.
+    for (const std::string missing : {"--dout", "--dq", "--dk", "--dv"}) {
+        std::vector<std::string> outputs;
+        for (const std::string& option : kAllOutputs)
+            if (option != missing) outputs.push_back(option);
+        check_backward_refused(missing == "--dout" ? run : run + " --dout " + dO, outputs,
+                               in.tmp.path);
+        const Result r = flashattn_cli(
+            run + (missing == "--dout" ? "" : " --dout " + dO) + " --out " + in.file("o.npy") +
+                (missing == "--dq" ? "" : " --dq " + in.file("dq.npy")) +
+                (missing == "--dk" ? "" : " --dk " + in.file("dk.npy")) +
+                (missing == "--dv" ? "" : " --dv " + in.file("dv.npy")),
+            in.tmp.path);
+        INFO("missing " << missing << ", stderr: " << r.err);
+        check_refused(r);
+        CHECK(r.err.find("missing " + missing) != std::string::npos);
+    }
+    // Only --dout, with no gradient outputs at all.
+    check_backward_refused(run + " --dout " + dO, {"--out", "--lse"}, in.tmp.path);
+    // All four: accepted.
+    const Result ok = flashattn_cli(run + " --out " + in.file("o.npy") + " --dout " + dO +
+                                        " --dq " + in.file("dq.npy") + " --dk " +
+                                        in.file("dk.npy") + " --dv " + in.file("dv.npy"),
+                                    in.tmp.path);
+    INFO(ok.err);
+    CHECK(ok.status == 0);
+}
+
+TEST_CASE("flashattn run: a bad dO is refused and nothing is written") {
+    const Inputs in;
+    const std::string run = "run --backend standard" + in.io + " --dout ";
+    const std::vector<std::string> bad_dO = {
+        in.array("do_short.npy", {2, 3, 4, 8}),     // N_q off by one
+        in.array("do_kv.npy", {2, 1, 7, 8}),        // K's shape, not Q's
+        in.array("do_3d.npy", {3, 5, 8}),           // rank 3
+        in.array("do_2d.npy", {5, 8}),              // (N, d) for a (B, H, N, d) Q
+        in.raw("do_f64.npy", npy_file(npy_dict("<f8", "(2, 3, 5, 8)"), 1, 8 * 240)),
+        in.raw("do_u8.npy", npy_file(npy_dict("|u1", "(2, 3, 5, 8)"), 1, 240)),
+        in.raw("do_empty.npy", ""),
+        in.file("do_missing.npy"),
+    };
+    for (const std::string& dO : bad_dO) check_backward_refused(run + dO, kAllOutputs, in.tmp.path);
+}
+
+TEST_CASE("flashattn run: a backend without a backward is refused before any work") {
+    const Inputs in;
+    const std::string backend = test::backend_without_backward();
+    if (backend.empty()) {
+        WARN("every backend of this build has a backward pass: nothing to refuse");
+        return;
+    }
+    const std::string dO = in.array("do.npy", {2, 3, 5, 8});
+    check_backward_refused("run --backend " + backend + in.io + " --dout " + dO, kAllOutputs,
+                           in.tmp.path);
+    // Before any input is read: with a missing Q the error is still about the backward.
+    const Result r = flashattn_cli("run --backend " + backend + " --q " + in.file("absent.npy") +
+                                       " --k " + in.k + " --v " + in.k + " --out " +
+                                       in.file("o.npy") + " --dout " + dO + " --dq " +
+                                       in.file("dq.npy") + " --dk " + in.file("dk.npy") +
+                                       " --dv " + in.file("dv.npy"),
+                                   in.tmp.path);
+    INFO("stderr: " << r.err);
+    check_refused(r);
+    CHECK(r.err.find("backend = " + backend + ": has no backward pass") != std::string::npos);
+    CHECK_FALSE(fs::exists(in.file("o.npy")));
+}
+
+TEST_CASE("flashattn run: gradient outputs that cannot be written are refused before computing") {
+    const Inputs in;
+    const fs::path dir = in.tmp.path;
+    const std::string dO = in.array("do.npy", {2, 3, 5, 8});
+    fs::create_directories(dir / "dq_dir.npy");
+    const std::string io = "run --backend standard" + in.io + " --dout " + dO;
+    const auto with = [&](const std::string& dq, const std::string& dk) {
+        return io + " --out " + in.file("o.npy") + " --dq " + dq + " --dk " + dk + " --dv " +
+               in.file("dv.npy");
+    };
+    const std::vector<std::string> bad = {
+        with((dir / "no_such_dir" / "dq.npy").string(), in.file("dk.npy")),
+        with((dir / "dq_dir.npy").string(), in.file("dk.npy")),
+        with(in.file("dk.npy"), in.file("dk.npy")),  // dQ and dK one file
+        with(in.file("o.npy"), in.file("dk.npy")),   // dQ and O one file
+    };
+    for (const std::string& args : bad) {
+        const Result r = flashattn_cli(args, dir);
+        INFO("flashattn " << args << "\nstderr: " << r.err);
+        check_refused(r);
+        for (const char* name : {"o.npy", "dq.npy", "dk.npy", "dv.npy"})
+            CHECK_FALSE(fs::exists(dir / name));
+        CHECK(fs::is_directory(dir / "dq_dir.npy"));
+        check_no_temporaries(dir);
+    }
+    // Probed before anything is read or computed: with a missing input, the error is about --dq.
+    const Result r = flashattn_cli(
+        "run --backend standard --q " + in.file("absent.npy") + " --k " + in.k + " --v " + in.k +
+            " --out " + in.file("o.npy") + " --dout " + dO + " --dq " +
+            (dir / "no_such_dir" / "dq.npy").string() + " --dk " + in.file("dk.npy") + " --dv " +
+            in.file("dv.npy"),
+        dir);
+    INFO("stderr: " << r.err);
+    check_refused(r);
+    CHECK(r.err.find("no_such_dir") != std::string::npos);
+    check_no_temporaries(dir);
+}

@@ -5,10 +5,15 @@
 // job, a clock change) hits all of them alike. After the warm-up rounds, `--repeat` timed rounds;
 // each backend reports the median, min and max of its execute() times (steady_clock; a CUDA
 // backend's execute() returns when its kernels have finished), GFLOP/s of the median, and its
-// measured working memory (PreparedAttention::extra_bytes()).
+// measured working memory (PreparedAttention::extra_bytes(), PreparedBackward::extra_bytes()).
 //
 // --gemm-ceiling adds Eigen's SGEMM 2048^3 to every round, with the same threads: the rate a tuned
 // GEMM reaches on these cores, which the attention forms (two GEMMs and a softmax) are judged by.
+//
+// --pass backward times the backward pass instead (PreparedBackward::execute() alone), on the O
+// and LSE of one untimed forward run and a random dO; --pass both gives each backend a forward
+// row and a backward row. A backward row counts 2.5x the forward's FLOPs, FlashAttention's
+// convention (the backward's five GEMMs against the forward's two).
 #include <omp.h>
 #include <unistd.h>
 
@@ -17,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -45,6 +51,7 @@ struct BenchOptions {
     std::optional<std::int64_t> heads_kv, seq_kv;
     bool causal = false;
     std::string dtype = "f32";
+    std::string pass = "forward";  // forward, backward or both
     int repeat = 10, warmup = 1;
     std::optional<int> threads;
     bool json = false, gemm_ceiling = false;
@@ -59,12 +66,25 @@ double ms_since(Clock::time_point start) {
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// One thing that is timed in every round: a prepared backend, or the SGEMM.
+// One thing that is timed in every round: a prepared backend's forward or backward, or the SGEMM.
 struct Contender {
     std::string name, device, device_name;
+    std::string pass;  // "forward" or "backward"; empty for the SGEMM
     std::function<void()> run;
+    std::function<std::size_t()> extra_bytes;  // working memory of the last run; empty for SGEMM
     double flops = 0;
     std::vector<double> ms;
+};
+
+// FlashAttention's convention for the backward's FLOPs: 2.5x the forward's. The backward does five
+// matrix products of the forward's size (S recomputed, dV = P^T dO, dP = dO V^T, dQ = dS K,
+// dK = dS^T Q) where the forward does two (S = Q K^T, O = P V).
+constexpr double kBackwardFlopsFactor = 2.5;
+
+// The O and LSE of one untimed forward run, which a backward reads: kept alive, at a fixed address,
+// as long as the PreparedBackward that points at them.
+struct SavedForward {
+    std::vector<float> O, lse;
 };
 
 struct Stats {
@@ -173,6 +193,7 @@ int bench(const BenchOptions& o) {
         p.block_mask = {mask.data(), mask_blocks.Br, mask_blocks.Bc};
     }
     validate(p);
+    const bool time_forward = o.pass != "backward", time_backward = o.pass != "forward";
 
     // One thread count for every CPU backend: OpenMP's, and Eigen's (standard's GEMMs, SGEMM).
     const int threads = o.threads.value_or(omp_get_max_threads());
@@ -188,42 +209,77 @@ int bench(const BenchOptions& o) {
             throw std::invalid_argument("--dtype = " + o.dtype + ": backend " + name +
                                         " does not support it (it supports " + supported + ")");
         }
+        if (time_backward) {
+            try {
+                require_backward(b);
+            } catch (const std::invalid_argument& e) {
+                throw std::invalid_argument("--pass " + o.pass + ": " + e.what());
+            }
+        }
         backends.push_back(&b);
     }
 
-    // The inputs and each backend's O and LSE, before any of them is allocated.
+    // The inputs and each backend's O and LSE, and for the backward dO and each backend's dQ, dK,
+    // dV, before any of them is allocated.
     const double q = double(p.q_elements()), kv = double(p.kv_elements());
-    require_memory(sizeof(float) * (q + 2 * kv + double(backends.size()) * (q + p.lse_elements())),
+    const double per_backend = q + p.lse_elements() + (time_backward ? q + 2 * kv : 0);
+    require_memory(sizeof(float) * (q + 2 * kv + (time_backward ? q : 0) +
+                                    double(backends.size()) * per_backend),
                    "bench's inputs and outputs");
     const ProblemData data = random_problem_data(p, o.seed);
+    // dO from the same seed as the inputs (random_problem_data uses seed, seed + 1, seed + 2).
+    const std::vector<float> dO =
+        time_backward ? random_normal(p.q_elements(), o.seed + 3) : std::vector<float>{};
     std::vector<std::unique_ptr<PreparedAttention>> prepared;
+    std::vector<std::unique_ptr<PreparedBackward>> prepared_backward;
+    std::deque<SavedForward> saved;  // a deque: growing it never moves the arrays already there
     std::vector<Contender> contenders;
     for (const Backend* b : backends) {
+        std::unique_ptr<PreparedAttention> forward;
         try {
-            prepared.push_back(b->prepare(p, data.Q.data(), data.K.data(), data.V.data(), dtype));
+            forward = b->prepare(p, data.Q.data(), data.K.data(), data.V.data(), dtype);
         } catch (const std::invalid_argument& e) {
             throw std::invalid_argument("backend " + b->name +
                                         " rejects this problem: " + e.what());
         } catch (const std::exception& e) {
             throw std::runtime_error("backend " + b->name + " failed to prepare: " + e.what());
         }
-        PreparedAttention* run = prepared.back().get();
-        contenders.push_back({b->name,
-                              b->device,
-                              device_name(b->device),
-                              [run] { run->execute(); },
-                              attention_flops(p),
-                              {}});
+        PreparedAttention* run = forward.get();
+        if (time_forward)
+            contenders.push_back({b->name, b->device, device_name(b->device), "forward",
+                                  [run] { run->execute(); },
+                                  [run] { return run->extra_bytes(); }, attention_flops(p), {}});
+        if (time_backward) {
+            // The backward reads what the forward saved: one untimed forward run gives O and LSE.
+            SavedForward& f = saved.emplace_back();
+            f.O.resize(static_cast<std::size_t>(p.q_elements()));
+            f.lse.resize(static_cast<std::size_t>(p.lse_elements()));
+            try {
+                run->execute();
+                run->fetch(f.O.data(), f.lse.data());
+                const BackwardInputs in{data.Q.data(), data.K.data(), data.V.data(),
+                                        f.O.data(),    f.lse.data(),  dO.data()};
+                prepared_backward.push_back(b->prepare_backward(p, in, dtype));
+            } catch (const std::invalid_argument& e) {
+                throw std::invalid_argument("backend " + b->name +
+                                            " rejects this problem's backward: " + e.what());
+            } catch (const std::exception& e) {
+                throw std::runtime_error("backend " + b->name +
+                                         " failed to prepare its backward: " + e.what());
+            }
+            PreparedBackward* back = prepared_backward.back().get();
+            contenders.push_back({b->name, b->device, device_name(b->device), "backward",
+                                  [back] { back->execute(); },
+                                  [back] { return back->extra_bytes(); },
+                                  kBackwardFlopsFactor * attention_flops(p), {}});
+        }
+        if (time_forward) prepared.push_back(std::move(forward));  // else done with: free it
     }
     std::unique_ptr<SgemmCeiling> sgemm;
     if (o.gemm_ceiling) {
         sgemm = std::make_unique<SgemmCeiling>();
-        contenders.push_back({"eigen-sgemm",
-                              "cpu",
-                              device_name("cpu"),
-                              [g = sgemm.get()] { g->run(); },
-                              SgemmCeiling::flops(),
-                              {}});
+        contenders.push_back({"eigen-sgemm", "cpu", device_name("cpu"), "",
+                              [g = sgemm.get()] { g->run(); }, {}, SgemmCeiling::flops(), {}});
     }
 
     // Warm-up rounds, then timed rounds; round-robin over the contenders in each.
@@ -232,10 +288,11 @@ int bench(const BenchOptions& o) {
         const int rounds = o.warmup + o.repeat;
         for (int round = 0; round < rounds; ++round)
             for (Contender& c : contenders) {
+                const std::string what = c.pass == "backward" ? c.name + " backward" : c.name;
                 progress.update(round < o.warmup
-                                    ? "warm-up, " + c.name
+                                    ? "warm-up, " + what
                                     : "round " + std::to_string(round - o.warmup + 1) + "/" +
-                                          std::to_string(o.repeat) + ", " + c.name);
+                                          std::to_string(o.repeat) + ", " + what);
                 const auto start = Clock::now();
                 try {
                     c.run();
@@ -247,8 +304,15 @@ int bench(const BenchOptions& o) {
     }
 
     const std::string date = utc_now();
-    const std::size_t attention_rows = prepared.size();
-    const Stats first = stats_of(contenders.front().ms);
+    // The attention rows come first, the SGEMM (if any) last.
+    const std::size_t attention_rows = contenders.size() - (sgemm ? 1 : 0);
+    // "vs first": against the first backend's row of the same pass (a backward is compared with
+    // a backward, never with a forward).
+    const auto first_median = [&](const std::string& pass) {
+        for (std::size_t i = 0; i < attention_rows; ++i)
+            if (contenders[i].pass == pass) return stats_of(contenders[i].ms).median;
+        return 0.0;
+    };
     std::optional<double> ceiling;
     if (sgemm) ceiling = contenders.back().flops / stats_of(contenders.back().ms).median / 1e6;
 
@@ -260,6 +324,7 @@ int bench(const BenchOptions& o) {
             row["kind"] = i < attention_rows ? "attention" : "gemm_ceiling";
             row["backend"] = c.name;
             if (i < attention_rows) {
+                row["pass"] = c.pass;
                 row["batch"] = p.batch, row["heads"] = p.heads, row["heads_kv"] = p.heads_kv;
                 row["seq_q"] = p.seq_q, row["seq_kv"] = p.seq_kv, row["dim"] = p.dim;
                 row["causal"] = p.causal, row["dtype"] = to_string(dtype);
@@ -278,8 +343,8 @@ int bench(const BenchOptions& o) {
             row["median_ms"] = s.median, row["min_ms"] = s.min, row["max_ms"] = s.max;
             row["gflops"] = c.flops / s.median / 1e6;
             if (i < attention_rows) {
-                row["extra_bytes"] = prepared[i]->extra_bytes();
-                row["speedup_vs_first"] = first.median / s.median;
+                row["extra_bytes"] = c.extra_bytes();
+                row["speedup_vs_first"] = first_median(c.pass) / s.median;
                 if (ceiling) row["gemm_ceiling_gflops"] = *ceiling;
             }
             row["device"] = c.device, row["device_name"] = c.device_name, row["date"] = date;
@@ -298,8 +363,8 @@ int bench(const BenchOptions& o) {
         std::printf("block-sparse: %zu of %zu blocks of %lldx%lld kept (density %.2f)\n",
                     static_cast<std::size_t>(std::count(mask.begin(), mask.end(), 1)), mask.size(),
                     (long long)mask_blocks.Br, (long long)mask_blocks.Bc, *o.block_density);
-    std::vector<std::string> header = {"backend", "device",  "median ms", "min ms",
-                                       "max ms",  "GFLOP/s", "vs first",  "working mem"};
+    std::vector<std::string> header = {"backend", "pass",    "device",   "median ms", "min ms",
+                                       "max ms",  "GFLOP/s", "vs first", "working mem"};
     if (ceiling) header.push_back("of SGEMM");
     Table table(header);
     for (std::size_t i = 0; i < attention_rows; ++i) {
@@ -307,13 +372,14 @@ int bench(const BenchOptions& o) {
         const Stats s = stats_of(c.ms);
         const double gflops = c.flops / s.median / 1e6;
         std::vector<std::string> row = {c.name,
+                                        c.pass,
                                         c.device,
                                         fixed(s.median, 2),
                                         fixed(s.min, 2),
                                         fixed(s.max, 2),
                                         fixed(gflops, 1),
-                                        fixed(first.median / s.median, 2) + "x",
-                                        human_bytes(prepared[i]->extra_bytes())};
+                                        fixed(first_median(c.pass) / s.median, 2) + "x",
+                                        human_bytes(c.extra_bytes())};
         if (ceiling) row.push_back(fixed(100 * gflops / *ceiling, 0) + "%");
         table.add(row);
     }
@@ -327,7 +393,8 @@ int bench(const BenchOptions& o) {
     }
     std::printf("device: %s; %s\n", contenders.front().device_name.c_str(), date.c_str());
     std::printf(
-        "FLOPs = 4*B*H*N_q*N_kv*d%s; vs first = speed relative to %s; working mem = "
+        "FLOPs = 4*B*H*N_q*N_kv*d%s, backward FLOPs = 2.5 x forward's (FlashAttention's "
+        "convention);\nvs first = speed relative to %s's row of the same pass; working mem = "
         "measured peak beyond inputs and outputs\n",
         p.causal && p.seq_q == p.seq_kv ? " / 2 (causal)" : "", contenders.front().name.c_str());
     return 0;
@@ -340,7 +407,8 @@ Command add_bench_command(CLI::App& app) {
         "bench",
         "Time backends side by side on one random problem: all in this process, on the\n"
         "same inputs, interleaved (one run of each backend per round), warm-up first.\n"
-        "Prints median/min/max ms, GFLOP/s, speed vs the first backend and working memory.");
+        "Prints median/min/max ms, GFLOP/s, speed vs the first backend and working memory.\n"
+        "--pass backward|both times the backward pass too (2.5x the forward's FLOPs).");
     auto o = std::make_shared<BenchOptions>();
     cmd->add_option("--backends", o->backends, "Comma-separated backend names, e.g. standard,omp")
         ->required();
@@ -353,6 +421,12 @@ Command add_bench_command(CLI::App& app) {
     cmd->add_flag("--causal", o->causal, "Causal mask (bottom-right aligned)");
     cmd->add_option("--dtype", o->dtype, "Precision: f32, f16 or bf16")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+        ->capture_default_str();
+    cmd->add_option("--pass", o->pass,
+                    "What is timed: forward, backward (PreparedBackward::execute() alone, on\n"
+                    "the O and LSE of one forward run and a random dO) or both (two rows per\n"
+                    "backend)")
+        ->check(CLI::IsMember({"forward", "backward", "both"}))
         ->capture_default_str();
     cmd->add_option("--repeat", o->repeat, "Timed runs per backend")->capture_default_str();
     cmd->add_option("--warmup", o->warmup, "Untimed runs per backend first")->capture_default_str();

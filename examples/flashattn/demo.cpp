@@ -1,10 +1,15 @@
 // examples/flashattn/demo.cpp — every available backend on one problem; see demo.hpp.
+//
+// A backend with a backward pass is also checked on it: after its forward, the backward on the
+// forward's own O and LSE and a random dO, each of dQ, dK, dV against the float64 Algorithm 3 by
+// the same 2x rule (gradient_bounds). The table shows the worst of the three as error / bound.
 #include "demo.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -39,6 +44,17 @@ double median(std::vector<double> v) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The backward's check, summed up in one number: the largest of error / bound over dQ, dK and
+// dV, so that <= 1 means every gradient passes the 2x rule.
+double worst_gradient_ratio(const AttentionProblem& p, const std::vector<float>& dQ,
+                            const std::vector<float>& dK, const std::vector<float>& dV,
+                            const GradReference& ref, const GradBounds& bounds) {
+    const double q = max_abs_error(dQ.data(), ref.dQ.data(), p.q_elements()) / bounds.dQ;
+    const double k = max_abs_error(dK.data(), ref.dK.data(), p.kv_elements()) / bounds.dK;
+    const double v = max_abs_error(dV.data(), ref.dV.data(), p.kv_elements()) / bounds.dV;
+    return std::max({q, k, v});
+}
+
 }  // namespace
 
 int run_demo(const DemoOptions& o, std::ostream& out) {
@@ -47,10 +63,12 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
     p.dim = o.dim;
     p.causal = o.causal;
     validate(p);
-    // Inputs, the float64 reference and one backend's O and LSE, before any of them is allocated.
+    // Inputs, the float64 reference and one backend's O and LSE, and for the backward dO, the
+    // float64 gradients, the float32 baseline's and one backend's, before any is allocated.
     const double q = double(p.q_elements()), kv = double(p.kv_elements());
     const double rows = double(p.lse_elements());
-    require_memory(sizeof(float) * (3 * q + 2 * kv + rows) + sizeof(double) * (q + rows),
+    require_memory(sizeof(float) * (3 * q + 2 * kv + rows) + sizeof(double) * (q + rows) +
+                       sizeof(float) * (q + 2 * (q + 2 * kv)) + sizeof(double) * (q + 2 * kv),
                    "demo's inputs and outputs");
     out << "flashattn demo: B=" << p.batch << " H=" << p.heads << " N=" << p.seq_q << " d=" << p.dim
         << (p.causal ? " causal" : "") << ", random normal inputs (seed " << o.seed << ")\n";
@@ -64,10 +82,24 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
         if (!bounds.count(t)) bounds[t] = rule_bounds(p, data, ref, t).O;
         return bounds[t];
     };
+    // The backward's dO, reference and bounds: computed once, when the first backend with a
+    // backward needs them (a build without any pays nothing).
+    const std::vector<float> dO = random_normal(p.q_elements(), o.seed + 3);
+    std::optional<GradReference> grad_ref;
+    std::map<DType, GradBounds> grad_bounds;
+    const auto grad_bounds_for = [&](DType t) -> const GradBounds& {
+        if (!grad_ref) {
+            std::fprintf(stderr, "computing the float64 reference backward...\n");
+            grad_ref =
+                reference_backward(p, data.Q.data(), data.K.data(), data.V.data(), dO.data());
+        }
+        if (!grad_bounds.count(t)) grad_bounds[t] = gradient_bounds(p, data, dO, *grad_ref, t);
+        return grad_bounds[t];
+    };
 
     const double flops = attention_flops(p);
     Table table({"backend", "device", "dtype", "time ms", "runs", "GFLOP/s", "working mem", "max |err|",
-                 "2x bound", "check"});
+                 "2x bound", "grad err/bound", "check"});
     int failures = 0;
     std::vector<std::string> skipped;
     for (const Backend& b : available_backends()) {
@@ -78,7 +110,8 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
             prepared = b.prepare(p, data.Q.data(), data.K.data(), data.V.data(), t);
         } catch (const std::invalid_argument& e) {
             // A backend with a narrower contract (e.g. cuda-tc's head dims): say so, skip it.
-            table.add({b.name, b.device, to_string(t), "-", "-", "-", "-", "-", "-", "skipped"});
+            table.add(
+                {b.name, b.device, to_string(t), "-", "-", "-", "-", "-", "-", "-", "skipped"});
             skipped.push_back(b.name + ": " + e.what());
             continue;
         }
@@ -87,15 +120,34 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
         prepared->execute();
         const std::vector<double> times = time_runs(*prepared, o.repeat);
         const double ms = median(times);
-        std::vector<float> O(p.q_elements());
-        prepared->fetch(O.data(), nullptr);
+        std::vector<float> O(p.q_elements()), lse(p.lse_elements());
+        prepared->fetch(O.data(), lse.data());
         const double err = max_abs_error(O.data(), ref.O.data(), p.q_elements());
         const double bound = bound_for(t);
-        const bool ok = err <= bound;
+        bool ok = err <= bound;
+        // The backward, on this forward's O and LSE, in the same precision.
+        std::string grad_cell = "-";
+        if (b.has_backward()) {
+            std::fprintf(stderr, "running %s's backward...\n", b.name.c_str());
+            const GradBounds& gb = grad_bounds_for(t);
+            std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
+            const BackwardInputs in{data.Q.data(), data.K.data(), data.V.data(),
+                                    O.data(),      lse.data(),    dO.data()};
+            try {
+                run_backward(b, p, in, dQ.data(), dK.data(), dV.data(), t);
+                const double ratio = worst_gradient_ratio(p, dQ, dK, dV, *grad_ref, gb);
+                grad_cell = fixed(ratio, 2);
+                ok = ok && ratio <= 1;
+            } catch (const std::invalid_argument& e) {
+                // A backward with a narrower contract than its forward: said, like a skip.
+                grad_cell = "skipped";
+                skipped.push_back(b.name + "'s backward: " + e.what());
+            }
+        }
         failures += ok ? 0 : 1;
         table.add({b.name, b.device, to_string(t), fixed(ms, 2), std::to_string(times.size()), fixed(flops / ms / 1e6, 1),
                    human_bytes(prepared->extra_bytes()), scientific(err), scientific(bound),
-                   ok ? "ok" : "FAIL"});
+                   grad_cell, ok ? "ok" : "FAIL"});
     }
     table.print(out);
     for (const std::string& why : skipped) out << "skipped " << why << "\n";
@@ -103,7 +155,10 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
         << o.repeat << ", fewer once a backend has spent " << kDemoTimeBudgetMs / 1000
         << " s);\nFLOPs = 4*B*H*N_q*N_kv*d" << (p.causal ? " / 2 (causal)" : "")
         << "; working mem = measured peak beyond inputs and outputs;\n"
-           "check: max|out - ref64| <= 2*max|standard_p - ref64| + 1e-6\n";
+           "check: max|out - ref64| <= 2*max|standard_p - ref64| + 1e-6 (O), and for a backend\n"
+           "with a backward pass the same 2x rule on each of dQ, dK, dV (random dO) against\n"
+           "float64 Algorithm 3; grad err/bound = the largest max|grad - ref64| / bound of the\n"
+           "three (<= 1 passes; - = no backward pass)\n";
     return failures;
 }
 

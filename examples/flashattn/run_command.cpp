@@ -2,6 +2,10 @@
 //
 // Everything is read and checked, and the result computed, before any output is written; the
 // outputs are then written atomically (npy::AtomicWriter), so a failure leaves no partial file.
+//
+// With --dout/--dq/--dk/--dv the backward pass (paper Section 3.1, Algorithm 4) runs after the
+// forward, on the forward's own O and LSE (the statistics it saves instead of P), and the three
+// gradients join O and LSE in the one atomic write: all five files appear, or none changes.
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -18,6 +22,7 @@ namespace {
 
 struct RunOptions {
     std::string backend, q, k, v, out, lse, block_mask, dtype = "f32";
+    std::string dout, dq, dk, dv;  // the backward's input dO and its outputs: all four or none
     std::optional<double> scale;
     bool causal = false;
     TileOptions tiles;
@@ -42,12 +47,34 @@ void read_shape(const npy::Array& a, const std::string& what, std::int64_t& B, s
     }
 }
 
+// Whether the backward was asked for: --dout, --dq, --dk and --dv all given, or none of them
+// (half a backward, say dO without somewhere to put dV, is a mistake, never a silent partial run).
+bool wants_backward(const RunOptions& o) {
+    const std::vector<std::pair<const char*, const std::string*>> options = {
+        {"--dout", &o.dout}, {"--dq", &o.dq}, {"--dk", &o.dk}, {"--dv", &o.dv}};
+    std::string missing;
+    std::size_t given = 0;
+    for (const auto& [name, value] : options) {
+        if (value->empty())
+            missing += std::string(" ") + name;
+        else
+            ++given;
+    }
+    if (given == 0) return false;
+    if (given == options.size()) return true;
+    throw std::invalid_argument("--dout, --dq, --dk and --dv go together (the backward pass): "
+                                "missing" + missing);
+}
+
 int run(const RunOptions& o) {
+    const bool backward = wants_backward(o);
     // An output that cannot be written is found before anything is read or computed.
     std::vector<std::string> outputs = {o.out};
     if (!o.lse.empty()) outputs.push_back(o.lse);
+    if (backward) outputs.insert(outputs.end(), {o.dq, o.dk, o.dv});
     npy::AtomicWriter::probe(outputs);
     const Backend& backend = find_backend(o.backend);
+    if (backward) require_backward(backend);
     const DType dtype = parse_dtype(o.dtype);
     if (!backend.supports(dtype))
         throw std::invalid_argument("dtype = " + o.dtype + ": backend " + backend.name +
@@ -96,6 +123,15 @@ int run(const RunOptions& o) {
         p.block_mask = {mask.bytes.data(), mask_blocks.Br, mask_blocks.Bc};
     }
     validate(p);
+    // dO is read and checked before the forward runs, so that a bad dO costs no computation.
+    npy::Array dO;
+    if (backward) {
+        dO = npy::load_float32(o.dout, "--dout");
+        if (dO.shape != q.shape)
+            throw std::invalid_argument("--dout shape " + shape_str(dO.shape) +
+                                        ": must equal the shape of Q " + shape_str(q.shape) +
+                                        " (dO = dLoss/dO has the shape of O)");
+    }
 
     std::vector<float> O(static_cast<std::size_t>(p.q_elements()));
     std::vector<float> lse(static_cast<std::size_t>(p.lse_elements()));
@@ -103,11 +139,27 @@ int run(const RunOptions& o) {
     prepared->execute();
     prepared->fetch(O.data(), lse.data());
 
+    // The backward on this forward's O and LSE, in the same dtype. dK and dV have K's shape.
+    std::vector<float> dQ, dK, dV;
+    if (backward) {
+        dQ.resize(static_cast<std::size_t>(p.q_elements()));
+        dK.resize(static_cast<std::size_t>(p.kv_elements()));
+        dV.resize(static_cast<std::size_t>(p.kv_elements()));
+        const BackwardInputs in{q.floats.data(), k.floats.data(), v.floats.data(),
+                                O.data(),        lse.data(),      dO.floats.data()};
+        run_backward(backend, p, in, dQ.data(), dK.data(), dV.data(), dtype);
+    }
+
     npy::AtomicWriter writer;
     std::vector<std::int64_t> lse_shape = q.shape;
     lse_shape.pop_back();
     writer.add(o.out, npy::serialize_float32(q.shape, O.data()));
     if (!o.lse.empty()) writer.add(o.lse, npy::serialize_float32(lse_shape, lse.data()));
+    if (backward) {
+        writer.add(o.dq, npy::serialize_float32(q.shape, dQ.data()));
+        writer.add(o.dk, npy::serialize_float32(k.shape, dK.data()));
+        writer.add(o.dv, npy::serialize_float32(v.shape, dV.data()));
+    }
     writer.commit();
 
     // Said only after success, so that a failure's stderr starts with "error:".
@@ -115,6 +167,7 @@ int run(const RunOptions& o) {
     std::cerr << backend.name << ": "
               << (tiles.empty() ? "no tiles (S and P materialized, Algorithm 0)" : "tiles " + tiles)
               << "\n";
+    if (backward) std::cerr << backend.name << ": backward done (dQ, dK, dV written)\n";
     return 0;
 }
 
@@ -122,7 +175,8 @@ int run(const RunOptions& o) {
 
 Command add_run_command(CLI::App& app) {
     auto* cmd = app.add_subcommand(
-        "run", "Run one backend on Q, K, V .npy files and write O (and LSE) as .npy.\n"
+        "run", "Run one backend on Q, K, V .npy files and write O (and LSE) as .npy; with\n"
+               "--dout/--dq/--dk/--dv, also the backward pass and its gradients dQ, dK, dV.\n"
                "Inputs: float32, C order, (B, H, N, d) or (N, d); K and V may have fewer heads\n"
                "than Q (MQA/GQA). Outputs are written only when everything succeeded.");
     auto o = std::make_shared<RunOptions>();
@@ -142,6 +196,12 @@ Command add_run_command(CLI::App& app) {
     cmd->add_option("--dtype", o->dtype, "Precision the backend computes in: f32, f16 or bf16 "
                                          "(inputs are rounded to it; outputs stay float32)")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+    cmd->add_option("--dout", o->dout,
+                    "Backward pass: dLoss/dO .npy, float32, shape of Q. With --dq, --dk, --dv\n"
+                    "(all four or none), on a backend that has a backward (`backends --verbose`)");
+    cmd->add_option("--dq", o->dq, "Backward pass: output dQ .npy (float32, shape of Q)");
+    cmd->add_option("--dk", o->dk, "Backward pass: output dK .npy (float32, shape of K)");
+    cmd->add_option("--dv", o->dv, "Backward pass: output dV .npy (float32, shape of V)");
     return {cmd, [o] { return run(*o); }};
 }
 
