@@ -526,22 +526,25 @@ void check_backward_refused(const std::string& args, const std::vector<std::stri
 }  // namespace
 
 TEST_CASE("flashattn run --dout/--dq/--dk/--dv writes gradients that match the float64 backward") {
-    // The command line is under test here, on standard; every backward's accuracy on the
-    // odd-shape grid is tests/test_backward.cpp's.
+    // The command line is under test here, on every CPU backward (each runs its own forward
+    // first, as `run` does); every backward's accuracy on the odd-shape grid is
+    // tests/test_backward.cpp's.
     TempDir tmp;
-    for (bool causal : {true, false}) {
-        // GQA (H = 4 over H_kv = 2), N_q != N_kv both ways, sizes that divide nothing.
-        check_run_backward("standard", test::make_problem(2, 4, 2, 37, 53, 11, causal), true,
-                           DType::f32, tmp);
-        check_run_backward("standard", test::make_problem(1, 4, 2, 29, 17, 8, causal), true,
-                           DType::f32, tmp);
-        // (N, d) files: B = H = 1.
-        check_run_backward("standard", test::make_problem(1, 1, 1, 23, 41, 7, causal), false,
-                           DType::f32, tmp);
+    for (const std::string& name : test::cpu_backends_with_backward()) {
+        for (bool causal : {true, false}) {
+            // GQA (H = 4 over H_kv = 2), N_q != N_kv both ways, sizes that divide nothing.
+            check_run_backward(name, test::make_problem(2, 4, 2, 37, 53, 11, causal), true,
+                               DType::f32, tmp);
+            check_run_backward(name, test::make_problem(1, 4, 2, 29, 17, 8, causal), true,
+                               DType::f32, tmp);
+            // (N, d) files: B = H = 1.
+            check_run_backward(name, test::make_problem(1, 1, 1, 23, 41, 7, causal), false,
+                               DType::f32, tmp);
+        }
+        // --dtype applies to the backward too: judged against float32 Algorithm 3 on bf16 inputs.
+        check_run_backward(name, test::make_problem(1, 2, 1, 19, 31, 16, true), true, DType::bf16,
+                           tmp);
     }
-    // --dtype applies to the backward too: judged against float32 Algorithm 3 on bf16 inputs.
-    check_run_backward("standard", test::make_problem(1, 2, 1, 19, 31, 16, true), true,
-                       DType::bf16, tmp);
 }
 
 TEST_CASE("flashattn run: --dout, --dq, --dk and --dv come together or not at all") {
