@@ -150,12 +150,17 @@ void backward_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>>
     // Line 3: dS_ij = P_ij (dP_ij - sum_l P_il dP_il), in place of dP; masked entries 0. The sum
     // is Algorithm 3's own; the flash forms use the equal D_i = rowsum(dO_i o O_i)
     // (common/backward.hpp).
-    for (std::int64_t i = 0; i < p.seq_q; ++i) {
-        Real D = 0;
-        for (std::int64_t j = 0; j < p.seq_kv; ++j)
-            if (visible(i, j)) D += P(i, j) * dP(i, j);
-        for (std::int64_t j = 0; j < p.seq_kv; ++j)
-            dP(i, j) = visible(i, j) ? P(i, j) * (dP(i, j) - D) : Real(0);
+    if (!has_mask(p)) {
+        const auto D = (P.array() * dP.array()).rowwise().sum().eval();
+        dP.array() = P.array() * (dP.array().colwise() - D);
+    } else {
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+            Real D = 0;
+            for (std::int64_t j = 0; j < p.seq_kv; ++j)
+                if (visible(i, j)) D += P(i, j) * dP(i, j);
+            for (std::int64_t j = 0; j < p.seq_kv; ++j)
+                dP(i, j) = visible(i, j) ? P(i, j) * (dP(i, j) - D) : Real(0);
+        }
     }
     // Lines 4-5: dQ = scale dS K, dK = scale dS^T Q (masked pairs absent).
     MatrixMap<Real> dQh(dQ, p.seq_q, p.dim), dKh(dK_h, p.seq_kv, p.dim);
@@ -216,11 +221,19 @@ void standard_backward(const AttentionProblem& p, const float* Q, const float* K
                    "standard attention's backward P and dP (2 x " + std::to_string(p.seq_q) +
                        " x " + std::to_string(p.seq_kv) + " per head)");
     const std::size_t kv_size = static_cast<std::size_t>(p.seq_kv * p.dim);
-    parallel_for(groups, [&](std::int64_t bg) {
+    // P and dP once per thread, not per group: fresh N^2 buffers for every head would spend much
+    // of the time in the kernel's page faults, which would make this opponent look slower than
+    // Algorithm 3 is.
+    struct Buffers {
+        WorkBuffer<Real> P, dP, dK_h, dV_h;
+    };
+    const auto make_buffers = [&] {
+        const auto n = static_cast<std::size_t>(work_elements(p.seq_q, p.seq_kv));
+        return Buffers{WorkBuffer<Real>(n), WorkBuffer<Real>(n), WorkBuffer<Real>(kv_size),
+                       WorkBuffer<Real>(kv_size)};
+    };
+    const auto one_group = [&](Buffers& buf, std::int64_t bg) {
         const std::int64_t b = bg / p.heads_kv, g = bg % p.heads_kv;
-        WorkBuffer<Real> P(static_cast<std::size_t>(work_elements(p.seq_q, p.seq_kv)));
-        WorkBuffer<Real> dP(static_cast<std::size_t>(work_elements(p.seq_q, p.seq_kv)));
-        WorkBuffer<Real> dK_h(kv_size), dV_h(kv_size);
         Real* dK_g = dK + p.kv_offset(b, g * G);
         Real* dV_g = dV + p.kv_offset(b, g * G);
         std::fill(dK_g, dK_g + kv_size, Real(0));
@@ -232,16 +245,23 @@ void standard_backward(const AttentionProblem& p, const float* Q, const float* K
             const ConstFloatMap dOf(dO + p.q_offset(b, h), p.seq_q, p.dim);
             Real* dQ_h = dQ + p.q_offset(b, h);
             if constexpr (std::is_same_v<Real, float>) {
-                backward_one_head<Real>(p, Qf, Kf, Vf, dOf, P.data(), dP.data(), dQ_h, dK_h.data(),
-                                        dV_h.data());
+                backward_one_head<Real>(p, Qf, Kf, Vf, dOf, buf.P.data(), buf.dP.data(), dQ_h,
+                                        buf.dK_h.data(), buf.dV_h.data());
             } else {
                 backward_one_head<Real>(p, Qf.cast<Real>(), Kf.cast<Real>(), Vf.cast<Real>(),
-                                        dOf.cast<Real>(), P.data(), dP.data(), dQ_h, dK_h.data(),
-                                        dV_h.data());
+                                        dOf.cast<Real>(), buf.P.data(), buf.dP.data(), dQ_h,
+                                        buf.dK_h.data(), buf.dV_h.data());
             }
-            for (std::size_t e = 0; e < kv_size; ++e) dK_g[e] += dK_h[e], dV_g[e] += dV_h[e];
+            for (std::size_t e = 0; e < kv_size; ++e)
+                dK_g[e] += buf.dK_h[e], dV_g[e] += buf.dV_h[e];
         }
-    });
+    };
+    if (groups == 1) {  // one group: outside a parallel region, so Eigen's GEMMs use every thread
+        Buffers buf = make_buffers();
+        one_group(buf, 0);
+    } else {
+        parallel_for_with_state(groups, make_buffers, one_group);
+    }
 }
 
 template void standard_backward<float>(const AttentionProblem&, const float*, const float*,
