@@ -9,18 +9,21 @@ namespace flashattn {
 namespace {
 
 // Every prepare first checks what the interface promises for all backends alike: a backend that
-// chooses its own tiles refuses explicit ones (require_tile_choice).
+// chooses its own tiles refuses explicit ones (require_tile_choice). An invalid problem is
+// reported as such first (validate), so that its message names the bad field.
 Backend with_tile_check(Backend b) {
     Backend checked;  // only what the check reads
     checked.name = b.name, checked.tile_sizes = b.tile_sizes;
     b.prepare = [checked, inner = b.prepare](const AttentionProblem& p, const float* Q,
                                              const float* K, const float* V, DType dtype) {
+        validate(p);
         require_tile_choice(checked, p);
         return inner(p, Q, K, V, dtype);
     };
     if (b.has_backward())
         b.prepare_backward = [checked, inner = b.prepare_backward](
                                  const AttentionProblem& p, const BackwardInputs& in, DType dtype) {
+            validate(p);
             require_tile_choice(checked, p);
             return inner(p, in, dtype);
         };
