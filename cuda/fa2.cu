@@ -147,11 +147,13 @@ private:
 }  // namespace
 
 Backend cuda_fa2_backend() {
-    return make_cuda_backend<PreparedFa2>(
+    Backend b = make_cuda_backend<PreparedFa2>(
         "cuda-fa2",
         "FlashAttention-2 in fp32: Q tile resident, K/V streamed (cp.async); "
         "tensor cores (3xTF32) for 16 <= d <= 128, FFMA register micro-tiles otherwise",
         TileSizes::own);
+    add_cuda_fa2_backward(b);
+    return b;
 }
 
 }  // namespace flashattn::cuda

@@ -19,7 +19,10 @@ struct Fa2VariantInfo {
 };
 std::vector<Fa2VariantInfo> fa2_variants();
 
-// Supports every head dimension 1..256 (padded to 64, 128 or 256 inside the kernel).
+// Supports every head dimension 1..256 (padded to 64, 128 or 256 inside the kernel). Its backward
+// (fa2_backward.cu) too, in float32.
 Backend cuda_fa2_backend();
+// Gives cuda-fa2's Backend entry its backward pass (fa2_backward.cu).
+void add_cuda_fa2_backward(Backend& b);
 
 }  // namespace flashattn::cuda

@@ -60,12 +60,6 @@ DeviceBuffer<std::uint16_t> upload_bits(const float* x, std::int64_t n, DType dt
     return device;
 }
 
-DeviceBuffer<float> upload_floats(const float* x, std::int64_t n) {
-    DeviceBuffer<float> device(static_cast<std::size_t>(n));
-    device.upload(x);
-    return device;
-}
-
 }  // namespace
 
 PreparedCuda::PreparedCuda(const std::string& backend_name, const AttentionProblem& problem,
@@ -93,13 +87,28 @@ PreparedCuda::PreparedCuda(const std::string& backend_name, const AttentionProbl
     lse_ = DeviceBuffer<float>(problem.lse_elements());
     O_.poison();
     lse_.poison();
-    if (problem.block_mask.active()) {
-        const std::int64_t Tr = tile_count(problem.seq_q, problem.block_mask.block_q);
-        const std::int64_t Tc = tile_count(problem.seq_kv, problem.block_mask.block_kv);
-        mask_ = DeviceBuffer<std::uint8_t>(static_cast<std::size_t>(Tr * Tc));
-        mask_.upload(problem.block_mask.data);
-        problem_.block_mask.data = mask_.data();
-    }
+    mask_ = upload_block_mask(problem_);
+}
+
+DeviceBuffer<float> upload_floats(const float* x, std::int64_t n) {
+    DeviceBuffer<float> device(static_cast<std::size_t>(n));
+    device.upload(x);
+    return device;
+}
+
+DeviceBuffer<std::uint8_t> upload_block_mask(AttentionProblem& problem) {
+    if (!problem.block_mask.active()) return {};
+    const std::int64_t Tr = tile_count(problem.seq_q, problem.block_mask.block_q);
+    const std::int64_t Tc = tile_count(problem.seq_kv, problem.block_mask.block_kv);
+    DeviceBuffer<std::uint8_t> mask(static_cast<std::size_t>(Tr * Tc));
+    mask.upload(problem.block_mask.data);
+    problem.block_mask.data = mask.data();
+    return mask;
+}
+
+void synchronize_device() {
+    FA_CUDA_CHECK(cudaGetLastError());
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void PreparedCuda::fetch(float* O, float* lse) {
@@ -108,9 +117,6 @@ void PreparedCuda::fetch(float* O, float* lse) {
     if (lse) lse_.download(lse);
 }
 
-void PreparedCuda::synchronize() {
-    FA_CUDA_CHECK(cudaGetLastError());
-    FA_CUDA_CHECK(cudaDeviceSynchronize());
-}
+void PreparedCuda::synchronize() { synchronize_device(); }
 
 }  // namespace flashattn::cuda

@@ -36,6 +36,14 @@ const DeviceLimits& device_limits();
 // negating a 16-bit value does exactly).
 enum class InputForm { f32, bits16 };
 
+// n floats in a new device array.
+DeviceBuffer<float> upload_floats(const float* x, std::int64_t n);
+// The problem's block mask (if any) in a new device array; problem.block_mask.data then points to
+// it, so host code must not read through it.
+DeviceBuffer<std::uint8_t> upload_block_mask(AttentionProblem& problem);
+// Waits for the device and turns any asynchronous error into an exception.
+void synchronize_device();
+
 class PreparedCuda : public PreparedAttention {
 public:
     // Validates the problem (std::invalid_argument) and the dtype, then uploads everything.

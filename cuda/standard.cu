@@ -42,44 +42,15 @@
 #include "common/memory.hpp"
 #include "cuda/check.hpp"
 #include "cuda/prepared.hpp"
-#include "cuda/softmax_device.cuh"
 #include "cuda/standard.hpp"
+#include "cuda/standard_stages.cuh"
 
 namespace flashattn::cuda {
 namespace {
 
-constexpr int kSoftmaxWarps = 8;  // rows per block of the softmax kernel
-
-// Algorithm 0 line 2 for one row of S per warp: P = softmax(S) in place, and LSE.
-__global__ void softmax_rows_kernel(const AttentionProblem p, float* __restrict__ S,
-                                    float* __restrict__ lse) {
-    const int lane = threadIdx.x % 32;
-    const std::int64_t row = std::int64_t{blockIdx.x} * kSoftmaxWarps + threadIdx.x / 32;
-    if (row >= p.batch * p.heads * p.seq_q) return;  // whole warps leave together
-    const std::int64_t i = row % p.seq_q;            // query index inside its (b, h)
-    const bool masked = p.causal || p.block_mask.active();
-    float* S_row = S + row * p.seq_kv;
-
-    // The score of key j as Algorithm 0 sees it: masked keys are -inf.
-    const auto score = [&](std::int64_t j) {
-        const float s = S_row[j];
-        return masked && !p.key_visible(i, j) ? neg_infinity() : s;
-    };
-
-    // m = max_j S_ij and l = sum_j exp(S_ij - m) in one pass: every key is a block of one
-    // element, (m, l) = (s, 1), merged into the lane's running state (eqs. 17/18).
-    SoftmaxState state;
-    for (std::int64_t j = lane; j < p.seq_kv; j += 32) {
-        const float s = score(j);
-        const SoftmaxMerge merged = merge_softmax(state, {s, s == neg_infinity() ? 0.0f : 1.0f});
-        state = {merged.m_new, merged.l_new};
-    }
-    state = warp_merge(state);
-
-    for (std::int64_t j = lane; j < p.seq_kv; j += 32)
-        S_row[j] = normalize_output(exp_shifted(score(j), state.m), state.l);  // P_ij
-    if (lane == 0) lse[row] = log_sum_exp(state);
-}
+using standard::checked_int;
+using standard::CublasHandle;
+using standard::launch_softmax_rows;
 
 // Algorithm 0 line 3 without the GEMM, for the rare case above: O_i = sum over the keys j that
 // row i attends of P_ij V_j. One block per query row, threads over the d columns.
@@ -95,29 +66,6 @@ __global__ void masked_pv_kernel(const AttentionProblem p, const float* __restri
             if (p.key_visible(i, j)) o += P_row[j] * V_h[j * p.dim + c];
         O[row * p.dim + c] = o;
     }
-}
-
-class CublasHandle {
-public:
-    CublasHandle() {
-        FA_CUBLAS_CHECK(cublasCreate(&handle_));
-        // No TF32: this is the float32 baseline.
-        FA_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
-    }
-    ~CublasHandle() { (void)cublasDestroy(handle_); }
-    CublasHandle(const CublasHandle&) = delete;
-    CublasHandle& operator=(const CublasHandle&) = delete;
-    cublasHandle_t get() const { return handle_; }
-
-private:
-    cublasHandle_t handle_ = nullptr;
-};
-
-int checked_int(std::int64_t v, const char* what) {
-    if (v > std::numeric_limits<int>::max())
-        throw std::invalid_argument(std::string(what) + " = " + std::to_string(v) +
-                                    ": too large for a cuBLAS dimension (2^31 - 1)");
-    return static_cast<int>(v);
 }
 
 constexpr int kKeyChunk = 256;  // keys per P V GEMM (see execute)
@@ -152,14 +100,8 @@ public:
             kv_stride, Q_.data(), d, q_stride, &zero, S_.data(), n_kv, s_stride, kv_heads));
 
         // Line 2: P = softmax(S), in place, and LSE.
+        launch_softmax_rows(p, S_.data(), lse_.data());
         const std::int64_t rows = p.batch * p.heads * p.seq_q;
-        const std::int64_t blocks = (rows + kSoftmaxWarps - 1) / kSoftmaxWarps;
-        if (blocks > std::numeric_limits<int>::max())
-            throw std::invalid_argument("batch*heads*seq_q = " + std::to_string(rows) +
-                                        ": too many rows for one softmax launch");
-        softmax_rows_kernel<<<static_cast<unsigned>(blocks), kSoftmaxWarps * 32>>>(
-            p, S_.data(), lse_.data());
-        FA_CUDA_CHECK_LAUNCH();
 
         // Line 3: O^T (d x g*N_q) = V^T (d x N_kv) * P^T (N_kv x g*N_q).
         if (masked_nonfinite_v_) {  // see the header: masked keys must stay out of the sum
@@ -198,11 +140,13 @@ private:
 }  // namespace
 
 Backend cuda_standard_backend() {
-    return make_cuda_backend<PreparedStandard>(
+    Backend b = make_cuda_backend<PreparedStandard>(
         "cuda-standard",
         "Algorithm 0 on the GPU: cuBLAS SGEMMs (no TF32) + softmax kernel, "
         "S/P in HBM",
         TileSizes::none);
+    add_cuda_standard_backward(b);
+    return b;
 }
 
 }  // namespace flashattn::cuda

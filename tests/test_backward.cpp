@@ -21,11 +21,10 @@ std::vector<const Backend*> backends_with_backward() {
     return list;
 }
 
+// Every backend of the build that has a backward, CPU and CUDA (a CUDA backward computes in
+// float32, the first dtype of cuda-standard and cuda-fa2).
 void on_every_backward(const AttentionProblem& p) {
-    for (const Backend* b : backends_with_backward()) {
-        if (b->device != "cpu") continue;  // the CUDA backwards have their own suite
-        test::check_backward_against_reference(*b, p);
-    }
+    for (const Backend* b : backends_with_backward()) test::check_backward_against_reference(*b, p);
 }
 
 // loss(Q, K, V) = sum(O o dO) in float64: its gradient is what the backward computes.
@@ -76,7 +75,7 @@ TEST_CASE("backward reference: float64 Algorithm 3 agrees with central finite di
     }
 }
 
-TEST_CASE("backward: every CPU backward matches float64 on the odd-shape grid") {
+TEST_CASE("backward: every backward matches float64 on the odd-shape grid") {
     REQUIRE(backends_with_backward().size() >= 1);
     for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
              {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 517}})
@@ -93,7 +92,7 @@ TEST_CASE("backward: B*H > 1, GQA ratios 2 and 3, MQA: dK and dV summed over the
 
 TEST_CASE("backward: explicit tiny tiles (Br = 3, Bc = 5) and tiles from M") {
     for (const Backend* b : backends_with_backward()) {
-        if (b->device != "cpu" || b->tile_sizes != TileSizes::caller) continue;
+        if (b->tile_sizes != TileSizes::caller) continue;
         for (auto [Br, Bc] : std::vector<std::pair<std::int64_t, std::int64_t>>{
                  {3, 5}, {1, 1}, {7, 2}, {64, 16}, {500, 500}})
             for (bool causal : {false, true}) {
@@ -132,7 +131,6 @@ TEST_CASE("backward: block masks skip zero blocks, and a fully masked row gets z
             std::fill_n(mask.begin() + empty * Tc, Tc, 0);
             p.block_mask = {mask.data(), bq, bkv};
             for (const Backend* b : backends_with_backward()) {
-                if (b->device != "cpu") continue;
                 const std::uint64_t seed = test::next_seed();
                 const ProblemData in = random_problem_data(p, seed);
                 const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
@@ -154,7 +152,6 @@ TEST_CASE("backward: a NaN in an input reaches exactly the gradients that read i
     // (P^T dO) never read V. A NaN in dO at row 2 reaches dQ_2 and the dV_j, dK_j of the keys
     // row 2 sees (j <= 7); other rows' dQ do not read dO_2.
     for (const Backend* b : backends_with_backward()) {
-        if (b->device != "cpu") continue;
         const AttentionProblem p = test::make_problem(1, 1, 1, 9, 14, 6, true);
         const std::uint64_t seed = test::next_seed();
         const ProblemData clean = random_problem_data(p, seed);
@@ -194,7 +191,6 @@ TEST_CASE("backward: missing arrays and backends without a backward are refused"
     const std::vector<float> dO(p.q_elements(), 1.0f), O(p.q_elements()), lse(p.lse_elements());
     std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
     for (const Backend* b : backends_with_backward()) {
-        if (b->device != "cpu") continue;
         BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), nullptr};
         CHECK_THROWS_WITH(run_backward(*b, p, bin, dQ.data(), dK.data(), dV.data()),
                           Catch::Contains("dO = null"));
@@ -255,4 +251,30 @@ TEST_CASE("backward: omp gives the same bits for 1 to 4 threads (one-pass and tw
             }
             omp_set_num_threads(saved);
         }
+}
+
+TEST_CASE("backward: two runs of every backward give the same bits") {
+    // No atomics and no unordered reductions: a result that moved between runs would be a race.
+    const AttentionProblem p = test::make_problem(2, 4, 2, 157, 203, 40, true);
+    const std::uint64_t seed = test::next_seed();
+    const ProblemData in = random_problem_data(p, seed);
+    const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+    for (const Backend* b : backends_with_backward()) {
+        INFO(b->name);
+        std::vector<float> O(p.q_elements()), lse(p.lse_elements());
+        run_backend(*b, p, in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data());
+        const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(),
+                                 O.data(),    lse.data(),  dO.data()};
+        auto prepared = b->prepare_backward(p, bin, DType::f32);
+        test::Gradients first{std::vector<float>(p.q_elements()), std::vector<float>(p.kv_elements()),
+                              std::vector<float>(p.kv_elements())};
+        test::Gradients second = first;
+        prepared->execute();
+        prepared->fetch(first.dQ.data(), first.dK.data(), first.dV.data());
+        prepared->execute();
+        prepared->fetch(second.dQ.data(), second.dK.data(), second.dV.data());
+        CHECK(std::memcmp(first.dQ.data(), second.dQ.data(), first.dQ.size() * 4) == 0);
+        CHECK(std::memcmp(first.dK.data(), second.dK.data(), first.dK.size() * 4) == 0);
+        CHECK(std::memcmp(first.dV.data(), second.dV.data(), first.dV.size() * 4) == 0);
+    }
 }
