@@ -1,0 +1,316 @@
+"""flashattn — FlashAttention (arXiv 2205.14135, 2307.08691) from Python.
+
+The same backends as the `flashattn` command line (`flashattn.backends()` lists them), on NumPy
+arrays and PyTorch CPU tensors, with the backward pass and autograd:
+
+    import numpy as np, flashattn
+    q, k, v = (np.random.randn(2, 8, 1000, 64).astype(np.float32) for _ in range(3))
+    o, lse = flashattn.attention(q, k, v, causal=True, return_lse=True)
+    do = np.ones_like(o)
+    dq, dk, dv = flashattn.attention_backward(q, k, v, o, lse, do, causal=True)
+
+Conventions (the library's, docs/design.md):
+  * shapes (B, H, N, d) or (N, d); K and V may have fewer heads than Q (H % H_kv == 0: MQA/GQA);
+  * scale defaults to 1/sqrt(d);
+  * causal is bottom-right aligned: query i attends key j iff j <= i + N_kv - N_q;
+  * a row with no visible key gives O = 0 and LSE = -inf (and zero gradients), never NaN;
+  * LSE = log(sum_j exp(S_ij)), natural log, shape (B, H, N_q) or (N_q,);
+  * block_mask (Algorithm 5): a (Tr, Tc) array of 0/1 over blocks of block_size = (Br, Bc) rows and
+    keys, Tr = ceil(N_q / Br), Tc = ceil(N_kv / Bc); a 0 block is skipped entirely.
+
+Errors: TypeError for an argument of the wrong type or dtype, ValueError for a wrong shape, size or
+value (each message names the argument), RuntimeError for a failure inside a backend.
+
+CUDA tensors are not accepted yet: the backends take host arrays, and a hidden copy to the host
+would defeat the point. Pass NumPy arrays or CPU tensors; `backend="cuda-fa2"` then runs on the
+GPU, copying the inputs there explicitly.
+"""
+import math
+import numbers
+
+import numpy as np
+
+from . import _flashattn as _C
+
+__all__ = ["backends", "backend_info", "attention", "attention_backward"]
+
+_DEFAULT_BACKEND = "omp"  # the fast CPU form; any name of backends() may be given
+
+
+def backends():
+    """Names of the backends of this build, as `flashattn backends` prints them."""
+    return [b["name"] for b in _C.backends()]
+
+
+def backend_info():
+    """One dict per backend: name, device ("cpu" or "cuda"), summary, dtypes, backward (bool)."""
+    return _C.backends()
+
+
+# --- argument checks --------------------------------------------------------------------------
+
+
+def _check_array(name, x):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray or a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"{name}.dtype is {x.dtype}: pass float32 ({name}.astype(numpy.float32))")
+    if x.ndim not in (2, 4):
+        raise ValueError(f"{name} has shape {x.shape}: must be (B, H, N, d) or (N, d)")
+    if x.size == 0:
+        raise ValueError(f"{name} has shape {x.shape}: every dimension must be at least 1")
+    return np.ascontiguousarray(x)
+
+
+def _as_4d(x):
+    return x.reshape(1, 1, *x.shape) if x.ndim == 2 else x
+
+
+def _check_qkv(q, k, v):
+    q, k, v = _check_array("q", q), _check_array("k", k), _check_array("v", v)
+    if not q.ndim == k.ndim == v.ndim:
+        raise ValueError(f"q, k, v have {q.ndim}, {k.ndim}, {v.ndim} dimensions: must be equal")
+    if k.shape != v.shape:
+        raise ValueError(f"k has shape {k.shape} and v {v.shape}: they must be equal")
+    Q, K = _as_4d(q), _as_4d(k)
+    if Q.shape[0] != K.shape[0]:
+        raise ValueError(f"batch of q ({Q.shape[0]}) and of k, v ({K.shape[0]}) differ")
+    if Q.shape[3] != K.shape[3]:
+        raise ValueError(f"head dimension of q ({Q.shape[3]}) and of k, v ({K.shape[3]}) differ")
+    if Q.shape[1] % K.shape[1] != 0:
+        raise ValueError(f"heads of q ({Q.shape[1]}) must be a multiple of the heads of k, v "
+                         f"({K.shape[1]}) (MQA/GQA)")
+    return q, k, v
+
+
+def _check_scale(scale):
+    if scale is None:
+        return math.nan  # the library's "default": 1/sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale = {scale}: must be finite")
+    return float(scale)
+
+
+def _check_backend(backend):
+    if backend is None:
+        return _DEFAULT_BACKEND
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    if backend not in backends():
+        raise ValueError(f"backend = {backend!r}: not available in this build "
+                         f"(available: {', '.join(backends())})")
+    return backend
+
+
+def _check_mask(block_mask, block_size, Nq, Nkv):
+    """The mask as C-contiguous uint8 and its block size (0, 0 without a mask)."""
+    if block_mask is None:
+        if block_size is not None:
+            raise ValueError("block_size is the block size of block_mask: give block_mask too")
+        return None, 0, 0
+    if block_size is None:
+        raise ValueError("block_mask needs block_size = (Br, Bc), the rows and keys of a block")
+    try:
+        Br, Bc = block_size
+    except (TypeError, ValueError):
+        raise TypeError(f"block_size must be a pair of ints (Br, Bc), got {block_size!r}") from None
+    for name, value in (("block_size[0]", Br), ("block_size[1]", Bc)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{name} = {value}: must be at least 1")
+    mask = np.asarray(block_mask)
+    if mask.dtype not in (np.bool_, np.uint8):
+        raise TypeError(f"block_mask.dtype is {mask.dtype}: must be bool or uint8")
+    Tr, Tc = -(-Nq // Br), -(-Nkv // Bc)
+    if mask.shape != (Tr, Tc):
+        raise ValueError(f"block_mask has shape {mask.shape}: must be (Tr, Tc) = ({Tr}, {Tc}) for "
+                         f"block_size = ({Br}, {Bc}), N_q = {Nq}, N_kv = {Nkv}")
+    mask = np.ascontiguousarray(mask.astype(np.uint8))
+    if mask.max(initial=0) > 1:
+        raise ValueError("block_mask entries must be 0 or 1")
+    return mask, int(Br), int(Bc)
+
+
+def _check_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+# --- NumPy ----------------------------------------------------------------------------------
+
+
+def _numpy_attention(q, k, v, causal, scale, backend, block_mask, block_size, dtype="f32"):
+    q, k, v = _check_qkv(q, k, v)
+    Q, K, V = _as_4d(q), _as_4d(k), _as_4d(v)
+    mask, Br, Bc = _check_mask(block_mask, block_size, Q.shape[2], K.shape[2])
+    O, L = _C.attention(Q, K, V, _check_bool("causal", causal), _check_scale(scale),
+                        _check_backend(backend), mask, Br, Bc, dtype)
+    return O.reshape(q.shape), L.reshape(q.shape[:-1])
+
+
+def _numpy_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size,
+                    dtype="f32"):
+    q, k, v = _check_qkv(q, k, v)
+    o, do = _check_array("o", o), _check_array("do", do)
+    for name, x in (("o", o), ("do", do)):
+        if x.shape != q.shape:
+            raise ValueError(f"{name} has shape {x.shape}: must be q's shape {q.shape}")
+    if not isinstance(lse, np.ndarray):
+        raise TypeError(f"lse must be a numpy.ndarray or a torch.Tensor, got {type(lse).__name__}")
+    if lse.dtype != np.float32:
+        raise TypeError(f"lse.dtype is {lse.dtype}: pass float32")
+    if lse.shape != q.shape[:-1]:
+        raise ValueError(f"lse has shape {lse.shape}: must be q's shape without d, {q.shape[:-1]}")
+    lse = np.ascontiguousarray(lse)
+    Q, K, V = _as_4d(q), _as_4d(k), _as_4d(v)
+    mask, Br, Bc = _check_mask(block_mask, block_size, Q.shape[2], K.shape[2])
+    backend = _check_backend(backend)
+    dQ, dK, dV = _C.attention_backward(Q, K, V, _as_4d(o), lse.reshape(Q.shape[:3]), _as_4d(do),
+                                       _check_bool("causal", causal), _check_scale(scale),
+                                       backend, mask, Br, Bc, dtype)
+    return dQ.reshape(q.shape), dK.reshape(k.shape), dV.reshape(v.shape)
+
+
+# --- PyTorch (optional) ---------------------------------------------------------------------
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _is_torch(*xs):
+    torch = _torch()
+    return torch is not None and any(isinstance(x, torch.Tensor) for x in xs)
+
+
+_TORCH_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _torch_inputs(names, xs):
+    """Each tensor as a float32 NumPy array, the library's dtype name, and the device."""
+    torch = _torch()
+    for name, x in zip(names, xs):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor like the other arguments, got "
+                            f"{type(x).__name__}")
+    devices = {str(x.device) for x in xs}
+    if len(devices) > 1:
+        raise ValueError(f"{', '.join(names)} are on different devices: {', '.join(sorted(devices))}")
+    dtypes = {x.dtype for x in xs}
+    if len(dtypes) > 1:
+        raise TypeError(f"{', '.join(names)} have different dtypes: "
+                        f"{', '.join(sorted(map(str, dtypes)))}")
+    dtype = str(xs[0].dtype).replace("torch.", "")
+    if dtype not in _TORCH_DTYPES:
+        raise TypeError(f"{names[0]}.dtype is {xs[0].dtype}: must be float32, float16 or bfloat16")
+    if xs[0].device.type != "cpu":
+        raise NotImplementedError(
+            f"{names[0]} is on {xs[0].device}: CUDA tensors are not supported yet (the backends "
+            "take host arrays); use CPU tensors or NumPy arrays")
+    arrays = [x.detach().to(torch.float32).contiguous().numpy() for x in xs]
+    return arrays, _TORCH_DTYPES[dtype], xs[0].dtype
+
+
+def _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size):
+    torch = _torch()
+    (Q, K, V), dtype, torch_dtype = _torch_inputs(("q", "k", "v"), (q, k, v))
+    O, L = _numpy_attention(Q, K, V, causal, scale, backend, block_mask, block_size, dtype)
+    return torch.from_numpy(O).to(torch_dtype), torch.from_numpy(L)
+
+
+def _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
+    torch = _torch()
+    (Q, K, V, O, dO), dtype, torch_dtype = _torch_inputs(("q", "k", "v", "o", "do"),
+                                                         (q, k, v, o, do))
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a torch.Tensor like the other arguments, got "
+                        f"{type(lse).__name__}")
+    L = lse.detach().to(torch.float32).contiguous().numpy()
+    grads = _numpy_backward(Q, K, V, O, L, dO, causal, scale, backend, block_mask, block_size,
+                            dtype)
+    return tuple(torch.from_numpy(g).to(torch_dtype) for g in grads)
+
+
+def _autograd_function():
+    """torch.autograd.Function whose backward is our backward pass (made once, on first use)."""
+    global _AttentionFunction
+    if _AttentionFunction is None:
+        torch = _torch()
+
+        class AttentionFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, causal, scale, backend, block_mask, block_size):
+                o, lse = _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size)
+                ctx.save_for_backward(q, k, v, o, lse)
+                ctx.options = (causal, scale, backend, block_mask, block_size)
+                ctx.mark_non_differentiable(lse)
+                return o, lse
+
+            @staticmethod
+            def backward(ctx, do, _dlse):
+                q, k, v, o, lse = ctx.saved_tensors
+                dq, dk, dv = _torch_backward(q, k, v, o, lse, do.contiguous(), *ctx.options)
+                return dq, dk, dv, None, None, None, None, None
+
+        _AttentionFunction = AttentionFunction
+    return _AttentionFunction
+
+
+_AttentionFunction = None
+
+
+# --- the API --------------------------------------------------------------------------------
+
+
+def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=False,
+              block_mask=None, block_size=None):
+    """softmax(scale * q k^T) v, computed by one of the library's backends.
+
+    q: (B, H, N_q, d) or (N_q, d); k, v: (B, H_kv, N_kv, d) or (N_kv, d) with H % H_kv == 0.
+    NumPy float32 arrays, or PyTorch CPU tensors of float32, float16 or bfloat16 (computed in
+    that precision, as `flashattn run --dtype` does; outputs have the input's dtype).
+
+    causal: bottom-right aligned mask (query i sees key j iff j <= i + N_kv - N_q).
+    scale: softmax scale, default 1 / sqrt(d).
+    backend: a name from flashattn.backends(); default "omp".
+    return_lse: also return LSE = log sum_j exp(scale q_i . k_j) over visible keys, float32,
+        shape (B, H, N_q) or (N_q,); -inf for a row with no visible key (whose O row is 0).
+    block_mask, block_size: block-sparse attention (Algorithm 5), see the module's docstring.
+
+    Returns O (the shape of q), or (O, LSE). With PyTorch tensors that require grad, gradients
+    flow through flashattn's own backward pass (attention_backward).
+    """
+    return_lse = _check_bool("return_lse", return_lse)
+    if _is_torch(q, k, v):
+        torch = _torch()
+        if torch.is_grad_enabled() and any(
+                isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
+            o, lse = _autograd_function().apply(q, k, v, causal, scale, backend, block_mask,
+                                                block_size)
+        else:
+            o, lse = _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size)
+    else:
+        o, lse = _numpy_attention(q, k, v, causal, scale, backend, block_mask, block_size)
+    return (o, lse) if return_lse else o
+
+
+def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, backend=None,
+                       block_mask=None, block_size=None):
+    """The backward pass (paper Algorithm 4): (dQ, dK, dV) for the upstream gradient do = dL/dO.
+
+    o and lse are what attention(..., return_lse=True) returned for the same q, k, v and options;
+    do has o's shape. dK and dV are summed over the query heads that share a K/V head (GQA).
+    The backend must have a backward pass (backend_info()[i]["backward"]); default "omp".
+    """
+    if _is_torch(q, k, v, o, lse, do):
+        return _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask,
+                               block_size)
+    return _numpy_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)

@@ -1,0 +1,116 @@
+// examples/python/module.cpp — the C++ half of `import flashattn` (pybind11): the backend registry
+// reached from Python. The Python half (flashattn/__init__.py) checks every argument, names the bad
+// one in its error, reshapes (N, d) to (1, 1, N, d) and handles PyTorch tensors; this file takes
+// C-contiguous float32 arrays of shape (B, H, N, d) and runs one backend on them.
+//
+// Errors: the library's std::invalid_argument becomes ValueError, std::runtime_error RuntimeError
+// (pybind11's standard translation). The GIL is released while a backend computes, so other
+// Python threads run meanwhile; the arrays stay alive because the call holds them.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/registry.hpp"
+
+namespace py = pybind11;
+
+namespace flashattn::python {
+namespace {
+
+using FloatArray = py::array_t<float, py::array::c_style>;
+using MaskArray = py::array_t<std::uint8_t, py::array::c_style>;
+
+// The problem of (B, H, N_q, d) queries and (B, H_kv, N_kv, d) keys and values.
+AttentionProblem problem_of(const FloatArray& q, const FloatArray& k, bool causal, double scale) {
+    if (q.ndim() != 4 || k.ndim() != 4)
+        throw std::invalid_argument("q and k must be 4-dimensional (B, H, N, d) here");
+    AttentionProblem p;
+    p.batch = q.shape(0), p.heads = q.shape(1), p.seq_q = q.shape(2), p.dim = q.shape(3);
+    p.heads_kv = k.shape(1), p.seq_kv = k.shape(2);
+    p.causal = causal;
+    p.scale = static_cast<float>(scale);  // NaN: the default 1/sqrt(d)
+    return p;
+}
+
+// The block mask of Algorithm 5 with its own block size (mask_block_q x mask_block_kv).
+void set_block_mask(AttentionProblem& p, const std::optional<MaskArray>& mask,
+                    std::int64_t mask_block_q, std::int64_t mask_block_kv) {
+    if (!mask) return;
+    p.block_mask = {mask->data(), mask_block_q, mask_block_kv};
+}
+
+std::vector<py::ssize_t> shape_of(const FloatArray& a) {
+    return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
+}
+
+py::tuple attention(const FloatArray& q, const FloatArray& k, const FloatArray& v, bool causal,
+                    double scale, const std::string& backend_name,
+                    const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
+                    std::int64_t mask_block_kv, const std::string& dtype_name) {
+    AttentionProblem p = problem_of(q, k, causal, scale);
+    set_block_mask(p, mask, mask_block_q, mask_block_kv);
+    validate(p);
+    const Backend& backend = find_backend(backend_name);
+    const DType dtype = parse_dtype(dtype_name);
+    FloatArray O(shape_of(q));
+    FloatArray lse(std::vector<py::ssize_t>{p.batch, p.heads, p.seq_q});
+    {
+        py::gil_scoped_release release;
+        auto prepared = backend.prepare(p, q.data(), k.data(), v.data(), dtype);
+        prepared->execute();
+        prepared->fetch(O.mutable_data(), lse.mutable_data());
+    }
+    return py::make_tuple(O, lse);
+}
+
+py::tuple attention_backward(const FloatArray& q, const FloatArray& k, const FloatArray& v,
+                             const FloatArray& o, const FloatArray& lse, const FloatArray& dO,
+                             bool causal, double scale, const std::string& backend_name,
+                             const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
+                             std::int64_t mask_block_kv, const std::string& dtype_name) {
+    AttentionProblem p = problem_of(q, k, causal, scale);
+    set_block_mask(p, mask, mask_block_q, mask_block_kv);
+    validate(p);
+    const Backend& backend = find_backend(backend_name);
+    require_backward(backend);
+    const DType dtype = parse_dtype(dtype_name);
+    FloatArray dQ(shape_of(q)), dK(shape_of(k)), dV(shape_of(v));
+    {
+        py::gil_scoped_release release;
+        const BackwardInputs in{q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data()};
+        auto prepared = backend.prepare_backward(p, in, dtype);
+        prepared->execute();
+        prepared->fetch(dQ.mutable_data(), dK.mutable_data(), dV.mutable_data());
+    }
+    return py::make_tuple(dQ, dK, dV);
+}
+
+}  // namespace
+}  // namespace flashattn::python
+
+PYBIND11_MODULE(_flashattn, m) {
+    using namespace flashattn;
+    m.doc() = "C++ side of the flashattn package; use `import flashattn` instead.";
+    m.def("backends", [] {
+        std::vector<py::dict> list;
+        for (const Backend& b : available_backends()) {
+            py::dict d;
+            d["name"] = b.name;
+            d["device"] = b.device;
+            d["summary"] = b.summary;
+            std::vector<std::string> dtypes;
+            for (DType t : b.dtypes) dtypes.push_back(to_string(t));
+            d["dtypes"] = dtypes;
+            d["backward"] = b.has_backward();
+            list.push_back(d);
+        }
+        return list;
+    });
+    m.def("attention", &python::attention);
+    m.def("attention_backward", &python::attention_backward);
+}
