@@ -1,5 +1,5 @@
 // examples/python/module.cpp — the C++ half of `import flashattn` (pybind11): the backend registry
-// reached from Python. The Python half (flashattn/__init__.py) checks every argument, names the bad
+// reached from Python. The Python half (src/flashattn/__init__.py) checks every argument, names the bad
 // one in its error, reshapes (N, d) to (1, 1, N, d) and handles PyTorch tensors; this file takes
 // C-contiguous float32 arrays of shape (B, H, N, d) and runs one backend on them.
 //

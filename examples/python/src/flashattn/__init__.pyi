@@ -1,4 +1,4 @@
-# Type stubs of the flashattn package (examples/python/flashattn/__init__.py).
+# Type stubs of the flashattn package (examples/python/src/flashattn/__init__.py).
 from typing import Any, Optional, Sequence, Tuple, TypedDict, Union, overload
 
 import numpy as np
