@@ -69,6 +69,22 @@ enum class TileSizes {
     own,     // compiled tiles of the backend's choosing: explicit ones are refused
 };
 
+// Arrays already on the device (CUDA), for a backend that can compute on them in place: nothing is
+// copied to or from the host. `stream` is the caller's CUDA stream (a cudaStream_t; nullptr for
+// the default stream): the backend lets the work queued on it finish before reading the inputs,
+// and returns when the outputs are written.
+struct DeviceForward {
+    const float *Q = nullptr, *K = nullptr, *V = nullptr;
+    float *O = nullptr, *lse = nullptr;
+    void* stream = nullptr;
+};
+struct DeviceBackward {
+    const float *Q = nullptr, *K = nullptr, *V = nullptr, *O = nullptr, *lse = nullptr,
+                *dO = nullptr;
+    float *dQ = nullptr, *dK = nullptr, *dV = nullptr;
+    void* stream = nullptr;
+};
+
 struct Backend {
     using PrepareForward = std::function<std::unique_ptr<PreparedAttention>(
         const AttentionProblem&, const float* Q, const float* K, const float* V, DType)>;
@@ -84,6 +100,10 @@ struct Backend {
     PrepareForward prepare;
     // Empty for a backend without a backward pass.
     PrepareBackward prepare_backward;
+    // float32 on device-resident arrays (block_mask.data stays a host array); empty where the
+    // backend has no such entry. Used by the Python package for CUDA tensors.
+    std::function<void(const AttentionProblem&, const DeviceForward&)> run_device;
+    std::function<void(const AttentionProblem&, const DeviceBackward&)> run_backward_device;
 
     bool supports(DType t) const {
         return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();

@@ -27,6 +27,20 @@ Backend with_tile_check(Backend b) {
             require_tile_choice(checked, p);
             return inner(p, in, dtype);
         };
+    if (b.run_device)
+        b.run_device = [checked, inner = b.run_device](const AttentionProblem& p,
+                                                       const DeviceForward& a) {
+            validate(p);
+            require_tile_choice(checked, p);
+            inner(p, a);
+        };
+    if (b.run_backward_device)
+        b.run_backward_device = [checked, inner = b.run_backward_device](
+                                    const AttentionProblem& p, const DeviceBackward& a) {
+            validate(p);
+            require_tile_choice(checked, p);
+            inner(p, a);
+        };
     return b;
 }
 

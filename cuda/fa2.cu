@@ -106,6 +106,17 @@ const Fa2Variant& choose_variant(std::int64_t dim, bool tensor_cores) {
     return *first_ffma;  // validate() guarantees dim <= 256, which the last variant covers
 }
 
+// Throws std::invalid_argument when the variant's shared memory exceeds this device's.
+void require_fits(const Fa2Variant& v, const AttentionProblem& p) {
+    const std::size_t have = device_limits().smem_per_block_optin;
+    if (v.smem_bytes > have)
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) + ": cuda-fa2's d <= " +
+                                    std::to_string(v.max_dim) + " kernel needs " +
+                                    std::to_string(v.smem_bytes) +
+                                    " bytes of shared memory per block; this device allows " +
+                                    std::to_string(have));
+}
+
 }  // namespace
 
 std::vector<Fa2VariantInfo> fa2_variants() {
@@ -122,13 +133,7 @@ public:
                 DType dtype)
         : PreparedCuda("cuda-fa2", p, Q, K, V, dtype),
           variant_(choose_variant(p.dim, tf32_tensor_cores_allowed(p, Q, K, V))) {
-        const std::size_t have = device_limits().smem_per_block_optin;
-        if (variant_.smem_bytes > have)
-            throw std::invalid_argument(
-                "dim = " + std::to_string(p.dim) + ": cuda-fa2's d <= " +
-                std::to_string(variant_.max_dim) + " kernel needs " +
-                std::to_string(variant_.smem_bytes) +
-                " bytes of shared memory per block; this device allows " + std::to_string(have));
+        require_fits(variant_, p);
     }
 
     void execute() override {
@@ -153,6 +158,19 @@ Backend cuda_fa2_backend() {
         "tensor cores (3xTF32) for 16 <= d <= 128, FFMA register micro-tiles otherwise",
         TileSizes::own);
     add_cuda_fa2_backward(b);
+    // The device entry: the same kernels on the caller's device arrays, no copies.
+    b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
+        require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
+        require_array(a.O, "O"), require_array(a.lse, "LSE");
+        FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
+        AttentionProblem p = problem;
+        const DeviceBuffer<std::uint8_t> mask = upload_block_mask(p);
+        const Fa2Variant& v =
+            choose_variant(p.dim, tf32_tensor_cores_allowed_on_device(p, a.Q, a.K, a.V));
+        require_fits(v, p);
+        v.launch(p, a.Q, a.K, a.V, a.O, a.lse);
+        synchronize_device();
+    };
     return b;
 }
 

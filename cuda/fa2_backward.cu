@@ -19,6 +19,26 @@ namespace {
 using SmallD = fa2_backward::Tile<64, 64, 256>;
 using LargeD = fa2_backward::Tile<32, 32, 256>;
 
+// Throws std::invalid_argument where the tiles' shared memory or the grid do not fit this device.
+void require_backward_fits(const AttentionProblem& p) {
+    const std::size_t need =
+        static_cast<std::size_t>(p.dim <= 64 ? SmallD::smem_floats(p.dim)
+                                             : LargeD::smem_floats(p.dim)) *
+        sizeof(float);
+    const std::size_t have = device_limits().smem_per_block_optin;
+    if (need > have)
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
+                                    ": cuda-fa2's backward needs " + std::to_string(need) +
+                                    " bytes of shared memory per block; this device allows " +
+                                    std::to_string(have));
+    if (p.batch * p.heads > 65535)
+        throw std::invalid_argument("batch*heads = " + std::to_string(p.batch * p.heads) +
+                                    ": cuda-fa2's backward grid allows at most 65535");
+    if (tile_count(p.seq_q, 32) > std::numeric_limits<int>::max() ||
+        tile_count(p.seq_kv, 32) > std::numeric_limits<int>::max())
+        throw std::invalid_argument("seq_q/seq_kv: too many tiles for one launch");
+}
+
 template <class T>
 void launch(const fa2_backward::Params& a) {
     const AttentionProblem& p = a.p;
@@ -39,26 +59,27 @@ void launch(const fa2_backward::Params& a) {
     FA_CUDA_CHECK_LAUNCH();
 }
 
+// The three kernels in order: D, then dK and dV, then dQ.
+void launch_all(const fa2_backward::Params& a) {
+    const AttentionProblem& p = a.p;
+    const std::int64_t rows = p.batch * p.heads * p.seq_q;
+    const std::int64_t blocks = (rows + 7) / 8;  // 8 warps of 32 threads, a row each
+    if (blocks > std::numeric_limits<int>::max())
+        throw std::invalid_argument("batch*heads*seq_q = " + std::to_string(rows) +
+                                    ": too many rows for one launch");
+    fa2_backward::delta_kernel<<<static_cast<unsigned>(blocks), 256>>>(a);
+    FA_CUDA_CHECK_LAUNCH();
+    if (p.dim <= 64)
+        launch<SmallD>(a);
+    else
+        launch<LargeD>(a);
+}
+
 class PreparedFa2Backward final : public PreparedCudaBackward {
 public:
     PreparedFa2Backward(const AttentionProblem& p, const BackwardInputs& in, DType dtype)
         : PreparedCudaBackward("cuda-fa2", p, in, dtype) {
-        const std::size_t need =
-            static_cast<std::size_t>(p.dim <= 64 ? SmallD::smem_floats(p.dim)
-                                                 : LargeD::smem_floats(p.dim)) *
-            sizeof(float);
-        const std::size_t have = device_limits().smem_per_block_optin;
-        if (need > have)
-            throw std::invalid_argument("dim = " + std::to_string(p.dim) +
-                                        ": cuda-fa2's backward needs " + std::to_string(need) +
-                                        " bytes of shared memory per block; this device allows " +
-                                        std::to_string(have));
-        if (p.batch * p.heads > 65535)
-            throw std::invalid_argument("batch*heads = " + std::to_string(p.batch * p.heads) +
-                                        ": cuda-fa2's backward grid allows at most 65535");
-        if (tile_count(p.seq_q, 32) > std::numeric_limits<int>::max() ||
-            tile_count(p.seq_kv, 32) > std::numeric_limits<int>::max())
-            throw std::invalid_argument("seq_q/seq_kv: too many tiles for one launch");
+        require_backward_fits(p);
         D_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
     }
 
@@ -66,17 +87,7 @@ public:
         const fa2_backward::Params a{problem_,  Q_.data(),  K_.data(),  V_.data(),
                                      O_.data(),  dO_.data(), lse_.data(), D_.data(),
                                      dQ_.data(), dK_.data(), dV_.data()};
-        const std::int64_t rows = problem_.batch * problem_.heads * problem_.seq_q;
-        const std::int64_t blocks = (rows + 7) / 8;  // 8 warps of 32 threads, a row each
-        if (blocks > std::numeric_limits<int>::max())
-            throw std::invalid_argument("batch*heads*seq_q = " + std::to_string(rows) +
-                                        ": too many rows for one launch");
-        fa2_backward::delta_kernel<<<static_cast<unsigned>(blocks), 256>>>(a);
-        FA_CUDA_CHECK_LAUNCH();
-        if (problem_.dim <= 64)
-            launch<SmallD>(a);
-        else
-            launch<LargeD>(a);
+        launch_all(a);
         synchronize_device();
     }
 
@@ -86,6 +97,21 @@ private:
 
 }  // namespace
 
-void add_cuda_fa2_backward(Backend& b) { add_cuda_backward<PreparedFa2Backward>(b); }
+void add_cuda_fa2_backward(Backend& b) {
+    add_cuda_backward<PreparedFa2Backward>(b);
+    // The device entry: the same kernels on the caller's device arrays, no copies.
+    b.run_backward_device = [](const AttentionProblem& problem, const DeviceBackward& a) {
+        require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
+        require_array(a.O, "O"), require_array(a.lse, "LSE"), require_array(a.dO, "dO");
+        require_array(a.dQ, "dQ"), require_array(a.dK, "dK"), require_array(a.dV, "dV");
+        require_backward_fits(problem);
+        FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
+        AttentionProblem p = problem;
+        const DeviceBuffer<std::uint8_t> mask = upload_block_mask(p);
+        DeviceBuffer<float> D(static_cast<std::size_t>(p.lse_elements()));
+        launch_all({p, a.Q, a.K, a.V, a.O, a.dO, a.lse, D.data(), a.dQ, a.dK, a.dV});
+        synchronize_device();
+    };
+}
 
 }  // namespace flashattn::cuda

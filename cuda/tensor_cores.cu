@@ -5,11 +5,33 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/check.hpp"
+#include "cuda/device_buffer.hpp"
+
 namespace flashattn::cuda {
 namespace {
 
 bool all_finite(const float* x, std::int64_t n) {
     return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
+}
+
+__global__ void find_nonfinite_kernel(const float* __restrict__ x, std::int64_t n, int* found) {
+    for (std::int64_t e = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < n;
+         e += std::int64_t{gridDim.x} * blockDim.x)
+        if (!isfinite(x[e])) *found = 1;  // any thread's write of 1 will do
+}
+
+// The same test on arrays in device memory: one pass over each, one int back to the host.
+bool all_finite_on_device(std::initializer_list<std::pair<const float*, std::int64_t>> arrays) {
+    DeviceBuffer<int> found(1);
+    FA_CUDA_CHECK(cudaMemset(found.data(), 0, sizeof(int)));
+    for (const auto& [x, n] : arrays) {
+        find_nonfinite_kernel<<<1024, 256>>>(x, n, found.data());
+        FA_CUDA_CHECK_LAUNCH();
+    }
+    int host = 0;
+    found.download(&host);
+    return host == 0;
 }
 
 }  // namespace
@@ -30,6 +52,12 @@ bool tf32_tensor_cores_allowed(const AttentionProblem& p, const float* Q, const 
                                const float* V) {
     return p.dim >= 16 && mma_grid_limits(p).empty() && all_finite(Q, p.q_elements()) &&
            all_finite(K, p.kv_elements()) && all_finite(V, p.kv_elements());
+}
+
+bool tf32_tensor_cores_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
+                                         const float* V) {
+    return p.dim >= 16 && mma_grid_limits(p).empty() &&
+           all_finite_on_device({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()}});
 }
 
 }  // namespace flashattn::cuda

@@ -26,4 +26,9 @@ std::string mma_grid_limits(const AttentionProblem& p);
 bool tf32_tensor_cores_allowed(const AttentionProblem& p, const float* Q, const float* K,
                                const float* V);
 
+// The same for Q, K, V in device memory (the device entry points): the finiteness test runs on
+// the GPU.
+bool tf32_tensor_cores_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
+                                         const float* V);
+
 }  // namespace flashattn::cuda

@@ -6,7 +6,7 @@ The two loss curves must agree within float32 noise; the script prints both, the
 difference, each run's tokens/s, and writes a CSV (docs/scripts/plot_gpt.py draws it).
 
 The text is this repository's own documentation (README.md and docs/*.md) unless --text names a
-file. CPU only for now: flashattn does not take CUDA tensors yet.
+file. --device cuda runs both on the GPU (flashattn in float32 on cuda-fa2, in place).
 
 Usage:
   PYTHONPATH=build/release/python python3 examples/python/gpt.py [--steps 300] [--csv out.csv]
@@ -80,34 +80,34 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(T))
+        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
         logits = self.head(self.ln(self.blocks(x)))
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
 def train(kind, data, val, vocab, a):
     torch.manual_seed(a.seed)  # the same initial weights for both kinds
-    model = GPT(vocab, a.block, a.embd, a.heads, a.layers, kind, a.backend)
+    model = GPT(vocab, a.block, a.embd, a.heads, a.layers, kind, a.backend).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     batches = torch.Generator().manual_seed(a.seed + 1)  # the same batches too
     losses, start = [], time.perf_counter()
     for step in range(a.steps):
         ix = torch.randint(len(data) - a.block - 1, (a.batch,), generator=batches)
-        x = torch.stack([data[i:i + a.block] for i in ix])
-        y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix])
+        x = torch.stack([data[i:i + a.block] for i in ix]).to(a.device)
+        y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix]).to(a.device)
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(loss.item())
+        losses.append(loss.item())  # (also waits for the GPU, so the timing is honest)
         if step % a.every == 0 or step == a.steps - 1:
             print(f"  {kind:9s} step {step:4d}  loss {loss.item():.4f}", flush=True)
     seconds = time.perf_counter() - start
     with torch.no_grad():
         gen = torch.Generator().manual_seed(a.seed + 2)
         ix = torch.randint(len(val) - a.block - 1, (64,), generator=gen)
-        x = torch.stack([val[i:i + a.block] for i in ix])
-        y = torch.stack([val[i + 1:i + 1 + a.block] for i in ix])
+        x = torch.stack([val[i:i + a.block] for i in ix]).to(a.device)
+        y = torch.stack([val[i + 1:i + 1 + a.block] for i in ix]).to(a.device)
         val_loss = model(x, y).item()
     return losses, a.steps * a.batch * a.block / seconds, val_loss
 
@@ -124,7 +124,9 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--backend", default="omp", help="flashattn backend with a backward pass")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--backend", help="flashattn backend with a backward pass (default: omp on "
+                                      "the CPU, cuda-fa2 on CUDA)")
     ap.add_argument("--threads", type=int, default=0,
                     help="PyTorch's threads (0: its default); flashattn's are OMP_NUM_THREADS's")
     ap.add_argument("--every", type=int, default=50, help="print the loss every N steps")
@@ -136,8 +138,15 @@ def main():
     if a.embd % a.heads:
         ap.error(f"--embd ({a.embd}) must be a multiple of --heads ({a.heads})")
     info = {b["name"]: b for b in flashattn.backend_info()}
-    if a.backend not in info or not info[a.backend]["backward"] or info[a.backend]["device"] != "cpu":
-        ap.error(f"--backend {a.backend}: must be a CPU backend with a backward pass")
+    a.backend = a.backend or ("omp" if a.device == "cpu" else "cuda-fa2")
+    ok = a.backend in info and info[a.backend]["backward"] and (
+        info[a.backend]["device"] == "cpu" if a.device == "cpu" else info[a.backend]["device_arrays"])
+    if not ok:
+        ap.error(f"--backend {a.backend}: needs a backward pass and, for --device cuda, a device "
+                 "entry (cuda-fa2)")
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # both runs in real float32
+        torch.backends.cudnn.allow_tf32 = False
     if a.threads:
         torch.set_num_threads(a.threads)
 
@@ -151,7 +160,8 @@ def main():
         ap.error("the text is too short for this --block")
     print(f"text: {len(text)} characters, vocabulary {len(chars)}; model: {a.layers} layers, "
           f"{a.heads} heads, d_model {a.embd} (d = {a.embd // a.heads}), context {a.block}, "
-          f"batch {a.batch}; {torch.get_num_threads()} threads; flashattn backend {a.backend}")
+          f"batch {a.batch}; {a.device} ({torch.get_num_threads()} threads); flashattn backend "
+          f"{a.backend}")
 
     results = {kind: train(kind, data, val, len(chars), a) for kind in ("flashattn", "sdpa")}
     (ours, ours_tps, ours_val), (theirs, theirs_tps, theirs_val) = results["flashattn"], results["sdpa"]

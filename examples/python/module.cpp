@@ -90,6 +90,68 @@ py::tuple attention_backward(const FloatArray& q, const FloatArray& k, const Flo
     return py::make_tuple(dQ, dK, dV);
 }
 
+// The device entries (Backend::run_device): tensors already on the GPU, passed as addresses
+// (torch.Tensor.data_ptr()), with the caller's CUDA stream. Shapes as (B, H, H_kv, N_q, N_kv, d).
+struct Shape {
+    std::int64_t B, H, Hkv, Nq, Nkv, d;
+};
+
+AttentionProblem device_problem(const Shape& s, bool causal, double scale) {
+    AttentionProblem p;
+    p.batch = s.B, p.heads = s.H, p.heads_kv = s.Hkv, p.seq_q = s.Nq, p.seq_kv = s.Nkv,
+    p.dim = s.d;
+    p.causal = causal;
+    p.scale = static_cast<float>(scale);
+    return p;
+}
+
+template <class T>
+T* pointer(std::uintptr_t address) {
+    return reinterpret_cast<T*>(address);
+}
+
+const Backend& device_backend(const std::string& name, bool backward) {
+    const Backend& b = find_backend(name);
+    if (backward ? !b.run_backward_device : !b.run_device)
+        throw std::invalid_argument("backend = " + name + ": takes no device arrays" +
+                                    (backward ? " in its backward pass" : "") +
+                                    " (cuda-fa2 does, in float32)");
+    return b;
+}
+
+void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
+                      std::uintptr_t lse, const Shape& shape, bool causal, double scale,
+                      const std::string& backend_name, const std::optional<MaskArray>& mask,
+                      std::int64_t mask_block_q, std::int64_t mask_block_kv,
+                      std::uintptr_t stream) {
+    AttentionProblem p = device_problem(shape, causal, scale);
+    set_block_mask(p, mask, mask_block_q, mask_block_kv);
+    validate(p);
+    const Backend& backend = device_backend(backend_name, false);
+    py::gil_scoped_release release;
+    backend.run_device(p, {pointer<const float>(q), pointer<const float>(k),
+                           pointer<const float>(v), pointer<float>(o), pointer<float>(lse),
+                           pointer<void>(stream)});
+}
+
+void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
+                               std::uintptr_t o, std::uintptr_t lse, std::uintptr_t dO,
+                               std::uintptr_t dQ, std::uintptr_t dK, std::uintptr_t dV,
+                               const Shape& shape, bool causal, double scale,
+                               const std::string& backend_name,
+                               const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
+                               std::int64_t mask_block_kv, std::uintptr_t stream) {
+    AttentionProblem p = device_problem(shape, causal, scale);
+    set_block_mask(p, mask, mask_block_q, mask_block_kv);
+    validate(p);
+    const Backend& backend = device_backend(backend_name, true);
+    py::gil_scoped_release release;
+    backend.run_backward_device(
+        p, {pointer<const float>(q), pointer<const float>(k), pointer<const float>(v),
+            pointer<const float>(o), pointer<const float>(lse), pointer<const float>(dO),
+            pointer<float>(dQ), pointer<float>(dK), pointer<float>(dV), pointer<void>(stream)});
+}
+
 }  // namespace
 }  // namespace flashattn::python
 
@@ -107,10 +169,16 @@ PYBIND11_MODULE(_flashattn, m) {
             for (DType t : b.dtypes) dtypes.push_back(to_string(t));
             d["dtypes"] = dtypes;
             d["backward"] = b.has_backward();
+            d["device_arrays"] = static_cast<bool>(b.run_device);
             list.push_back(d);
         }
         return list;
     });
     m.def("attention", &python::attention);
     m.def("attention_backward", &python::attention_backward);
+    py::class_<python::Shape>(m, "Shape")
+        .def(py::init<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                      std::int64_t>());
+    m.def("attention_device", &python::attention_device);
+    m.def("attention_backward_device", &python::attention_backward_device);
 }

@@ -274,3 +274,49 @@ def test_torch_errors():
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="different devices"):
             flashattn.attention(q.cuda(), k, v)
+
+
+# --- PyTorch CUDA tensors (skipped without a GPU) -------------------------------------------
+
+
+def cuda_or_skip():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or "cuda-fa2" not in flashattn.backends():
+        pytest.skip("no CUDA device, or a build without the CUDA backends")
+    return torch
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_cuda_forward_and_gradients_match_float64(causal):
+    """float32 CUDA tensors run on cuda-fa2 in place; the 2x rule against float64, the yardstick
+    being `standard` in float32 on the CPU."""
+    torch = cuda_or_skip()
+    q, k, v = inputs(2, 4, 2, 37, 53, 16)
+    do = randn(*q.shape)
+    tq, tk, tv = (torch.tensor(x, device="cuda", requires_grad=True) for x in (q, k, v))
+    o, lse = flashattn.attention(tq, tk, tv, causal=causal, return_lse=True)
+    assert o.device == tq.device and o.dtype == torch.float32 and lse.device == tq.device
+    o.backward(torch.tensor(do, device="cuda"))
+    ref_o, ref_lse = reference.attention(q, k, v, causal=causal)
+    std_o, std_lse = flashattn.attention(q, k, v, causal=causal, backend="standard",
+                                         return_lse=True)
+    check_rule("O", o.detach().cpu().numpy(), std_o, ref_o, 1e-6)
+    check_rule("LSE", lse.cpu().numpy(), std_lse, ref_lse, lse_eps(ref_lse))
+    ref = reference.attention_backward(q, k, v, do, causal=causal)
+    std = flashattn.attention_backward(q, k, v, std_o, std_lse, do, causal=causal,
+                                       backend="standard")
+    eps = 1e-6 * max(1.0, *(float(np.abs(r).max()) for r in ref))
+    for name, t, s_, r in zip(("dQ", "dK", "dV"), (tq, tk, tv), std, ref):
+        assert t.grad.device == tq.device
+        check_rule(name, t.grad.cpu().numpy(), s_, r, eps)
+
+
+def test_torch_cuda_errors():
+    torch = cuda_or_skip()
+    q, k, v = (torch.tensor(x, device="cuda") for x in good())
+    with pytest.raises(NotImplementedError, match="float32 only"):
+        flashattn.attention(q.half(), k.half(), v.half())
+    with pytest.raises(ValueError, match="takes no CUDA tensors"):
+        flashattn.attention(q, k, v, backend="omp")
+    with pytest.raises(ValueError, match="different devices"):
+        flashattn.attention(q, k.cpu(), v)

@@ -21,9 +21,9 @@ Conventions (the library's, docs/design.md):
 Errors: TypeError for an argument of the wrong type or dtype, ValueError for a wrong shape, size or
 value (each message names the argument), RuntimeError for a failure inside a backend.
 
-CUDA tensors are not accepted yet: the backends take host arrays, and a hidden copy to the host
-would defeat the point. Pass NumPy arrays or CPU tensors; `backend="cuda-fa2"` then runs on the
-GPU, copying the inputs there explicitly.
+CUDA tensors (float32) run on cuda-fa2 where they are: no copy to the host, on PyTorch's current
+stream (flashattn waits for the work queued on it, then returns when its results are written).
+float16/bfloat16 CUDA tensors raise NotImplementedError for now (cuda-tc has no device entry yet).
 """
 import math
 import numbers
@@ -43,7 +43,8 @@ def backends():
 
 
 def backend_info():
-    """One dict per backend: name, device ("cpu" or "cuda"), summary, dtypes, backward (bool)."""
+    """One dict per backend: name, device ("cpu" or "cuda"), summary, dtypes, backward (bool),
+    device_arrays (bool: takes CUDA tensors in place)."""
     return _C.backends()
 
 
@@ -66,20 +67,27 @@ def _as_4d(x):
     return x.reshape(1, 1, *x.shape) if x.ndim == 2 else x
 
 
+def _check_shapes(qs, ks, vs):
+    """q, k, v shapes as (B, H, N, d) or (N, d), consistent with each other (ValueError)."""
+    if not len(qs) == len(ks) == len(vs):
+        raise ValueError(f"q, k, v have {len(qs)}, {len(ks)}, {len(vs)} dimensions: must be equal")
+    if tuple(ks) != tuple(vs):
+        raise ValueError(f"k has shape {tuple(ks)} and v {tuple(vs)}: they must be equal")
+    Q = (1, 1, *qs) if len(qs) == 2 else tuple(qs)
+    K = (1, 1, *ks) if len(ks) == 2 else tuple(ks)
+    if Q[0] != K[0]:
+        raise ValueError(f"batch of q ({Q[0]}) and of k, v ({K[0]}) differ")
+    if Q[3] != K[3]:
+        raise ValueError(f"head dimension of q ({Q[3]}) and of k, v ({K[3]}) differ")
+    if Q[1] % K[1] != 0:
+        raise ValueError(f"heads of q ({Q[1]}) must be a multiple of the heads of k, v "
+                         f"({K[1]}) (MQA/GQA)")
+    return Q, K
+
+
 def _check_qkv(q, k, v):
     q, k, v = _check_array("q", q), _check_array("k", k), _check_array("v", v)
-    if not q.ndim == k.ndim == v.ndim:
-        raise ValueError(f"q, k, v have {q.ndim}, {k.ndim}, {v.ndim} dimensions: must be equal")
-    if k.shape != v.shape:
-        raise ValueError(f"k has shape {k.shape} and v {v.shape}: they must be equal")
-    Q, K = _as_4d(q), _as_4d(k)
-    if Q.shape[0] != K.shape[0]:
-        raise ValueError(f"batch of q ({Q.shape[0]}) and of k, v ({K.shape[0]}) differ")
-    if Q.shape[3] != K.shape[3]:
-        raise ValueError(f"head dimension of q ({Q.shape[3]}) and of k, v ({K.shape[3]}) differ")
-    if Q.shape[1] % K.shape[1] != 0:
-        raise ValueError(f"heads of q ({Q.shape[1]}) must be a multiple of the heads of k, v "
-                         f"({K.shape[1]}) (MQA/GQA)")
+    _check_shapes(q.shape, k.shape, v.shape)
     return q, k, v
 
 
@@ -192,10 +200,11 @@ def _is_torch(*xs):
 
 
 _TORCH_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_DEFAULT_CUDA_BACKEND = "cuda-fa2"  # the backend with a device entry, in float32
 
 
-def _torch_inputs(names, xs):
-    """Each tensor as a float32 NumPy array, the library's dtype name, and the device."""
+def _check_tensors(names, xs):
+    """All torch tensors, on one device, of one dtype (float32, float16 or bfloat16)."""
     torch = _torch()
     for name, x in zip(names, xs):
         if not isinstance(x, torch.Tensor):
@@ -211,32 +220,90 @@ def _torch_inputs(names, xs):
     dtype = str(xs[0].dtype).replace("torch.", "")
     if dtype not in _TORCH_DTYPES:
         raise TypeError(f"{names[0]}.dtype is {xs[0].dtype}: must be float32, float16 or bfloat16")
-    if xs[0].device.type != "cpu":
-        raise NotImplementedError(
-            f"{names[0]} is on {xs[0].device}: CUDA tensors are not supported yet (the backends "
-            "take host arrays); use CPU tensors or NumPy arrays")
+    return _TORCH_DTYPES[dtype]
+
+
+def _torch_inputs(names, xs):
+    """CPU tensors as float32 NumPy arrays, the library's dtype name, and the torch dtype."""
+    torch = _torch()
+    dtype = _check_tensors(names, xs)
     arrays = [x.detach().to(torch.float32).contiguous().numpy() for x in xs]
-    return arrays, _TORCH_DTYPES[dtype], xs[0].dtype
+    return arrays, dtype, xs[0].dtype
+
+
+def _cuda_backend(backend, q):
+    """The backend for CUDA tensors: one with a device entry; float32 only (for now)."""
+    torch = _torch()
+    if q.dtype != torch.float32:
+        raise NotImplementedError(
+            f"q.dtype is {q.dtype} on {q.device}: CUDA tensors run in float32 only for now "
+            "(cuda-fa2); float16/bfloat16 need cuda-tc's device entry, not written yet")
+    backend = _check_backend(_DEFAULT_CUDA_BACKEND if backend is None else backend)
+    if not {b["name"]: b for b in _C.backends()}[backend]["device_arrays"]:
+        raise ValueError(f"backend = {backend!r} takes no CUDA tensors (use "
+                         f"{_DEFAULT_CUDA_BACKEND!r})")
+    return backend
+
+
+def _cuda_call(device, call):
+    """Runs call(stream) with `device` current, on PyTorch's current stream there."""
+    torch = _torch()
+    with torch.cuda.device(device):
+        call(torch.cuda.current_stream(device).cuda_stream)
 
 
 def _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size):
     torch = _torch()
-    (Q, K, V), dtype, torch_dtype = _torch_inputs(("q", "k", "v"), (q, k, v))
-    O, L = _numpy_attention(Q, K, V, causal, scale, backend, block_mask, block_size, dtype)
-    return torch.from_numpy(O).to(torch_dtype), torch.from_numpy(L)
+    if not (isinstance(q, torch.Tensor) and q.is_cuda):
+        (Q, K, V), dtype, torch_dtype = _torch_inputs(("q", "k", "v"), (q, k, v))
+        O, L = _numpy_attention(Q, K, V, causal, scale, backend, block_mask, block_size, dtype)
+        return torch.from_numpy(O).to(torch_dtype), torch.from_numpy(L)
+    _check_tensors(("q", "k", "v"), (q, k, v))
+    Qs, Ks = _check_shapes(q.shape, k.shape, v.shape)
+    backend = _cuda_backend(backend, q)
+    Q, K, V = (x.detach().contiguous() for x in (q.reshape(Qs), k.reshape(Ks), v.reshape(Ks)))
+    mask, Br, Bc = _check_mask(block_mask, block_size, Qs[2], Ks[2])
+    O = torch.empty_like(Q)
+    L = torch.empty(Qs[:3], dtype=torch.float32, device=q.device)
+    shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
+    _cuda_call(q.device, lambda stream: _C.attention_device(
+        Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), shape,
+        _check_bool("causal", causal), _check_scale(scale), backend, mask, Br, Bc, stream))
+    return O.reshape(q.shape), L.reshape(q.shape[:-1])
 
 
 def _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
     torch = _torch()
-    (Q, K, V, O, dO), dtype, torch_dtype = _torch_inputs(("q", "k", "v", "o", "do"),
-                                                         (q, k, v, o, do))
-    if not isinstance(lse, torch.Tensor):
-        raise TypeError(f"lse must be a torch.Tensor like the other arguments, got "
-                        f"{type(lse).__name__}")
-    L = lse.detach().to(torch.float32).contiguous().numpy()
-    grads = _numpy_backward(Q, K, V, O, L, dO, causal, scale, backend, block_mask, block_size,
-                            dtype)
-    return tuple(torch.from_numpy(g).to(torch_dtype) for g in grads)
+    if not (isinstance(q, torch.Tensor) and q.is_cuda):
+        (Q, K, V, O, dO), dtype, torch_dtype = _torch_inputs(("q", "k", "v", "o", "do"),
+                                                             (q, k, v, o, do))
+        if not isinstance(lse, torch.Tensor):
+            raise TypeError(f"lse must be a torch.Tensor like the other arguments, got "
+                            f"{type(lse).__name__}")
+        L = lse.detach().to(torch.float32).contiguous().numpy()
+        grads = _numpy_backward(Q, K, V, O, L, dO, causal, scale, backend, block_mask,
+                                block_size, dtype)
+        return tuple(torch.from_numpy(g).to(torch_dtype) for g in grads)
+    _check_tensors(("q", "k", "v", "o", "lse", "do"), (q, k, v, o, lse, do))
+    Qs, Ks = _check_shapes(q.shape, k.shape, v.shape)
+    for name, x in (("o", o), ("do", do)):
+        if x.shape != q.shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}: must be q's shape {tuple(q.shape)}")
+    if lse.shape != q.shape[:-1]:
+        raise ValueError(f"lse has shape {tuple(lse.shape)}: must be q's shape without d, "
+                         f"{tuple(q.shape[:-1])}")
+    backend = _cuda_backend(backend, q)
+    Q, K, V, O, dO = (x.detach().reshape(s).contiguous()
+                      for x, s in ((q, Qs), (k, Ks), (v, Ks), (o, Qs), (do, Qs)))
+    L = lse.detach().reshape(Qs[:3]).contiguous()
+    mask, Br, Bc = _check_mask(block_mask, block_size, Qs[2], Ks[2])
+    dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+    shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
+    _cuda_call(q.device, lambda stream: _C.attention_backward_device(
+        Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), dO.data_ptr(),
+        dQ.data_ptr(), dK.data_ptr(), dV.data_ptr(), shape, _check_bool("causal", causal),
+        _check_scale(scale), backend, mask, Br, Bc, stream))
+    return dQ.reshape(q.shape), dK.reshape(k.shape), dV.reshape(v.shape)
 
 
 def _autograd_function():
@@ -276,11 +343,12 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
 
     q: (B, H, N_q, d) or (N_q, d); k, v: (B, H_kv, N_kv, d) or (N_kv, d) with H % H_kv == 0.
     NumPy float32 arrays, or PyTorch CPU tensors of float32, float16 or bfloat16 (computed in
-    that precision, as `flashattn run --dtype` does; outputs have the input's dtype).
+    that precision, as `flashattn run --dtype` does; outputs have the input's dtype), or PyTorch
+    CUDA tensors of float32 (computed on the GPU by cuda-fa2, results on the same device).
 
     causal: bottom-right aligned mask (query i sees key j iff j <= i + N_kv - N_q).
     scale: softmax scale, default 1 / sqrt(d).
-    backend: a name from flashattn.backends(); default "omp".
+    backend: a name from flashattn.backends(); default "omp" ("cuda-fa2" for CUDA tensors).
     return_lse: also return LSE = log sum_j exp(scale q_i . k_j) over visible keys, float32,
         shape (B, H, N_q) or (N_q,); -inf for a row with no visible key (whose O row is 0).
     block_mask, block_size: block-sparse attention (Algorithm 5), see the module's docstring.

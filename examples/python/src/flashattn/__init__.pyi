@@ -12,6 +12,7 @@ class BackendInfo(TypedDict):
     summary: str
     dtypes: list[str]
     backward: bool
+    device_arrays: bool
 
 def backends() -> list[str]: ...
 def backend_info() -> list[BackendInfo]: ...
