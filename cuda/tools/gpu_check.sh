@@ -7,6 +7,8 @@
 #      N and block-size sweeps, ncu HBM bytes of cuda-standard vs cuda-fa2;
 #   5. cuda-tc: its suite, compute-sanitizer on small cases, cuda/tools/compare_tc.py (vs PyTorch's
 #      FLASH_ATTENTION and cuDNN on FlashAttention's benchmark grid);
+#   5b. the backward: compute-sanitizer over test_backward's "two runs" case (every backward of the
+#      build) and cuda/tools/compare_backward.py (cuda-fa2 / cuda-standard vs PyTorch, fp32);
 #   6. the host CPU: omp vs PyTorch's CPU attention (docs/scripts/omp_vs_torch_cpu.sh), and
 #      `flashattn bench` rows showing causal and block-sparse time falling with the work kept.
 # PHASES selects steps (default "build tests sanitize compare"), e.g. PHASES="compare" with
@@ -44,10 +46,15 @@ step() {  # step NAME LOGFILE COMMAND...: run, log, remember PASS/FAIL
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 
+# The Python package is built for the python3 on PATH (where torch is, on a GPU machine), with
+# its pip-installed pybind11 when there is one.
+PY=$(command -v python3 || true)
+PYBIND=$([ -n "$PY" ] && "$PY" -m pybind11 --cmakedir 2>/dev/null || true)
 if [ -z "${SKIP_BUILD:-}" ] && [[ " ${PHASES:-build} " == *" build "* ]]; then
     step "build" build.log bash -c "cmake -S . -B '$BUILD_DIR' -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90a} -DFLASHATTN_NVCC_SPLIT_COMPILE=0 \
-        ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS} && \
+        ${DEPS:+-DCMAKE_PREFIX_PATH=$DEPS} ${PY:+-DPython3_EXECUTABLE=$PY} \
+        ${PYBIND:+-Dpybind11_DIR=$PYBIND} && \
         cmake --build '$BUILD_DIR' -j$(nproc)"
 fi
 BIN=$BUILD_DIR/bin
@@ -69,6 +76,11 @@ if has sanitize; then
             $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/test_cuda_tc" \
             "cuda-tc: bottom-right causal*"
     done
+    for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
+        step "compute-sanitizer $tool backward" "sanitizer_backward_$tool.log" \
+            $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/test_backward" \
+            "backward: two runs*"
+    done
     step "compute-sanitizer memcheck cuda-tc block masks" sanitizer_tc_mask.log \
         $LIMIT compute-sanitizer --tool memcheck --error-exitcode 1 "$BIN/test_cuda_tc" "cuda-tc: block masks*"
 fi
@@ -76,6 +88,9 @@ if has compare; then
     step "compare with PyTorch (fp32)" compare_torch.log \
         python3 cuda/tools/compare_torch.py --bin-dir "$BIN" --out "$OUT" ${QUICK:+--quick} \
         ${FA2_VARIANTS:+--variants "$FA2_VARIANTS"} ${COMPARE_ARGS:-}
+    step "backward vs PyTorch (fp32)" compare_backward.log \
+        python3 cuda/tools/compare_backward.py --bin-dir "$BIN" ${QUICK:+--quick} \
+        --json "$OUT/compare_backward.json"
     step "cuda-tc vs PyTorch flash/cuDNN (fp16, bf16)" compare_tc.log \
         bash -c "python3 cuda/tools/compare_tc.py --bin-dir '$BIN' --repeat ${TC_REPEAT:-20} \
                  --json '$OUT/compare_tc.json' > '$OUT/compare_tc.txt'"
@@ -93,6 +108,7 @@ fi
 
 echo
 for f in compare_torch.txt compare_tc.txt; do cat "$OUT/$f" 2>/dev/null; echo; done
+tail -12 "$OUT/compare_backward.log" 2>/dev/null; echo
 tail -4 "$OUT/omp_vs_torch.log" 2>/dev/null
 echo
 printf '%s\n' "${SUMMARY[@]}"
