@@ -77,4 +77,20 @@ private:
     std::size_t count_ = 0;
 };
 
+// A backend's working memory on the device (beyond inputs and outputs), counted as it is
+// allocated: what PreparedAttention/PreparedBackward::extra_bytes() report.
+class DeviceWorkspace {
+public:
+    template <class T>
+    DeviceBuffer<T> allocate(std::size_t count) {
+        DeviceBuffer<T> buffer(count);
+        bytes_ += buffer.bytes();
+        return buffer;
+    }
+    std::size_t bytes() const { return bytes_; }
+
+private:
+    std::size_t bytes_ = 0;
+};
+
 }  // namespace flashattn::cuda

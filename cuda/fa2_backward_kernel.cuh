@@ -80,6 +80,14 @@ __device__ void load_rows(const float* X, TileRange rows, int n_rows, int d, int
     }
 }
 
+// Q_i, dO_i, L_i and D_i of query tile `rows` of head (b, h) into shared memory.
+template <class T>
+__device__ void load_query_tile(const Params& a, const Smem<T>& s, TileRange rows, std::int64_t b,
+                                std::int64_t h, int d) {
+    const AttentionProblem& p = a.p;
+    load_query_tile<T>(a, s, rows, b, h, d);
+}
+
 // P_ij and dS_ij of the loaded tiles, masked pairs 0 (the rule of common/backward.hpp).
 template <class T>
 __device__ void tile_scores(const AttentionProblem& p, const Smem<T>& s, TileRange rows,
@@ -123,13 +131,7 @@ __global__ void __launch_bounds__(T::threads) key_gradients_kernel(const Params 
              i = next_visible_tile(p, TileAxis::queries, cols, i + 1, Tr, T::Br)) {
             const TileRange rows = tile_range(i, T::Br, p.seq_q);
             __syncthreads();  // the previous step's P, dS, Q_i, dO_i are no longer read
-            load_rows<T>(a.Q + p.q_offset(b, h), rows, T::Br, d, s.dp, s.Q);
-            load_rows<T>(a.dO + p.q_offset(b, h), rows, T::Br, d, s.dp, s.dO);
-            for (int r = threadIdx.x; r < T::Br; r += T::threads) {
-                const bool valid = r < rows.size();
-                s.L[r] = valid ? a.lse[p.lse_offset(b, h) + rows.begin + r] : -INFINITY;
-                s.D[r] = valid ? a.D[p.lse_offset(b, h) + rows.begin + r] : 0.0f;
-            }
+            load_query_tile<T>(a, s, rows, b, h, d);
             __syncthreads();
             tile_scores<T>(p, s, rows, cols, d);
             __syncthreads();
@@ -164,13 +166,7 @@ __global__ void __launch_bounds__(T::threads) query_gradient_kernel(const Params
     const std::int64_t Tc = tile_count(p.seq_kv, T::Bc);
     const TileRange rows = tile_range(blockIdx.x, T::Br, p.seq_q);
     const std::int64_t bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-    load_rows<T>(a.Q + p.q_offset(b, h), rows, T::Br, d, s.dp, s.Q);
-    load_rows<T>(a.dO + p.q_offset(b, h), rows, T::Br, d, s.dp, s.dO);
-    for (int r = threadIdx.x; r < T::Br; r += T::threads) {
-        const bool valid = r < rows.size();
-        s.L[r] = valid ? a.lse[p.lse_offset(b, h) + rows.begin + r] : -INFINITY;
-        s.D[r] = valid ? a.D[p.lse_offset(b, h) + rows.begin + r] : 0.0f;
-    }
+    load_query_tile<T>(a, s, rows, b, h, d);
     for (int e = threadIdx.x; e < T::Br * d; e += T::threads) s.acc0[e] = 0.0f;
     for (std::int64_t j = next_visible_tile(p, TileAxis::keys, rows, 0, Tc, T::Bc); j < Tc;
          j = next_visible_tile(p, TileAxis::keys, rows, j + 1, Tc, T::Bc)) {

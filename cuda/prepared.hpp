@@ -51,15 +51,13 @@ public:
                  const float* K, const float* V, DType dtype, InputForm form = InputForm::f32);
 
     void fetch(float* O, float* lse) override;
-    std::size_t extra_bytes() const override { return workspace_bytes_; }
+    std::size_t extra_bytes() const override { return workspace_.bytes(); }
 
 protected:
     // Device working memory, counted for extra_bytes().
     template <class T>
     DeviceBuffer<T> workspace(std::size_t count) {
-        DeviceBuffer<T> buffer(count);
-        workspace_bytes_ += buffer.bytes();
-        return buffer;
+        return workspace_.allocate<T>(count);
     }
     // Waits for the device and turns any asynchronous error (a fault inside a kernel) into an
     // exception. Every execute() ends with it: execute() blocks until the result is complete.
@@ -74,7 +72,7 @@ protected:
     DeviceBuffer<std::uint8_t> mask_;
 
 private:
-    std::size_t workspace_bytes_ = 0;
+    DeviceWorkspace workspace_;
 };
 
 // A Backend entry whose prepare() constructs a `Prepared` (a PreparedCuda subclass taking

@@ -20,14 +20,12 @@ public:
                          const BackwardInputs& in, DType dtype);
 
     void fetch(float* dQ, float* dK, float* dV) override;
-    std::size_t extra_bytes() const override { return workspace_bytes_; }
+    std::size_t extra_bytes() const override { return workspace_.bytes(); }
 
 protected:
     template <class T>
     DeviceBuffer<T> workspace(std::size_t count) {
-        DeviceBuffer<T> buffer(count);
-        workspace_bytes_ += buffer.bytes();
-        return buffer;
+        return workspace_.allocate<T>(count);
     }
 
     AttentionProblem problem_;  // block_mask.data points to the device copy
@@ -35,7 +33,7 @@ protected:
     DeviceBuffer<std::uint8_t> mask_;
 
 private:
-    std::size_t workspace_bytes_ = 0;
+    DeviceWorkspace workspace_;
 };
 
 // Gives a CUDA Backend a backward whose prepare constructs a `Prepared` (a PreparedCudaBackward

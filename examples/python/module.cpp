@@ -37,11 +37,13 @@ AttentionProblem problem_of(const FloatArray& q, const FloatArray& k, bool causa
     return p;
 }
 
-// The block mask of Algorithm 5 with its own block size (mask_block_q x mask_block_kv).
-void set_block_mask(AttentionProblem& p, const std::optional<MaskArray>& mask,
-                    std::int64_t mask_block_q, std::int64_t mask_block_kv) {
-    if (!mask) return;
-    p.block_mask = {mask->data(), mask_block_q, mask_block_kv};
+// Adds the block mask of Algorithm 5 (its own block size mask_block_q x mask_block_kv), then
+// validates the problem (std::invalid_argument, so ValueError).
+AttentionProblem with_mask(AttentionProblem p, const std::optional<MaskArray>& mask,
+                           std::int64_t mask_block_q, std::int64_t mask_block_kv) {
+    if (mask) p.block_mask = {mask->data(), mask_block_q, mask_block_kv};
+    validate(p);
+    return p;
 }
 
 std::vector<py::ssize_t> shape_of(const FloatArray& a) {
@@ -52,9 +54,8 @@ py::tuple attention(const FloatArray& q, const FloatArray& k, const FloatArray& 
                     double scale, const std::string& backend_name,
                     const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
                     std::int64_t mask_block_kv, const std::string& dtype_name) {
-    AttentionProblem p = problem_of(q, k, causal, scale);
-    set_block_mask(p, mask, mask_block_q, mask_block_kv);
-    validate(p);
+    const AttentionProblem p =
+        with_mask(problem_of(q, k, causal, scale), mask, mask_block_q, mask_block_kv);
     const Backend& backend = find_backend(backend_name);
     const DType dtype = parse_dtype(dtype_name);
     FloatArray O(shape_of(q));
@@ -73,9 +74,8 @@ py::tuple attention_backward(const FloatArray& q, const FloatArray& k, const Flo
                              bool causal, double scale, const std::string& backend_name,
                              const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
                              std::int64_t mask_block_kv, const std::string& dtype_name) {
-    AttentionProblem p = problem_of(q, k, causal, scale);
-    set_block_mask(p, mask, mask_block_q, mask_block_kv);
-    validate(p);
+    const AttentionProblem p =
+        with_mask(problem_of(q, k, causal, scale), mask, mask_block_q, mask_block_kv);
     const Backend& backend = find_backend(backend_name);
     require_backward(backend);
     const DType dtype = parse_dtype(dtype_name);
@@ -124,9 +124,8 @@ void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std:
                       const std::string& backend_name, const std::optional<MaskArray>& mask,
                       std::int64_t mask_block_q, std::int64_t mask_block_kv,
                       std::uintptr_t stream) {
-    AttentionProblem p = device_problem(shape, causal, scale);
-    set_block_mask(p, mask, mask_block_q, mask_block_kv);
-    validate(p);
+    const AttentionProblem p =
+        with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
     const Backend& backend = device_backend(backend_name, false);
     py::gil_scoped_release release;
     backend.run_device(p, {pointer<const float>(q), pointer<const float>(k),
@@ -141,9 +140,8 @@ void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_
                                const std::string& backend_name,
                                const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
                                std::int64_t mask_block_kv, std::uintptr_t stream) {
-    AttentionProblem p = device_problem(shape, causal, scale);
-    set_block_mask(p, mask, mask_block_q, mask_block_kv);
-    validate(p);
+    const AttentionProblem p =
+        with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
     const Backend& backend = device_backend(backend_name, true);
     py::gil_scoped_release release;
     backend.run_backward_device(

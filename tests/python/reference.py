@@ -21,6 +21,20 @@ def _expand(x, H):
     return np.repeat(x, H // x.shape[1], axis=1)
 
 
+def _softmax(S, ok):
+    """P = softmax over the visible keys of each row of S (0 elsewhere; a row with no visible key
+    is all 0), and LSE (-inf for such a row)."""
+    S = np.where(ok, S, -np.inf)
+    m = S.max(axis=-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0)
+    P = np.where(ok, np.exp(S - m_safe), 0)
+    l = P.sum(axis=-1, keepdims=True)
+    P = np.where(l > 0, P / np.where(l > 0, l, 1), 0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(l[..., 0] > 0, (m_safe + np.log(np.where(l > 0, l, 1)))[..., 0], -np.inf)
+    return P, lse
+
+
 def attention(q, k, v, dtype=np.float64, causal=False, scale=None, block_mask=None,
               block_size=None):
     """O and LSE of (B, H, N, d) inputs, computed in `dtype`."""
@@ -29,18 +43,9 @@ def attention(q, k, v, dtype=np.float64, causal=False, scale=None, block_mask=No
     Nkv = k.shape[2]
     scale = dtype(1.0 / np.sqrt(d)) if scale is None else dtype(scale)
     K, V = _expand(k, H), _expand(v, H)
-    S = scale * np.einsum("bhid,bhjd->bhij", q, K)
     ok = visible(Nq, Nkv, causal, block_mask, block_size)
-    S = np.where(ok, S, -np.inf)
-    m = S.max(axis=-1, keepdims=True)
-    m_safe = np.where(np.isfinite(m), m, 0)
-    P = np.where(ok, np.exp(S - m_safe), 0)
-    l = P.sum(axis=-1, keepdims=True)
-    P = np.where(l > 0, P / np.where(l > 0, l, 1), 0)
-    O = np.einsum("bhij,bhjd->bhid", P, V)
-    with np.errstate(divide="ignore"):
-        lse = np.where(l[..., 0] > 0, (m_safe + np.log(np.where(l > 0, l, 1)))[..., 0], -np.inf)
-    return O, lse
+    P, lse = _softmax(scale * np.einsum("bhid,bhjd->bhij", q, K), ok)
+    return np.einsum("bhij,bhjd->bhid", P, V), lse
 
 
 def attention_backward(q, k, v, do, dtype=np.float64, causal=False, scale=None, block_mask=None,
@@ -51,13 +56,8 @@ def attention_backward(q, k, v, do, dtype=np.float64, causal=False, scale=None, 
     Hkv, Nkv = k.shape[1], k.shape[2]
     scale = dtype(1.0 / np.sqrt(d)) if scale is None else dtype(scale)
     K, V = _expand(k, H), _expand(v, H)
-    S = scale * np.einsum("bhid,bhjd->bhij", q, K)
     ok = visible(Nq, Nkv, causal, block_mask, block_size)
-    S = np.where(ok, S, -np.inf)
-    m = S.max(axis=-1, keepdims=True)
-    P = np.where(ok, np.exp(S - np.where(np.isfinite(m), m, 0)), 0)
-    l = P.sum(axis=-1, keepdims=True)
-    P = np.where(l > 0, P / np.where(l > 0, l, 1), 0)
+    P, _ = _softmax(scale * np.einsum("bhid,bhjd->bhij", q, K), ok)
     dV = np.einsum("bhij,bhid->bhjd", P, do)
     dP = np.einsum("bhid,bhjd->bhij", do, V)
     D = (P * dP).sum(axis=-1, keepdims=True)
