@@ -85,7 +85,13 @@ template <class T>
 __device__ void load_query_tile(const Params& a, const Smem<T>& s, TileRange rows, std::int64_t b,
                                 std::int64_t h, int d) {
     const AttentionProblem& p = a.p;
-    load_query_tile<T>(a, s, rows, b, h, d);
+    load_rows<T>(a.Q + p.q_offset(b, h), rows, T::Br, d, s.dp, s.Q);
+    load_rows<T>(a.dO + p.q_offset(b, h), rows, T::Br, d, s.dp, s.dO);
+    for (int r = threadIdx.x; r < T::Br; r += T::threads) {
+        const bool valid = r < rows.size();
+        s.L[r] = valid ? a.lse[p.lse_offset(b, h) + rows.begin + r] : -INFINITY;
+        s.D[r] = valid ? a.D[p.lse_offset(b, h) + rows.begin + r] : 0.0f;
+    }
 }
 
 // P_ij and dS_ij of the loaded tiles, masked pairs 0 (the rule of common/backward.hpp).
