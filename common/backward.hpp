@@ -26,6 +26,7 @@
 #include <cmath>
 
 #include "common/config.hpp"
+#include "common/online_softmax.hpp"
 
 namespace flashattn {
 
@@ -35,6 +36,18 @@ namespace flashattn {
 FA_HOST_DEVICE inline float recomputed_probability(float s, float lse) {
     if (s == -INFINITY || lse == -INFINITY) return 0.0f;
     return expf(s - lse);
+}
+
+// The fast form of recomputed_probability, for kernels that keep raw scores s = q.k (the scale
+// not yet applied; c = |scale| log2(e), as exp2_shifted): exp(|scale| s - L) = 2^(s c - L log2 e).
+// The shift L log2(e) is taken once per row by lse_shift; for L = -inf (a row with no visible key)
+// it is +inf, so that every P of the row is 2^-inf = 0, never 2^(inf - inf). A score of -inf
+// gives 0 and a NaN in s or L gives NaN, as above.
+FA_HOST_DEVICE inline float lse_shift(float lse) {
+    return lse == -INFINITY ? INFINITY : lse * kLog2e;
+}
+FA_HOST_DEVICE inline float recomputed_probability_exp2(float s, float shift, float scale_log2) {
+    return fast_exp2(s * scale_log2 - shift);
 }
 
 // dS_ij = P_ij (dP_ij - D_i): the gradient of the loss with respect to the score S_ij.

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/backward_stages.cuh"
 #include "cuda/check.hpp"
 #include "cuda/fa2.hpp"
 #include "cuda/fa2_backward_kernel.cuh"
@@ -62,13 +63,7 @@ void launch(const fa2_backward::Params& a) {
 // The three kernels in order: D, then dK and dV, then dQ.
 void launch_all(const fa2_backward::Params& a) {
     const AttentionProblem& p = a.p;
-    const std::int64_t rows = p.batch * p.heads * p.seq_q;
-    const std::int64_t blocks = (rows + 7) / 8;  // 8 warps of 32 threads, a row each
-    if (blocks > std::numeric_limits<int>::max())
-        throw std::invalid_argument("batch*heads*seq_q = " + std::to_string(rows) +
-                                    ": too many rows for one launch");
-    fa2_backward::delta_kernel<<<static_cast<unsigned>(blocks), 256>>>(a);
-    FA_CUDA_CHECK_LAUNCH();
+    launch_delta(a.dO, a.O, a.D, p.batch * p.heads * p.seq_q, static_cast<int>(p.dim), nullptr);
     if (p.dim <= 64)
         launch<SmallD>(a);
     else

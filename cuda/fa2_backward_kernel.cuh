@@ -2,7 +2,8 @@
 // 2307.08691 Algorithm 2, in float32 FFMA; host side in fa2_backward.cu).
 //
 // The rule is common/backward.hpp's. Three kernels, no atomics, the same bits on every run:
-//   1. delta_kernel          D_i = rowsum(dO_i o O_i), one warp per query row (Algorithm 2, line 4).
+//   1. delta_kernel          D_i = rowsum(dO_i o O_i), one warp per query row (Algorithm 2, line 4;
+//                            cuda/backward_stages.cuh, shared with cuda-tc).
 //   2. key_gradients_kernel  one block per (K/V tile j, batch, K/V head): K_j, V_j stay in shared
 //      memory with the dK_j, dV_j accumulators while every visible query tile of the group's
 //      query heads streams past (lines 6-15 without the dQ update).
@@ -46,18 +47,6 @@ struct Tile {
         return 2 * Br * dp + 2 * Bc * dp + 2 * Br * (Bc + 1) + 2 * Br + 2 * Bc * d;
     }
 };
-
-__global__ void delta_kernel(const Params a) {
-    const AttentionProblem& p = a.p;
-    const std::int64_t row = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (row >= p.batch * p.heads * p.seq_q) return;  // whole warps leave together
-    double sum = 0.0;  // as output_delta: a float sum of d products is the backward's weakest
-    for (std::int64_t k = lane; k < p.dim; k += 32)
-        sum += double(a.dO[row * p.dim + k]) * double(a.O[row * p.dim + k]);
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) a.D[row] = float(sum);
-}
 
 // The shared-memory pieces of one block, carved from dynamic shared memory.
 template <class T>

@@ -49,9 +49,6 @@ float from_bits(std::uint16_t bits, DType dtype) {
     return __half2float(__half(r));
 }
 
-namespace {
-
-// n floats times `sign` (exact), rounded to 16 bits, in a new device array.
 DeviceBuffer<std::uint16_t> upload_bits(const float* x, std::int64_t n, DType dtype, float sign) {
     std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
     for (std::int64_t k = 0; k < n; ++k) bits[k] = to_bits(sign * x[k], dtype);
@@ -59,8 +56,6 @@ DeviceBuffer<std::uint16_t> upload_bits(const float* x, std::int64_t n, DType dt
     device.upload(bits.data());
     return device;
 }
-
-}  // namespace
 
 PreparedCuda::PreparedCuda(const std::string& backend_name, const AttentionProblem& problem,
                            const float* Q, const float* K, const float* V, DType dtype,

@@ -38,6 +38,8 @@ enum class InputForm { f32, bits16 };
 
 // n floats in a new device array.
 DeviceBuffer<float> upload_floats(const float* x, std::int64_t n);
+// n floats times `sign` (exact), rounded to 16 bits of `dtype` (f16 or bf16), in a new device array.
+DeviceBuffer<std::uint16_t> upload_bits(const float* x, std::int64_t n, DType dtype, float sign);
 // The problem's block mask (if any) in a new device array; problem.block_mask.data then points to
 // it, so host code must not read through it.
 DeviceBuffer<std::uint8_t> upload_block_mask(AttentionProblem& problem);

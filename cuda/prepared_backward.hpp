@@ -1,6 +1,8 @@
 // cuda/prepared_backward.hpp — what every CUDA backward does around its kernels (the backward's
 // counterpart of prepared.hpp): upload Q, K, V, O, LSE and dO, hold dQ, dK, dV *poisoned* (NaN) on
-// the device, synchronize, download. fp32 only: the backward's inputs are float32 arrays.
+// the device, synchronize, download. The inputs arrive as float32 arrays; Q, K, V and dO are kept
+// as float32 (InputForm::f32) or rounded to the 16 bits of the dtype (InputForm::bits16, cuda-tc;
+// Q times q_sign, as the forward's), O and LSE always as float32.
 #pragma once
 
 #include <cstddef>
@@ -15,9 +17,10 @@ namespace flashattn::cuda {
 
 class PreparedCudaBackward : public PreparedBackward {
 public:
-    // Validates the problem, the inputs and the dtype (f32), then uploads everything.
+    // Validates the problem, the inputs and the dtype (f32, or f16/bf16 for bits16), then
+    // uploads everything.
     PreparedCudaBackward(const std::string& backend_name, const AttentionProblem& problem,
-                         const BackwardInputs& in, DType dtype);
+                         const BackwardInputs& in, DType dtype, InputForm form = InputForm::f32);
 
     void fetch(float* dQ, float* dK, float* dV) override;
     std::size_t extra_bytes() const override { return workspace_.bytes(); }
@@ -29,7 +32,9 @@ protected:
     }
 
     AttentionProblem problem_;  // block_mask.data points to the device copy
+    DType dtype_;
     DeviceBuffer<float> Q_, K_, V_, O_, lse_, dO_, dQ_, dK_, dV_;
+    DeviceBuffer<std::uint16_t> Q16_, K16_, V16_, dO16_;  // InputForm::bits16
     DeviceBuffer<std::uint8_t> mask_;
 
 private:

@@ -1,5 +1,7 @@
 // cuda/tc_backend.cu — the cuda-tc Backend, on the upload path every CUDA backend shares
-// (cuda/prepared.hpp): Q, K, V as 16-bit values, poisoned O and LSE, fetch() copies them back.
+// (cuda/prepared.hpp, cuda/prepared_backward.hpp): Q, K, V (and dO) as 16-bit values, poisoned
+// outputs, fetch() copies them back. The forward is cuda/tc_attention.cu, the backward
+// cuda/tc_backward.cu.
 #include "cuda/tc_backend.hpp"
 
 #include <memory>
@@ -8,6 +10,8 @@
 
 #include "common/tiling.hpp"
 #include "cuda/prepared.hpp"
+#include "cuda/prepared_backward.hpp"
+#include "cuda/tc_backward.hpp"
 #include "cuda/variants.hpp"
 
 namespace flashattn::tc {
@@ -51,6 +55,50 @@ TcTileShape choose_tile(std::int64_t dim, DType dtype) {
     return shapes.front();
 }
 
+// The backward's shape: the first of tc_backward_shapes, or FLASHATTN_VARIANT=cuda-tc-backward=<name>.
+TcBackwardShape choose_backward_shape(std::int64_t dim, DType dtype) {
+    const std::vector<TcBackwardShape> shapes = tc_backward_shapes(dim, dtype);
+    const std::string wanted = cuda::requested_variant("cuda-tc-backward");
+    std::vector<std::string> names;
+    for (const TcBackwardShape& s : shapes) names.push_back(s.name());
+    cuda::require_known_variant("cuda-tc-backward", wanted, names);
+    for (const TcBackwardShape& s : shapes)
+        if (s.name() == wanted) return s;
+    return shapes.front();
+}
+
+// prepare_backward rounds Q (times q_sign), K, V and dO to 16 bits and uploads them with the
+// forward's O and LSE (float); execute() runs the D pass and the kernel, and waits. Working
+// memory: D (B H N_q floats) and, in the deterministic mode, one counter per query tile and head.
+class PreparedTcBackward final : public cuda::PreparedCudaBackward {
+public:
+    PreparedTcBackward(const AttentionProblem& p, const BackwardInputs& in, DType dtype)
+        : PreparedCudaBackward("cuda-tc", p, in, dtype, cuda::InputForm::bits16),
+          shape_(choose_backward_shape(p.dim, dtype)),
+          deterministic_(deterministic_requested()) {
+        D_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
+        if (deterministic_) turns_ = workspace<int>(tc_backward_turn_count(p, shape_));
+    }
+
+    void execute() override {
+        TcBackwardArgs args;
+        args.problem = problem_;
+        args.dtype = dtype_;
+        args.Q = Q16_.data(), args.K = K16_.data(), args.V = V16_.data(), args.dO = dO16_.data();
+        args.O = O_.data(), args.lse = lse_.data();
+        args.D = D_.data(), args.dq_turns = turns_.data();
+        args.dQ = dQ_.data(), args.dK = dK_.data(), args.dV = dV_.data();
+        tc_backward(args, shape_, deterministic_);
+        cuda::synchronize_device();
+    }
+
+private:
+    TcBackwardShape shape_;
+    bool deterministic_;
+    cuda::DeviceBuffer<float> D_;
+    cuda::DeviceBuffer<int> turns_;
+};
+
 }  // namespace
 
 Backend tc_backend() {
@@ -68,6 +116,11 @@ Backend tc_backend() {
         require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
         const TcTileShape tile = choose_tile(p.dim, dtype);
         return std::make_unique<PreparedTc>(p, Q, K, V, dtype, tile);
+    };
+    b.prepare_backward = [](const AttentionProblem& p, const BackwardInputs& in,
+                            DType dtype) -> std::unique_ptr<PreparedBackward> {
+        tc_check_backward_problem(p, dtype);
+        return std::make_unique<PreparedTcBackward>(p, in, dtype);
     };
     return b;
 }

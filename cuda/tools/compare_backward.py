@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""cuda/tools/compare_backward.py — the backward pass of our CUDA backends beside PyTorch's, fp32.
+"""cuda/tools/compare_backward.py — the backward pass of our CUDA backends beside PyTorch's.
 
 For each shape (FlashAttention's benchmark grid: 16k tokens, hidden 2048, d = 64 and 128, N = 1024
 ... 8192, causal and not; --quick: N = 1024 and 4096 only), it times
-  * `flashattn bench --pass backward --json` for cuda-standard and cuda-fa2 (one process, rounds
-    interleaved, the backward alone after its forward), and
-  * PyTorch's SDPA backward in float32 with the EFFICIENT_ATTENTION and MATH backends (TF32 off):
-    one forward with requires_grad, then torch.autograd.grad(O, (Q, K, V), dO) timed alone with
-    CUDA events after warm-up, median of --repeat,
-and prints TFLOP/s (FLOPs = 2.5 x 4 B H N^2 d, halved for causal) and the ratios ours / torch.
+  * `flashattn bench --pass backward --json` for our backends (one process, rounds interleaved,
+    the backward alone after its forward): --dtype fp32: cuda-standard and cuda-fa2; fp16 / bf16:
+    cuda-tc, and
+  * PyTorch's SDPA backward: fp32 with the EFFICIENT_ATTENTION and MATH backends (TF32 off); fp16 /
+    bf16 with FLASH_ATTENTION and CUDNN_ATTENTION: one forward with requires_grad, then
+    torch.autograd.grad(O, (Q, K, V), dO) timed alone with CUDA events after warm-up, median of
+    --repeat,
+and prints TFLOP/s (FLOPs = 2.5 x 4 B H N^2 d, halved for causal) and the ratios ours / torch
+(a ratio > 1: ours is faster).
 
-Usage: cuda/tools/compare_backward.py --bin-dir build/gpu/bin [--quick] [--repeat R] [--json FILE]
+Usage: cuda/tools/compare_backward.py --bin-dir build/gpu/bin [--dtype fp32|fp16|bf16] [--quick]
+           [--repeat R] [--json FILE]
 """
 import argparse
 import json
@@ -23,7 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-OURS = ["cuda-standard", "cuda-fa2"]
+# Per dtype: (our backends, PyTorch's SDPA backends, the pairs whose ratio is reported).
+PLANS = {
+    "fp32": (["cuda-standard", "cuda-fa2"], ["EFFICIENT_ATTENTION", "MATH"],
+             [("cuda-fa2", "EFFICIENT_ATTENTION"), ("cuda-standard", "MATH")]),
+    "fp16": (["cuda-tc"], ["FLASH_ATTENTION", "CUDNN_ATTENTION"],
+             [("cuda-tc", "FLASH_ATTENTION"), ("cuda-tc", "CUDNN_ATTENTION")]),
+}
+PLANS["bf16"] = PLANS["fp16"]
+OUR_DTYPE = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def shapes(quick):
@@ -41,8 +54,9 @@ def flops(B, H, N, d, causal):
     return f / 2 if causal else f
 
 
-def ours(bin_dir, B, H, N, d, causal, repeat):
-    cmd = [f"{bin_dir}/flashattn", "bench", "--backends", ",".join(OURS), "--pass", "backward",
+def ours(bin_dir, backends, dtype, B, H, N, d, causal, repeat):
+    cmd = [f"{bin_dir}/flashattn", "bench", "--backends", ",".join(backends), "--pass", "backward",
+           "--dtype", OUR_DTYPE[dtype],
            "--batch", str(B), "--heads", str(H), "--seq", str(N), "--dim", str(d),
            "--repeat", str(repeat), "--json"] + (["--causal"] if causal else [])
     run = subprocess.run(cmd, capture_output=True, text=True)
@@ -51,15 +65,16 @@ def ours(bin_dir, B, H, N, d, causal, repeat):
     return {row["backend"]: row["median_ms"] for row in map(json.loads, run.stdout.splitlines())}
 
 
-def torch_backward_ms(backend, B, H, N, d, causal, repeat):
+def torch_backward_ms(backend, dtype, B, H, N, d, causal, repeat):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     gen = torch.Generator(device="cuda").manual_seed(2022)
-    q, k, v = (torch.randn(B, H, N, d, device="cuda", generator=gen, requires_grad=True)
+    t = TORCH_DTYPE[dtype]
+    q, k, v = (torch.randn(B, H, N, d, device="cuda", generator=gen, dtype=t, requires_grad=True)
                for _ in range(3))
-    with sdpa_kernel(backend):
+    with sdpa_kernel(getattr(SDPBackend, backend)):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        dout = torch.randn(out.shape, device="cuda", generator=gen)
+        dout = torch.randn(out.shape, device="cuda", generator=gen, dtype=t)
         step = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         for _ in range(3):
             step()
@@ -74,37 +89,45 @@ def torch_backward_ms(backend, B, H, N, d, causal, repeat):
     return statistics.median(times)
 
 
+def geomean(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--dtype", choices=sorted(PLANS), default="fp32")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--json")
     a = ap.parse_args()
+    mine, theirs, pairs = PLANS[a.dtype]
     rows = []
-    print(f"# device: {torch.cuda.get_device_name()}; torch {torch.__version__}; fp32 backward, "
-          f"TFLOP/s (FLOPs = 2.5 x forward's); ratio = ours / torch")
-    print(f"{'B':>3} {'H':>3} {'N':>5} {'d':>4} {'causal':>6} | {'standard':>8} {'fa2':>8} | "
-          f"{'torch-eff':>9} {'torch-math':>10} | {'fa2/eff':>7} {'std/math':>8}")
+    print(f"# device: {torch.cuda.get_device_name()}; torch {torch.__version__}; {a.dtype} "
+          f"backward, TFLOP/s (FLOPs = 2.5 x forward's); ratio = ours / torch")
+    short = lambda name: name.replace("_ATTENTION", "").lower()
+    head = [f"{n:>10}" for n in mine] + [f"{short(t):>10}" for t in theirs] + \
+           [f"{n.replace('cuda-', '')}/{short(t)}".rjust(12) for n, t in pairs]
+    print(f"{'B':>3} {'H':>3} {'N':>5} {'d':>4} {'causal':>6} | " + " ".join(head))
     for B, H, N, d, causal in shapes(a.quick):
         f = flops(B, H, N, d, causal)
-        ms = ours(a.bin_dir, B, H, N, d, causal, a.repeat)
-        eff = torch_backward_ms(SDPBackend.EFFICIENT_ATTENTION, B, H, N, d, causal, a.repeat)
-        try:
-            math_ms = torch_backward_ms(SDPBackend.MATH, B, H, N, d, causal, a.repeat)
-        except torch.OutOfMemoryError:
-            math_ms = math.nan
-        tf = lambda t: f / t / 1e9
-        row = dict(B=B, H=H, N=N, d=d, causal=causal, standard_ms=ms["cuda-standard"],
-                   fa2_ms=ms["cuda-fa2"], torch_efficient_ms=eff, torch_math_ms=math_ms)
+        ms = ours(a.bin_dir, mine, a.dtype, B, H, N, d, causal, a.repeat)
+        for t in theirs:
+            try:
+                ms[t] = torch_backward_ms(t, a.dtype, B, H, N, d, causal, a.repeat)
+            except (torch.OutOfMemoryError, RuntimeError):
+                ms[t] = math.nan  # MATH out of memory, or a backend not built for this device
+        row = dict(B=B, H=H, N=N, d=d, causal=causal, dtype=a.dtype, ms=ms)
         rows.append(row)
-        print(f"{B:>3} {H:>3} {N:>5} {d:>4} {str(causal):>6} | {tf(ms['cuda-standard']):8.2f} "
-              f"{tf(ms['cuda-fa2']):8.2f} | {tf(eff):9.2f} {tf(math_ms):10.2f} | "
-              f"{eff / ms['cuda-fa2']:7.2f} {math_ms / ms['cuda-standard']:8.2f}", flush=True)
+        tf = lambda t: f / t / 1e9
+        cells = [f"{tf(ms[n]):10.2f}" for n in mine + theirs] + \
+                [f"{ms[t] / ms[n]:12.2f}" for n, t in pairs]
+        print(f"{B:>3} {H:>3} {N:>5} {d:>4} {str(causal):>6} | " + " ".join(cells), flush=True)
         torch.cuda.empty_cache()
-    ratios = [r["torch_efficient_ms"] / r["fa2_ms"] for r in rows]
-    print(f"# cuda-fa2 / torch EFFICIENT backward: geomean "
-          f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}, min {min(ratios):.2f}")
+    for n, t in pairs:
+        ratios = [r["ms"][t] / r["ms"][n] for r in rows if not math.isnan(r["ms"][t])]
+        if ratios:
+            print(f"# {n} / torch {t} backward: geomean {geomean(ratios):.2f}, min {min(ratios):.2f}")
     if a.json:
         with open(a.json, "w") as out:
             json.dump(rows, out, indent=1)

@@ -1,0 +1,236 @@
+// tests/test_cuda_tc_backward.cpp — cuda-tc's backward (fp16/bf16 tensor cores) against the float64
+// backward reference. Exits 77 (CTest's "skipped") when no CUDA device is present.
+//
+// The rule, per gradient (docs/design.md, "Correctness rule"): with ref64 = Algorithm 3 in float64
+// on the ORIGINAL float inputs, and the baseline = Algorithm 3 in float32 on the inputs (Q, K, V,
+// dO) ROUNDED to fp16 / bf16,
+//     max|dX_tc - ref64| <= 2 max|dX_baseline - ref64| + eps,   X = Q, K, V,
+// check_backward_against_reference (tests/helpers.hpp) applies it to the O and LSE of cuda-tc's own
+// forward, with fresh random inputs and poisoned outputs. Rounding P and dS to 16 bits for the
+// second products is the extra error cuda-tc has to fit into that budget.
+#include "catch.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/tiling.hpp"
+#include "cuda/tc_backend.hpp"
+#include "cuda/tc_backward.hpp"
+#include "helpers.hpp"
+
+using namespace flashattn;
+using flashattn::test::check_backward_against_reference;
+
+namespace {
+
+const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
+
+// FLASHATTN_DETERMINISTIC (or FLASHATTN_VARIANT) for the lifetime of one object.
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        const char* old = std::getenv(name);
+        had_ = old != nullptr;
+        if (had_) old_ = old;
+        setenv(name, value, 1);
+    }
+    ~ScopedEnv() { had_ ? (void)setenv(name_, old_.c_str(), 1) : (void)unsetenv(name_); }
+
+private:
+    const char* name_;
+    bool had_ = false;
+    std::string old_;
+};
+
+// Forward then backward of cuda-tc, with the given inputs; returns dQ, dK, dV.
+test::Gradients gradients(const Backend& b, const AttentionProblem& p, const ProblemData& in,
+                          const std::vector<float>& dO, DType dtype) {
+    std::vector<float> O(p.q_elements()), lse(p.lse_elements());
+    run_backend(b, p, in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dtype);
+    const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dO.data()};
+    test::Gradients g{std::vector<float>(p.q_elements()), std::vector<float>(p.kv_elements()),
+                      std::vector<float>(p.kv_elements())};
+    run_backward(b, p, bin, g.dQ.data(), g.dK.data(), g.dV.data(), dtype);
+    return g;
+}
+
+bool row_has_nan(const std::vector<float>& v, std::int64_t row, std::int64_t d) {
+    for (std::int64_t k = 0; k < d; ++k)
+        if (std::isnan(v[row * d + k])) return true;
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("cuda-tc backward matches float64 by the 2x rule on odd shapes, every head dim") {
+    const Backend backend = tc::tc_backend();
+    for (DType dtype : kDtypes)
+        for (std::int64_t d : tc::tc_backward_head_dims())
+            for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                     {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 517}, {517, 203}})
+                for (bool causal : {false, true})
+                    check_backward_against_reference(backend,
+                                                     test::make_problem(2, 3, 3, Nq, Nkv, d, causal),
+                                                     dtype);
+}
+
+TEST_CASE("cuda-tc backward: many tiles (N = 1023), GQA and MQA, any scale, long rows") {
+    const Backend backend = tc::tc_backend();
+    for (DType dtype : kDtypes) {
+        for (std::int64_t d : {64, 128})
+            for (bool causal : {false, true})
+                check_backward_against_reference(backend,
+                                                 test::make_problem(1, 2, 1, 1023, 1023, d, causal), dtype);
+        for (std::int64_t Hkv : {3, 2, 1})  // dK and dV summed over groups of 2, 3 and 6 heads
+            for (bool causal : {false, true})
+                check_backward_against_reference(backend,
+                                                 test::make_problem(2, 6, Hkv, 37, 153, 32, causal), dtype);
+        for (float scale : {0.0f, 0.05f, -0.6f, 1.5f}) {
+            AttentionProblem p = test::make_problem(1, 2, 1, 157, 91, 64, true);
+            p.scale = scale;
+            check_backward_against_reference(backend, p, dtype);
+        }
+        check_backward_against_reference(backend, test::make_problem(1, 1, 1, 3, 1500, 32), dtype);
+        check_backward_against_reference(backend, test::make_problem(1, 1, 1, 1500, 3, 32), dtype);
+    }
+}
+
+TEST_CASE("cuda-tc backward: block masks, and a fully masked row gets zero gradients") {
+    const Backend backend = tc::tc_backend();
+    std::mt19937 gen(Catch::rngSeed() + 43);
+    for (DType dtype : kDtypes)
+        for (bool causal : {false, true})
+            for (int repeat = 0; repeat < 3; ++repeat) {
+                AttentionProblem p = test::make_problem(1, 4, 2, 147, 138, 64, causal);
+                const std::int64_t bq = 1 + gen() % 40, bkv = 1 + gen() % 40;
+                const std::int64_t Tr = tile_count(p.seq_q, bq), Tc = tile_count(p.seq_kv, bkv);
+                std::vector<std::uint8_t> mask(Tr * Tc);
+                for (auto& m : mask) m = gen() % 3 != 0;
+                const std::int64_t empty = gen() % Tr;  // one row of blocks sees nothing
+                std::fill_n(mask.begin() + empty * Tc, Tc, 0);
+                p.block_mask = {mask.data(), bq, bkv};
+                const std::uint64_t seed = test::next_seed();
+                const ProblemData in = random_problem_data(p, seed);
+                const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+                const test::Gradients g = check_backward_against_reference(backend, p, in, dO, dtype);
+                for (std::int64_t bh = 0; bh < p.heads; ++bh)
+                    for (std::int64_t i = empty * bq; i < std::min(p.seq_q, (empty + 1) * bq); ++i)
+                        for (std::int64_t k = 0; k < p.dim; ++k)
+                            CHECK(g.dQ[(bh * p.seq_q + i) * p.dim + k] == 0.0f);
+            }
+    // Causal with N_q > N_kv: the first N_q - N_kv rows see no key at all.
+    for (DType dtype : kDtypes)
+        check_backward_against_reference(backend, test::make_problem(1, 2, 1, 131, 29, 32, true), dtype);
+}
+
+TEST_CASE("cuda-tc backward: FLASHATTN_DETERMINISTIC=1 gives the same bits on every run") {
+    const Backend backend = tc::tc_backend();
+    ScopedEnv deterministic("FLASHATTN_DETERMINISTIC", "1");
+    std::vector<std::uint8_t> mask = {1, 0, 1, 1, 1, 0, 0, 1, 1};  // 3 x 3 blocks of 100 x 150
+    for (DType dtype : kDtypes)
+        for (int variant = 0; variant < 3; ++variant) {
+            AttentionProblem p = test::make_problem(2, 4, 2, 300, 450, 64, variant == 1);
+            if (variant == 2) p.block_mask = {mask.data(), 100, 150};
+            const std::uint64_t seed = test::next_seed();
+            const ProblemData in = random_problem_data(p, seed);
+            const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+            const test::Gradients first = check_backward_against_reference(backend, p, in, dO, dtype);
+            for (int run = 0; run < 3; ++run) {
+                const test::Gradients again = gradients(backend, p, in, dO, dtype);
+                INFO(test::describe(p) << " " << to_string(dtype) << ", run " << run);
+                CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * 4) == 0);
+                CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
+                CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * 4) == 0);
+            }
+        }
+}
+
+TEST_CASE("cuda-tc backward: the default (atomic dQ) mode keeps dK, dV bits and dQ within the rule") {
+    // dQ's fp32 atomic additions come in a different order from run to run, so its last bits may
+    // move; each run must still pass the 2x rule. dK and dV are summed in registers in a fixed
+    // order: the same bits every time.
+    const Backend backend = tc::tc_backend();
+    const AttentionProblem p = test::make_problem(2, 4, 2, 300, 1000, 64, true);
+    const std::uint64_t seed = test::next_seed();
+    const ProblemData in = random_problem_data(p, seed);
+    const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+    const test::Gradients first = check_backward_against_reference(backend, p, in, dO, DType::f16);
+    double moved = 0;
+    for (int run = 0; run < 3; ++run) {
+        const test::Gradients again = check_backward_against_reference(backend, p, in, dO, DType::f16);
+        CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
+        CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * 4) == 0);
+        for (std::size_t e = 0; e < first.dQ.size(); ++e)
+            moved = std::max(moved, double(std::fabs(first.dQ[e] - again.dQ[e])));
+    }
+    WARN("largest run-to-run change of dQ: " << moved);
+}
+
+TEST_CASE("cuda-tc backward: a NaN reaches the gradients that read it, and at most its 16 x 64 tile") {
+    // N = 203, causal. A NaN in Q at row 57 makes S_57j, so P_57j and dS_57j, NaN for every key
+    // j <= 57 the row sees: dQ_57, and dK_j, dV_j for j <= 57. Other rows of dQ never read Q_57.
+    // Keys 58..63 share the 16-key warp tile of key 57 (48..63): there the masked P_57j = 0 still
+    // meets Q_57 in the tensor-core product, so they may be NaN; keys from 64 on must not be.
+    const Backend backend = tc::tc_backend();
+    for (DType dtype : kDtypes) {
+        const AttentionProblem p = test::make_problem(1, 1, 1, 203, 203, 64, true);
+        const std::uint64_t seed = test::next_seed();
+        ProblemData in = random_problem_data(p, seed);
+        const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+        in.Q[57 * p.dim + 3] = std::numeric_limits<float>::quiet_NaN();
+        const test::Gradients g = gradients(backend, p, in, dO, dtype);
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+            INFO("dQ row " << i);
+            CHECK(row_has_nan(g.dQ, i, p.dim) == (i == 57));
+        }
+        for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+            INFO("key " << j);
+            if (j <= 57) CHECK(row_has_nan(g.dK, j, p.dim));
+            if (j <= 57) CHECK(row_has_nan(g.dV, j, p.dim));
+            if (j >= 64) CHECK_FALSE(row_has_nan(g.dK, j, p.dim));
+            if (j >= 64) CHECK_FALSE(row_has_nan(g.dV, j, p.dim));
+        }
+    }
+}
+
+TEST_CASE("cuda-tc backward rejects what it cannot run, naming the field") {
+    const Backend backend = tc::tc_backend();
+    REQUIRE(backend.has_backward());
+    const AttentionProblem p = test::make_problem(1, 1, 1, 5, 5, 256);
+    const ProblemData in = random_problem_data(p, 1);
+    const std::vector<float> dO(p.q_elements(), 1.0f), O(p.q_elements()), lse(p.lse_elements());
+    std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
+    BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dO.data()};
+    CHECK_THROWS_WITH(run_backward(backend, p, bin, dQ.data(), dK.data(), dV.data(), DType::f16),
+                      Catch::Contains("dim = 256"));
+    const AttentionProblem p64 = test::make_problem(1, 1, 1, 4, 4, 64);
+    const ProblemData in64 = random_problem_data(p64, 2);
+    bin = {in64.Q.data(), in64.K.data(), in64.V.data(), O.data(), lse.data(), dO.data()};
+    CHECK_THROWS_WITH(run_backward(backend, p64, bin, dQ.data(), dK.data(), dV.data(), DType::f32),
+                      Catch::Contains("dtype = f32"));
+    bin.dO = nullptr;
+    CHECK_THROWS_WITH(run_backward(backend, p64, bin, dQ.data(), dK.data(), dV.data(), DType::f16),
+                      Catch::Contains("dO = null"));
+    {
+        ScopedEnv bad("FLASHATTN_DETERMINISTIC", "yes");
+        bin.dO = dO.data();
+        CHECK_THROWS_WITH(run_backward(backend, p64, bin, dQ.data(), dK.data(), dV.data(), DType::f16),
+                          Catch::Contains("FLASHATTN_DETERMINISTIC = yes"));
+    }
+}
+
+TEST_CASE("cuda-tc backward: every compiled tile shape passes the rule") {
+    const Backend backend = tc::tc_backend();
+    for (std::int64_t d : tc::tc_backward_head_dims())
+        for (const tc::TcBackwardShape& shape : tc::tc_backward_shapes(d, DType::f16)) {
+            ScopedEnv variant("FLASHATTN_VARIANT", ("cuda-tc-backward=" + shape.name()).c_str());
+            INFO(shape.name());
+            for (bool causal : {false, true})
+                check_backward_against_reference(backend, test::make_problem(1, 2, 1, 301, 257, d, causal),
+                                                 DType::f16);
+        }
+}
