@@ -70,19 +70,23 @@ enum class TileSizes {
 };
 
 // Arrays already on the device (CUDA), for a backend that can compute on them in place: nothing is
-// copied to or from the host. `stream` is the caller's CUDA stream (a cudaStream_t; nullptr for
-// the default stream): the backend lets the work queued on it finish before reading the inputs,
-// and returns when the outputs are written.
+// copied to or from the host. Q, K, V (and dO) hold values of `dtype` (float32, or the 16-bit
+// f16 / bf16 patterns for cuda-tc, whose Q must then be q_sign * Q as in cuda/half_bits.hpp); O,
+// LSE and the gradients are float32. `stream` is the caller's CUDA stream (a cudaStream_t;
+// nullptr for the default stream): the backend lets the work queued on it finish before reading
+// the inputs, and returns when the outputs are written.
 struct DeviceForward {
-    const float *Q = nullptr, *K = nullptr, *V = nullptr;
+    const void *Q = nullptr, *K = nullptr, *V = nullptr;
     float *O = nullptr, *lse = nullptr;
     void* stream = nullptr;
+    DType dtype = DType::f32;
 };
 struct DeviceBackward {
-    const float *Q = nullptr, *K = nullptr, *V = nullptr, *O = nullptr, *lse = nullptr,
-                *dO = nullptr;
+    const void *Q = nullptr, *K = nullptr, *V = nullptr, *dO = nullptr;
+    const float *O = nullptr, *lse = nullptr;
     float *dQ = nullptr, *dK = nullptr, *dV = nullptr;
     void* stream = nullptr;
+    DType dtype = DType::f32;
 };
 
 struct Backend {
@@ -100,8 +104,8 @@ struct Backend {
     PrepareForward prepare;
     // Empty for a backend without a backward pass.
     PrepareBackward prepare_backward;
-    // float32 on device-resident arrays (block_mask.data stays a host array); empty where the
-    // backend has no such entry. Used by the Python package for CUDA tensors.
+    // Device-resident arrays of one of `dtypes` (block_mask.data stays a host array); empty where
+    // the backend has no such entry. Used by the Python package for CUDA tensors.
     std::function<void(const AttentionProblem&, const DeviceForward&)> run_device;
     std::function<void(const AttentionProblem&, const DeviceBackward&)> run_backward_device;
 

@@ -162,13 +162,18 @@ Backend cuda_fa2_backend() {
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
+        if (a.dtype != DType::f32)
+            throw std::invalid_argument("dtype = " + to_string(a.dtype) +
+                                        ": cuda-fa2 computes in float32 only (cuda-tc runs f16/bf16)");
+        const auto* Q = static_cast<const float*>(a.Q);
+        const auto* K = static_cast<const float*>(a.K);
+        const auto* V = static_cast<const float*>(a.V);
         FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
         AttentionProblem p = problem;
         const DeviceBuffer<std::uint8_t> mask = upload_block_mask(p);
-        const Fa2Variant& v =
-            choose_variant(p.dim, tf32_tensor_cores_allowed_on_device(p, a.Q, a.K, a.V));
+        const Fa2Variant& v = choose_variant(p.dim, tf32_tensor_cores_allowed_on_device(p, Q, K, V));
         require_fits(v, p);
-        v.launch(p, a.Q, a.K, a.V, a.O, a.lse);
+        v.launch(p, Q, K, V, a.O, a.lse);
         synchronize_device();
     };
     return b;

@@ -100,11 +100,16 @@ void add_cuda_fa2_backward(Backend& b) {
         require_array(a.O, "O"), require_array(a.lse, "LSE"), require_array(a.dO, "dO");
         require_array(a.dQ, "dQ"), require_array(a.dK, "dK"), require_array(a.dV, "dV");
         require_backward_fits(problem);
+        if (a.dtype != DType::f32)
+            throw std::invalid_argument("dtype = " + to_string(a.dtype) +
+                                        ": cuda-fa2's backward computes in float32 only");
         FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
         AttentionProblem p = problem;
         const DeviceBuffer<std::uint8_t> mask = upload_block_mask(p);
         DeviceBuffer<float> D(static_cast<std::size_t>(p.lse_elements()));
-        launch_all({p, a.Q, a.K, a.V, a.O, a.dO, a.lse, D.data(), a.dQ, a.dK, a.dV});
+        const auto f32 = [](const void* x) { return static_cast<const float*>(x); };
+        launch_all({p, f32(a.Q), f32(a.K), f32(a.V), a.O, f32(a.dO), a.lse, D.data(), a.dQ,
+                    a.dK, a.dV});
         synchronize_device();
     };
 }

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "common/tiling.hpp"
+#include <cuda_runtime.h>
+
+#include "cuda/check.hpp"
 #include "cuda/prepared.hpp"
 #include "cuda/prepared_backward.hpp"
 #include "cuda/tc_backward.hpp"
@@ -121,6 +124,40 @@ Backend tc_backend() {
                             DType dtype) -> std::unique_ptr<PreparedBackward> {
         tc_check_backward_problem(p, dtype);
         return std::make_unique<PreparedTcBackward>(p, in, dtype);
+    };
+    // The device entries: the same kernels on the caller's 16-bit arrays, no copies. Like
+    // cuda-fa2's, they wait for the caller's stream, launch, and wait for the result.
+    b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
+        tc_check_problem(problem, a.dtype);
+        require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
+        require_array(a.O, "O"), require_array(a.lse, "LSE");
+        FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
+        TcDeviceArgs args;
+        args.problem = problem;
+        const cuda::DeviceBuffer<std::uint8_t> mask = cuda::upload_block_mask(args.problem);
+        args.dtype = a.dtype;
+        args.Q = a.Q, args.K = a.K, args.V = a.V, args.O = a.O, args.lse = a.lse;
+        tc_forward(args, choose_tile(problem.dim, a.dtype));
+        cuda::synchronize_device();
+    };
+    b.run_backward_device = [](const AttentionProblem& problem, const DeviceBackward& a) {
+        tc_check_backward_problem(problem, a.dtype);
+        const TcBackwardShape shape = choose_backward_shape(problem.dim, a.dtype);
+        const bool deterministic = deterministic_requested();
+        const auto stream = static_cast<cudaStream_t>(a.stream);
+        TcBackwardArgs args;
+        args.problem = problem;
+        const cuda::DeviceBuffer<std::uint8_t> mask = cuda::upload_block_mask(args.problem);
+        cuda::DeviceBuffer<float> D(static_cast<std::size_t>(problem.lse_elements()));
+        cuda::DeviceBuffer<int> turns(deterministic ? tc_backward_turn_count(problem, shape) : 0);
+        args.dtype = a.dtype;
+        args.Q = a.Q, args.K = a.K, args.V = a.V, args.dO = a.dO, args.O = a.O, args.lse = a.lse;
+        args.D = D.data(), args.dq_turns = turns.data();
+        args.dQ = a.dQ, args.dK = a.dK, args.dV = a.dV;
+        args.stream = a.stream;
+        tc_backward(args, shape, deterministic);  // queued behind the caller's work on `stream`
+        FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        cuda::synchronize_device();
     };
     return b;
 }

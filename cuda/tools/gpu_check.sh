@@ -7,8 +7,10 @@
 #      N and block-size sweeps, ncu HBM bytes of cuda-standard vs cuda-fa2;
 #   5. cuda-tc: its suite, compute-sanitizer on small cases, cuda/tools/compare_tc.py (vs PyTorch's
 #      FLASH_ATTENTION and cuDNN on FlashAttention's benchmark grid);
-#   5b. the backward: compute-sanitizer over test_backward's "two runs" case (every backward of the
-#      build) and cuda/tools/compare_backward.py (cuda-fa2 / cuda-standard vs PyTorch, fp32);
+#   5b. the backward: compute-sanitizer over test_backward's "two runs" case (every fp32 backward of
+#      the build) and over cuda-tc's backward (a NaN case, the deterministic mode);
+#      cuda/tools/compare_backward.py in fp32 (cuda-fa2 / cuda-standard vs PyTorch EFFICIENT / MATH)
+#      and fp16 (cuda-tc vs PyTorch FLASH / cuDNN);
 #   6. the host CPU: omp vs PyTorch's CPU attention (docs/scripts/omp_vs_torch_cpu.sh), and
 #      `flashattn bench` rows showing causal and block-sparse time falling with the work kept.
 # PHASES selects steps (default "build tests sanitize compare"), e.g. PHASES="compare" with
@@ -81,6 +83,14 @@ if has sanitize; then
             $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/test_backward" \
             "backward: two runs*"
     done
+    for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
+        step "compute-sanitizer $tool cuda-tc backward" "sanitizer_tc_backward_$tool.log" \
+            $LIMIT compute-sanitizer --tool "$tool" --error-exitcode 1 \
+            "$BIN/test_cuda_tc_backward" "cuda-tc backward: a NaN*"
+    done
+    step "compute-sanitizer memcheck cuda-tc backward, deterministic" sanitizer_tc_det.log \
+        $LIMIT compute-sanitizer --tool memcheck --error-exitcode 1 "$BIN/test_cuda_tc_backward" \
+        "cuda-tc backward: FLASHATTN_DETERMINISTIC*"
     step "compute-sanitizer memcheck cuda-tc block masks" sanitizer_tc_mask.log \
         $LIMIT compute-sanitizer --tool memcheck --error-exitcode 1 "$BIN/test_cuda_tc" "cuda-tc: block masks*"
 fi
@@ -91,6 +101,9 @@ if has compare; then
     step "backward vs PyTorch (fp32)" compare_backward.log \
         python3 cuda/tools/compare_backward.py --bin-dir "$BIN" ${QUICK:+--quick} \
         --json "$OUT/compare_backward.json"
+    step "backward vs PyTorch (fp16)" compare_backward_fp16.log \
+        python3 cuda/tools/compare_backward.py --bin-dir "$BIN" --dtype fp16 ${QUICK:+--quick} \
+        --json "$OUT/compare_backward_fp16.json"
     step "cuda-tc vs PyTorch flash/cuDNN (fp16, bf16)" compare_tc.log \
         bash -c "python3 cuda/tools/compare_tc.py --bin-dir '$BIN' --repeat ${TC_REPEAT:-20} \
                  --json '$OUT/compare_tc.json' > '$OUT/compare_tc.txt'"
@@ -109,6 +122,7 @@ fi
 echo
 for f in compare_torch.txt compare_tc.txt; do cat "$OUT/$f" 2>/dev/null; echo; done
 tail -12 "$OUT/compare_backward.log" 2>/dev/null; echo
+tail -20 "$OUT/compare_backward_fp16.log" 2>/dev/null; echo
 tail -4 "$OUT/omp_vs_torch.log" 2>/dev/null
 echo
 printf '%s\n' "${SUMMARY[@]}"

@@ -115,22 +115,26 @@ const Backend& device_backend(const std::string& name, bool backward) {
     if (backward ? !b.run_backward_device : !b.run_device)
         throw std::invalid_argument("backend = " + name + ": takes no device arrays" +
                                     (backward ? " in its backward pass" : "") +
-                                    " (cuda-fa2 does, in float32)");
+                                    " (cuda-fa2 does in float32, cuda-tc in f16/bf16)");
     return b;
 }
 
+// Q, K, V (and dO) hold values of `dtype_name` ("f32", "f16", "bf16"; for f16/bf16, Q times the
+// sign of the scale, as cuda-tc expects); O, LSE and the gradients are float32.
 void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
                       std::uintptr_t lse, const Shape& shape, bool causal, double scale,
                       const std::string& backend_name, const std::optional<MaskArray>& mask,
                       std::int64_t mask_block_q, std::int64_t mask_block_kv,
-                      std::uintptr_t stream) {
+                      std::uintptr_t stream, const std::string& dtype_name) {
     const AttentionProblem p =
         with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
     const Backend& backend = device_backend(backend_name, false);
+    DeviceForward a;
+    a.Q = pointer<const void>(q), a.K = pointer<const void>(k), a.V = pointer<const void>(v);
+    a.O = pointer<float>(o), a.lse = pointer<float>(lse);
+    a.stream = pointer<void>(stream), a.dtype = parse_dtype(dtype_name);
     py::gil_scoped_release release;
-    backend.run_device(p, {pointer<const float>(q), pointer<const float>(k),
-                           pointer<const float>(v), pointer<float>(o), pointer<float>(lse),
-                           pointer<void>(stream)});
+    backend.run_device(p, a);
 }
 
 void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
@@ -139,15 +143,18 @@ void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_
                                const Shape& shape, bool causal, double scale,
                                const std::string& backend_name,
                                const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
-                               std::int64_t mask_block_kv, std::uintptr_t stream) {
+                               std::int64_t mask_block_kv, std::uintptr_t stream,
+                               const std::string& dtype_name) {
     const AttentionProblem p =
         with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
     const Backend& backend = device_backend(backend_name, true);
+    DeviceBackward a;
+    a.Q = pointer<const void>(q), a.K = pointer<const void>(k), a.V = pointer<const void>(v);
+    a.dO = pointer<const void>(dO), a.O = pointer<const float>(o), a.lse = pointer<const float>(lse);
+    a.dQ = pointer<float>(dQ), a.dK = pointer<float>(dK), a.dV = pointer<float>(dV);
+    a.stream = pointer<void>(stream), a.dtype = parse_dtype(dtype_name);
     py::gil_scoped_release release;
-    backend.run_backward_device(
-        p, {pointer<const float>(q), pointer<const float>(k), pointer<const float>(v),
-            pointer<const float>(o), pointer<const float>(lse), pointer<const float>(dO),
-            pointer<float>(dQ), pointer<float>(dK), pointer<float>(dV), pointer<void>(stream)});
+    backend.run_backward_device(p, a);
 }
 
 }  // namespace

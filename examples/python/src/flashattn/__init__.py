@@ -21,9 +21,11 @@ Conventions (the library's, docs/design.md):
 Errors: TypeError for an argument of the wrong type or dtype, ValueError for a wrong shape, size or
 value (each message names the argument), RuntimeError for a failure inside a backend.
 
-CUDA tensors (float32) run on cuda-fa2 where they are: no copy to the host, on PyTorch's current
-stream (flashattn waits for the work queued on it, then returns when its results are written).
-float16/bfloat16 CUDA tensors raise NotImplementedError for now (cuda-tc has no device entry yet).
+CUDA tensors run where they are, no copy to the host: float32 on cuda-fa2, float16 and bfloat16 on
+cuda-tc (tensor cores; fp32 accumulation, softmax and gradients, rounded to the input's dtype at
+the end), on PyTorch's current stream (flashattn waits for the work queued on it, then returns when
+its results are written). cuda-tc's backward adds dQ with fp32 atomics, so dQ's last bits may
+change from run to run; FLASHATTN_DETERMINISTIC=1 fixes their order (slower).
 """
 import math
 import numbers
@@ -200,7 +202,8 @@ def _is_torch(*xs):
 
 
 _TORCH_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-_DEFAULT_CUDA_BACKEND = "cuda-fa2"  # the backend with a device entry, in float32
+# The backend CUDA tensors run on by default, per dtype: the ones with a device entry.
+_DEFAULT_CUDA_BACKEND = {"f32": "cuda-fa2", "f16": "cuda-tc", "bf16": "cuda-tc"}
 
 
 def _check_tensors(names, xs):
@@ -231,18 +234,23 @@ def _torch_inputs(names, xs):
     return arrays, dtype, xs[0].dtype
 
 
-def _cuda_backend(backend, q):
-    """The backend for CUDA tensors: one with a device entry; float32 only (for now)."""
-    torch = _torch()
-    if q.dtype != torch.float32:
-        raise NotImplementedError(
-            f"q.dtype is {q.dtype} on {q.device}: CUDA tensors run in float32 only for now "
-            "(cuda-fa2); float16/bfloat16 need cuda-tc's device entry, not written yet")
-    backend = _check_backend(_DEFAULT_CUDA_BACKEND if backend is None else backend)
-    if not {b["name"]: b for b in _C.backends()}[backend]["device_arrays"]:
+def _cuda_backend(backend, dtype):
+    """The backend for CUDA tensors of `dtype` (the library's name): one with a device entry."""
+    backend = _check_backend(_DEFAULT_CUDA_BACKEND[dtype] if backend is None else backend)
+    info = {b["name"]: b for b in _C.backends()}[backend]
+    if not info["device_arrays"]:
         raise ValueError(f"backend = {backend!r} takes no CUDA tensors (use "
-                         f"{_DEFAULT_CUDA_BACKEND!r})")
+                         f"{_DEFAULT_CUDA_BACKEND[dtype]!r} for this dtype)")
+    if dtype not in info["dtypes"]:
+        raise TypeError(f"backend = {backend!r} computes in {', '.join(info['dtypes'])}, not "
+                        f"{dtype} (use {_DEFAULT_CUDA_BACKEND[dtype]!r} for this dtype)")
     return backend
+
+
+def _signed_q(Q, dtype, scale):
+    """cuda-tc folds a negative scale into Q (negating a 16-bit value is exact): it reads
+    sign(scale) * Q, and its gradients are still those of Q."""
+    return -Q if dtype != "f32" and scale < 0 else Q
 
 
 def _cuda_call(device, call):
@@ -258,18 +266,20 @@ def _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size):
         (Q, K, V), dtype, torch_dtype = _torch_inputs(("q", "k", "v"), (q, k, v))
         O, L = _numpy_attention(Q, K, V, causal, scale, backend, block_mask, block_size, dtype)
         return torch.from_numpy(O).to(torch_dtype), torch.from_numpy(L)
-    _check_tensors(("q", "k", "v"), (q, k, v))
+    dtype = _check_tensors(("q", "k", "v"), (q, k, v))
     Qs, Ks = _check_shapes(q.shape, k.shape, v.shape)
-    backend = _cuda_backend(backend, q)
+    backend = _cuda_backend(backend, dtype)
+    scale = _check_scale(scale)
     Q, K, V = (x.detach().contiguous() for x in (q.reshape(Qs), k.reshape(Ks), v.reshape(Ks)))
+    Q = _signed_q(Q, dtype, scale)
     mask, Br, Bc = _check_mask(block_mask, block_size, Qs[2], Ks[2])
-    O = torch.empty_like(Q)
+    O = torch.empty(Qs, dtype=torch.float32, device=q.device)  # the kernels write float32
     L = torch.empty(Qs[:3], dtype=torch.float32, device=q.device)
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
     _cuda_call(q.device, lambda stream: _C.attention_device(
         Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), shape,
-        _check_bool("causal", causal), _check_scale(scale), backend, mask, Br, Bc, stream))
-    return O.reshape(q.shape), L.reshape(q.shape[:-1])
+        _check_bool("causal", causal), scale, backend, mask, Br, Bc, stream, dtype))
+    return O.to(q.dtype).reshape(q.shape), L.reshape(q.shape[:-1])
 
 
 def _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
@@ -284,7 +294,12 @@ def _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, blo
         grads = _numpy_backward(Q, K, V, O, L, dO, causal, scale, backend, block_mask,
                                 block_size, dtype)
         return tuple(torch.from_numpy(g).to(torch_dtype) for g in grads)
-    _check_tensors(("q", "k", "v", "o", "lse", "do"), (q, k, v, o, lse, do))
+    dtype = _check_tensors(("q", "k", "v", "o", "do"), (q, k, v, o, do))
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a torch.Tensor like the other arguments, got "
+                        f"{type(lse).__name__}")
+    if lse.device != q.device:
+        raise ValueError(f"q, lse are on different devices: {q.device}, {lse.device}")
     Qs, Ks = _check_shapes(q.shape, k.shape, v.shape)
     for name, x in (("o", o), ("do", do)):
         if x.shape != q.shape:
@@ -292,18 +307,22 @@ def _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, blo
     if lse.shape != q.shape[:-1]:
         raise ValueError(f"lse has shape {tuple(lse.shape)}: must be q's shape without d, "
                          f"{tuple(q.shape[:-1])}")
-    backend = _cuda_backend(backend, q)
-    Q, K, V, O, dO = (x.detach().reshape(s).contiguous()
-                      for x, s in ((q, Qs), (k, Ks), (v, Ks), (o, Qs), (do, Qs)))
-    L = lse.detach().reshape(Qs[:3]).contiguous()
+    backend = _cuda_backend(backend, dtype)
+    scale = _check_scale(scale)
+    Q, K, V, dO = (x.detach().reshape(s).contiguous()
+                   for x, s in ((q, Qs), (k, Ks), (v, Ks), (do, Qs)))
+    Q = _signed_q(Q, dtype, scale)
+    O = o.detach().reshape(Qs).to(torch.float32).contiguous()  # O and LSE are read as float32
+    L = lse.detach().reshape(Qs[:3]).to(torch.float32).contiguous()
     mask, Br, Bc = _check_mask(block_mask, block_size, Qs[2], Ks[2])
-    dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+    f32 = dict(dtype=torch.float32, device=q.device)  # the kernels write float32 gradients
+    dQ, dK, dV = torch.empty(Qs, **f32), torch.empty(Ks, **f32), torch.empty(Ks, **f32)
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
     _cuda_call(q.device, lambda stream: _C.attention_backward_device(
         Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), dO.data_ptr(),
         dQ.data_ptr(), dK.data_ptr(), dV.data_ptr(), shape, _check_bool("causal", causal),
-        _check_scale(scale), backend, mask, Br, Bc, stream))
-    return dQ.reshape(q.shape), dK.reshape(k.shape), dV.reshape(v.shape)
+        scale, backend, mask, Br, Bc, stream, dtype))
+    return tuple(g.to(x.dtype).reshape(x.shape) for g, x in ((dQ, q), (dK, k), (dV, v)))
 
 
 def _autograd_function():
@@ -344,11 +363,13 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     q: (B, H, N_q, d) or (N_q, d); k, v: (B, H_kv, N_kv, d) or (N_kv, d) with H % H_kv == 0.
     NumPy float32 arrays, or PyTorch CPU tensors of float32, float16 or bfloat16 (computed in
     that precision, as `flashattn run --dtype` does; outputs have the input's dtype), or PyTorch
-    CUDA tensors of float32 (computed on the GPU by cuda-fa2, results on the same device).
+    CUDA tensors (computed on their GPU, results on the same device): float32 by cuda-fa2,
+    float16 and bfloat16 by cuda-tc (tensor cores; d in 32, 64, 96, 128, and 256 forward only).
 
     causal: bottom-right aligned mask (query i sees key j iff j <= i + N_kv - N_q).
     scale: softmax scale, default 1 / sqrt(d).
-    backend: a name from flashattn.backends(); default "omp" ("cuda-fa2" for CUDA tensors).
+    backend: a name from flashattn.backends(); default "omp" (for CUDA tensors "cuda-fa2" in
+        float32, "cuda-tc" in float16 / bfloat16).
     return_lse: also return LSE = log sum_j exp(scale q_i . k_j) over visible keys, float32,
         shape (B, H, N_q) or (N_q,); -inf for a row with no visible key (whose O row is 0).
     block_mask, block_size: block-sparse attention (Algorithm 5), see the module's docstring.
