@@ -1,9 +1,13 @@
-// cuda/fa2_backward.cu — cuda-fa2's backward pass, host side: the kernels are in
-// fa2_backward_kernel.cuh (FlashAttention-2's backward in float32, deterministic, no atomics).
+// cuda/fa2_backward.cu — cuda-fa2's backward pass, host side. Two kernels, as for the forward:
+//   * tensor cores (3xTF32): cuda/backward_kernel.cuh with the fp32 stages of
+//     cuda/fa2_backward_tf32.cuh, for 16 <= d <= 128 and finite inputs (tensor_cores.hpp says
+//     why); dQ by fp32 atomics, or in a fixed order with FLASHATTN_DETERMINISTIC=1;
+//   * FFMA (fa2_backward_kernel.cuh, deterministic, no atomics) for every other problem, or when
+//     FLASHATTN_VARIANT=cuda-fa2-backward=ffma asks for it.
 //
-// Tiles: Br = Bc = 64 for d <= 64, 32 above (so that d = 256 fits in an H100's 227 KiB of shared
-// memory per block), 256 threads. The shared memory a tile needs is checked against the device's
-// limit in prepare(), with a clear error where it does not fit.
+// FFMA tiles: Br = Bc = 64 for d <= 64, 32 above (so that d = 256 fits in an H100's 227 KiB of
+// shared memory per block), 256 threads. The shared memory a tile needs is checked against the
+// device's limit in prepare(), with a clear error where it does not fit.
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -12,7 +16,10 @@
 #include "cuda/check.hpp"
 #include "cuda/fa2.hpp"
 #include "cuda/fa2_backward_kernel.cuh"
+#include "cuda/fa2_backward_tf32.cuh"
 #include "cuda/prepared_backward.hpp"
+#include "cuda/tensor_cores.hpp"
+#include "cuda/variants.hpp"
 
 namespace flashattn::cuda {
 namespace {
@@ -70,24 +77,100 @@ void launch_all(const fa2_backward::Params& a) {
         launch<LargeD>(a);
 }
 
+// ---- the tensor-core kernel ---------------------------------------------------------------------
+
+// d <= 64 runs on D = 64 tiles, 64 < d <= 128 on D = 128 (the columns past d zero-filled).
+using Tf32Small = Tf32BackwardTile<64, 8, 32>;
+using Tf32Large = Tf32BackwardTile<128, 8, 32>;
+
+// Whether the 3xTF32 kernel runs this problem: d and the inputs (tf32_backward_allowed), and no
+// FLASHATTN_VARIANT=cuda-fa2-backward=ffma.
+bool use_tensor_cores(const AttentionProblem& p, bool inputs_allowed) {
+    const std::string wanted = requested_variant("cuda-fa2-backward");
+    require_known_variant("cuda-fa2-backward", wanted, {"tf32", "ffma"});
+    if (wanted == "ffma") return false;
+    const bool fits = p.dim <= 128 && inputs_allowed;
+    if (wanted == "tf32" && !fits)
+        throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa2-backward=tf32 needs 16 <= d <= "
+                                    "128 and finite inputs");
+    return fits;
+}
+
+std::size_t turn_count(const AttentionProblem& p) {
+    return static_cast<std::size_t>(p.batch * p.heads * tile_count(p.seq_q, Tf32Small::Br));
+}
+
+template <class Cfg, bool kBlockMask, bool kDeterministic>
+void launch_tf32_kernel(const BackwardParams& params) {
+    const AttentionProblem& p = params.problem;
+    const auto kernel = backward_kernel<Tf32BackwardOps<Cfg>, kBlockMask, kDeterministic>;
+    if (std::size_t(Cfg::kSmemBytes) > device_limits().smem_per_block_optin)
+        throw std::runtime_error("cuda-fa2 backward: the tensor-core tile at D = " +
+                                 std::to_string(Cfg::D) + " needs " +
+                                 std::to_string(Cfg::kSmemBytes) +
+                                 " bytes of shared memory per block; this device allows " +
+                                 std::to_string(device_limits().smem_per_block_optin));
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg::kSmemBytes));
+    const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
+                    static_cast<unsigned>(p.batch * p.heads_kv));
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(params);
+    FA_CUDA_CHECK_LAUNCH();
+}
+
+template <class Cfg>
+void launch_tf32(const BackwardParams& params, bool deterministic) {
+    if (params.problem.block_mask.active())
+        deterministic ? launch_tf32_kernel<Cfg, true, true>(params)
+                      : launch_tf32_kernel<Cfg, true, false>(params);
+    else
+        deterministic ? launch_tf32_kernel<Cfg, false, true>(params)
+                      : launch_tf32_kernel<Cfg, false, false>(params);
+}
+
+// D, dQ = 0 (and the turn counters), then the kernel; dq_turns may be null unless deterministic.
+void launch_all_tf32(const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                     const float* O, const float* dO, const float* lse, float* D, float* dQ,
+                     float* dK, float* dV, int* dq_turns, bool deterministic) {
+    launch_delta(dO, O, D, p.batch * p.heads * p.seq_q, static_cast<int>(p.dim), nullptr);
+    FA_CUDA_CHECK(cudaMemsetAsync(dQ, 0, sizeof(float) * std::size_t(p.q_elements())));
+    if (deterministic)
+        FA_CUDA_CHECK(cudaMemsetAsync(dq_turns, 0, sizeof(int) * turn_count(p)));
+    const BackwardParams params =
+        make_backward_params(p, Q, K, V, dO, lse, D, dQ, dK, dV, dq_turns);
+    if (p.dim <= 64)
+        launch_tf32<Tf32Small>(params, deterministic);
+    else
+        launch_tf32<Tf32Large>(params, deterministic);
+}
+
 class PreparedFa2Backward final : public PreparedCudaBackward {
 public:
     PreparedFa2Backward(const AttentionProblem& p, const BackwardInputs& in, DType dtype)
-        : PreparedCudaBackward("cuda-fa2", p, in, dtype) {
+        : PreparedCudaBackward("cuda-fa2", p, in, dtype),
+          tensor_cores_(use_tensor_cores(p, tf32_backward_allowed(p, in.Q, in.K, in.V, in.O, in.dO))),
+          deterministic_(deterministic_requested()) {
         require_backward_fits(p);
         D_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
+        if (tensor_cores_ && deterministic_) turns_ = workspace<int>(turn_count(p));
     }
 
     void execute() override {
-        const fa2_backward::Params a{problem_,  Q_.data(),  K_.data(),  V_.data(),
-                                     O_.data(),  dO_.data(), lse_.data(), D_.data(),
-                                     dQ_.data(), dK_.data(), dV_.data()};
-        launch_all(a);
+        if (tensor_cores_) {
+            launch_all_tf32(problem_, Q_.data(), K_.data(), V_.data(), O_.data(), dO_.data(),
+                            lse_.data(), D_.data(), dQ_.data(), dK_.data(), dV_.data(),
+                            turns_.data(), deterministic_);
+        } else {
+            launch_all({problem_, Q_.data(), K_.data(), V_.data(), O_.data(), dO_.data(),
+                        lse_.data(), D_.data(), dQ_.data(), dK_.data(), dV_.data()});
+        }
         synchronize_device();
     }
 
 private:
+    bool tensor_cores_, deterministic_;
     DeviceBuffer<float> D_;
+    DeviceBuffer<int> turns_;
 };
 
 }  // namespace
@@ -108,6 +191,15 @@ void add_cuda_fa2_backward(Backend& b) {
         const DeviceBuffer<std::uint8_t> mask = upload_block_mask(p);
         DeviceBuffer<float> D(static_cast<std::size_t>(p.lse_elements()));
         const auto f32 = [](const void* x) { return static_cast<const float*>(x); };
+        if (use_tensor_cores(p, tf32_backward_allowed_on_device(p, f32(a.Q), f32(a.K), f32(a.V),
+                                                                a.O, f32(a.dO)))) {
+            const bool deterministic = deterministic_requested();
+            DeviceBuffer<int> turns(deterministic ? turn_count(p) : 0);
+            launch_all_tf32(p, f32(a.Q), f32(a.K), f32(a.V), a.O, f32(a.dO), a.lse, D.data(),
+                            a.dQ, a.dK, a.dV, turns.data(), deterministic);
+            synchronize_device();
+            return;
+        }
         launch_all({p, f32(a.Q), f32(a.K), f32(a.V), a.O, f32(a.dO), a.lse, D.data(), a.dQ,
                     a.dK, a.dV});
         synchronize_device();

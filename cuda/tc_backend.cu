@@ -78,7 +78,7 @@ public:
     PreparedTcBackward(const AttentionProblem& p, const BackwardInputs& in, DType dtype)
         : PreparedCudaBackward("cuda-tc", p, in, dtype, cuda::InputForm::bits16),
           shape_(choose_backward_shape(p.dim, dtype)),
-          deterministic_(deterministic_requested()) {
+          deterministic_(cuda::deterministic_requested()) {
         D_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
         if (deterministic_) turns_ = workspace<int>(tc_backward_turn_count(p, shape_));
     }
@@ -143,7 +143,7 @@ Backend tc_backend() {
     b.run_backward_device = [](const AttentionProblem& problem, const DeviceBackward& a) {
         tc_check_backward_problem(problem, a.dtype);
         const TcBackwardShape shape = choose_backward_shape(problem.dim, a.dtype);
-        const bool deterministic = deterministic_requested();
+        const bool deterministic = cuda::deterministic_requested();
         const auto stream = static_cast<cudaStream_t>(a.stream);
         TcBackwardArgs args;
         args.problem = problem;

@@ -1,5 +1,6 @@
 // cuda/tc_backward.cu — picks a compiled tile shape for a problem and launches cuda-tc's backward
-// (cuda/tc_backward_kernel.cuh) after the D pass; see tc_backward.hpp.
+// (cuda/backward_kernel.cuh with the 16-bit stages of cuda/tc_backward_kernel.cuh) after the D
+// pass; see tc_backward.hpp.
 #include "cuda/tc_backward.hpp"
 
 #include <cuda_bf16.h>
@@ -7,7 +8,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 #include <type_traits>
 
@@ -60,7 +60,7 @@ const std::vector<CompiledShape>& compiled_shapes() {
 template <class Cfg, bool kBlockMask, bool kDeterministic>
 void launch_kernel(const BackwardParams& params, cudaStream_t stream) {
     const AttentionProblem& p = params.problem;
-    const auto kernel = tc_backward_kernel<Cfg, kBlockMask, kDeterministic>;
+    const auto kernel = cuda::backward_kernel<TcBackwardOps<Cfg>, kBlockMask, kDeterministic>;
     FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes));
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
@@ -187,11 +187,9 @@ void tc_backward(const TcBackwardArgs& args, const TcBackwardShape& shape, bool 
     if (deterministic)
         FA_CUDA_CHECK(cudaMemsetAsync(args.dq_turns, 0,
                                       sizeof(int) * tc_backward_turn_count(p, shape), stream));
-    const float abs_scale = std::fabs(p.softmax_scale());
-    const BackwardParams params{args.Q, args.K, args.V, args.dO, args.lse, args.D, args.dQ,
-                                args.dK, args.dV, args.dq_turns, p,
-                                abs_scale > 0 ? abs_scale * kLog2e : 1e-30f,
-                                p.softmax_scale(), abs_scale};
+    const BackwardParams params = cuda::make_backward_params(
+        p, args.Q, args.K, args.V, args.dO, args.lse, args.D, args.dQ, args.dK, args.dV,
+        args.dq_turns);
     const bool launched =
         args.dtype == DType::f16
             ? dispatch<__half>(p.dim, shape, params, deterministic, stream)
@@ -200,14 +198,6 @@ void tc_backward(const TcBackwardArgs& args, const TcBackwardShape& shape, bool 
         throw std::invalid_argument("tile = " + shape.name() + ": not compiled for d = " +
                                     std::to_string(p.dim) + ", dtype " + to_string(args.dtype) +
                                     " (see tc_backward_shapes)");
-}
-
-bool deterministic_requested() {
-    const char* value = std::getenv("FLASHATTN_DETERMINISTIC");
-    if (value == nullptr || std::string(value).empty() || std::string(value) == "0") return false;
-    if (std::string(value) == "1") return true;
-    throw std::invalid_argument(std::string("FLASHATTN_DETERMINISTIC = ") + value +
-                                ": expected 1 (dQ's additions in a fixed order) or 0");
 }
 
 }  // namespace flashattn::tc

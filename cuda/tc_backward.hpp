@@ -60,8 +60,4 @@ std::size_t tc_backward_turn_count(const AttentionProblem& p, const TcBackwardSh
 // std::runtime_error for a CUDA failure.
 void tc_backward(const TcBackwardArgs& args, const TcBackwardShape& shape, bool deterministic);
 
-// Whether FLASHATTN_DETERMINISTIC asks for the deterministic mode ("1"; "0" or unset: no).
-// Throws std::invalid_argument for any other value.
-bool deterministic_requested();
-
 }  // namespace flashattn::tc

@@ -58,14 +58,6 @@ __device__ inline void cp_async_16(void* smem_dst, const void* gmem_src, bool va
                  "r"(src_bytes));
 }
 
-// The same for 4 bytes (one float: a row's L_i or D_i). 4-byte copies must go through L1 (.ca).
-__device__ inline void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src),
-                 "r"(src_bytes));
-}
-
 // Closes the current group of cp.async copies (groups complete in order).
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 

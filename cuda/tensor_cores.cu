@@ -60,4 +60,17 @@ bool tf32_tensor_cores_allowed_on_device(const AttentionProblem& p, const float*
            all_finite_on_device({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()}});
 }
 
+bool tf32_backward_allowed(const AttentionProblem& p, const float* Q, const float* K,
+                           const float* V, const float* O, const float* dO) {
+    return tf32_tensor_cores_allowed(p, Q, K, V) && all_finite(O, p.q_elements()) &&
+           all_finite(dO, p.q_elements());
+}
+
+bool tf32_backward_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
+                                     const float* V, const float* O, const float* dO) {
+    return p.dim >= 16 && mma_grid_limits(p).empty() &&
+           all_finite_on_device({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()},
+                                 {O, p.q_elements()}, {dO, p.q_elements()}});
+}
+
 }  // namespace flashattn::cuda

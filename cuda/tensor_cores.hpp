@@ -31,4 +31,12 @@ bool tf32_tensor_cores_allowed(const AttentionProblem& p, const float* Q, const 
 bool tf32_tensor_cores_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
                                          const float* V);
 
+// The backward's (cuda-fa2's 3xTF32 backward): the same, with O and dO finite too (O through
+// D = rowsum(dO o O) and dO as an operand both reach the split products). Host arrays, or device
+// arrays for the _on_device form.
+bool tf32_backward_allowed(const AttentionProblem& p, const float* Q, const float* K,
+                           const float* V, const float* O, const float* dO);
+bool tf32_backward_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
+                                     const float* V, const float* O, const float* dO);
+
 }  // namespace flashattn::cuda

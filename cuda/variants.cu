@@ -35,4 +35,12 @@ void require_known_variant(const std::string& backend, const std::string& reques
                                 names + ")");
 }
 
+bool deterministic_requested() {
+    const char* value = std::getenv(kDeterministicVariable);
+    if (value == nullptr || std::string(value).empty() || std::string(value) == "0") return false;
+    if (std::string(value) == "1") return true;
+    throw std::invalid_argument(std::string(kDeterministicVariable) + " = " + value +
+                                ": expected 1 (dQ's additions in a fixed order) or 0");
+}
+
 }  // namespace flashattn::cuda

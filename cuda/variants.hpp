@@ -28,4 +28,11 @@ std::string requested_variant(const std::string& backend);
 void require_known_variant(const std::string& backend, const std::string& requested,
                            const std::vector<std::string>& known);
 
+// The backward passes that add dQ with fp32 atomics (cuda-tc, cuda-fa2's tensor-core kernel) add
+// them in a fixed order instead when FLASHATTN_DETERMINISTIC=1: the same bits on every run,
+// slower (docs/cuda_backward.md). Unset, empty or "0": atomics. Any other value throws
+// std::invalid_argument naming it.
+inline constexpr const char* kDeterministicVariable = "FLASHATTN_DETERMINISTIC";
+bool deterministic_requested();
+
 }  // namespace flashattn::cuda

@@ -108,6 +108,18 @@ TEST_CASE("backward: explicit tiny tiles (Br = 3, Bc = 5) and tiles from M") {
     }
 }
 
+TEST_CASE("backward: cuda-fa2's FFMA kernels, where its tensor-core kernel would run") {
+    // d = 40 and 111 run on 3xTF32 tensor cores by default; FLASHATTN_VARIANT forces the FFMA
+    // kernels (the ones inputs with an inf or NaN, and d < 16 or d > 128, always take).
+    const test::ScopedEnv ffma("FLASHATTN_VARIANT");
+    ffma.set("cuda-fa2-backward=ffma");
+    for (const Backend* b : backends_with_backward())
+        if (b->name == "cuda-fa2")
+            for (std::int64_t d : {40, 111})
+                for (bool causal : {false, true})
+                    test::check_backward_against_reference(*b, test::make_problem(1, 3, 1, 97, 131, d, causal));
+}
+
 TEST_CASE("backward: scale (small, negative, large) and long rows") {
     for (float scale : {0.05f, -0.6f, 2.5f}) {
         AttentionProblem p = test::make_problem(1, 2, 1, 57, 91, 24, true);
@@ -254,7 +266,10 @@ TEST_CASE("backward: omp gives the same bits for 1 to 4 threads (one-pass and tw
 }
 
 TEST_CASE("backward: two runs of every backward give the same bits") {
-    // No atomics and no unordered reductions: a result that moved between runs would be a race.
+    // With FLASHATTN_DETERMINISTIC=1 no backward adds in an order that changes between runs (the
+    // tensor-core ones add dQ with atomics by default): a result that moved would be a race.
+    const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+    deterministic.set("1");
     const AttentionProblem p = test::make_problem(2, 4, 2, 157, 203, 40, true);
     const std::uint64_t seed = test::next_seed();
     const ProblemData in = random_problem_data(p, seed);

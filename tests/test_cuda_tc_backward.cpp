@@ -29,23 +29,6 @@ namespace {
 
 const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
 
-// FLASHATTN_DETERMINISTIC (or FLASHATTN_VARIANT) for the lifetime of one object.
-class ScopedEnv {
-public:
-    ScopedEnv(const char* name, const char* value) : name_(name) {
-        const char* old = std::getenv(name);
-        had_ = old != nullptr;
-        if (had_) old_ = old;
-        setenv(name, value, 1);
-    }
-    ~ScopedEnv() { had_ ? (void)setenv(name_, old_.c_str(), 1) : (void)unsetenv(name_); }
-
-private:
-    const char* name_;
-    bool had_ = false;
-    std::string old_;
-};
-
 // Forward then backward of cuda-tc, with the given inputs; returns dQ, dK, dV.
 test::Gradients gradients(const Backend& b, const AttentionProblem& p, const ProblemData& in,
                           const std::vector<float>& dO, DType dtype) {
@@ -129,7 +112,8 @@ TEST_CASE("cuda-tc backward: block masks, and a fully masked row gets zero gradi
 
 TEST_CASE("cuda-tc backward: FLASHATTN_DETERMINISTIC=1 gives the same bits on every run") {
     const Backend backend = tc::tc_backend();
-    ScopedEnv deterministic("FLASHATTN_DETERMINISTIC", "1");
+    const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+    deterministic.set("1");
     std::vector<std::uint8_t> mask = {1, 0, 1, 1, 1, 0, 0, 1, 1};  // 3 x 3 blocks of 100 x 150
     for (DType dtype : kDtypes)
         for (int variant = 0; variant < 3; ++variant) {
@@ -216,7 +200,8 @@ TEST_CASE("cuda-tc backward rejects what it cannot run, naming the field") {
     CHECK_THROWS_WITH(run_backward(backend, p64, bin, dQ.data(), dK.data(), dV.data(), DType::f16),
                       Catch::Contains("dO = null"));
     {
-        ScopedEnv bad("FLASHATTN_DETERMINISTIC", "yes");
+        const test::ScopedEnv bad("FLASHATTN_DETERMINISTIC");
+        bad.set("yes");
         bin.dO = dO.data();
         CHECK_THROWS_WITH(run_backward(backend, p64, bin, dQ.data(), dK.data(), dV.data(), DType::f16),
                           Catch::Contains("FLASHATTN_DETERMINISTIC = yes"));
@@ -227,7 +212,8 @@ TEST_CASE("cuda-tc backward: every compiled tile shape passes the rule") {
     const Backend backend = tc::tc_backend();
     for (std::int64_t d : tc::tc_backward_head_dims())
         for (const tc::TcBackwardShape& shape : tc::tc_backward_shapes(d, DType::f16)) {
-            ScopedEnv variant("FLASHATTN_VARIANT", ("cuda-tc-backward=" + shape.name()).c_str());
+            const test::ScopedEnv variant("FLASHATTN_VARIANT");
+            variant.set("cuda-tc-backward=" + shape.name());
             INFO(shape.name());
             for (bool causal : {false, true})
                 check_backward_against_reference(backend, test::make_problem(1, 2, 1, 301, 257, d, causal),
