@@ -2,8 +2,9 @@
 """docs/scripts/plot_gpt.py — the two loss curves of examples/python/gpt.py, overlaid.
 
 Usage: python3 docs/scripts/plot_gpt.py GPT.csv OUT.png [TITLE]
-Input: the CSV of `gpt.py --csv` (step, loss_flashattn, loss_sdpa). Needs matplotlib (Debian:
-python3-matplotlib).
+Input: the CSV of `gpt.py --csv` (step, loss_flashattn, loss_sdpa, and loss_sdpa_math with
+--noise: then PyTorch's MATH run is drawn too, and the lower panel shows both differences from
+SDPA's). Needs matplotlib (Debian: python3-matplotlib).
 """
 import csv
 import sys
@@ -26,11 +27,20 @@ def main():
                                       gridspec_kw={"height_ratios": [3, 1]})
     top.plot(step, theirs, label="PyTorch scaled_dot_product_attention", linewidth=2.5, alpha=0.6)
     top.plot(step, ours, label="flashattn.attention (our forward and backward)", linewidth=1)
+    noise = [float(r["loss_sdpa_math"]) for r in rows] if "loss_sdpa_math" in rows[0] else None
+    if noise:
+        top.plot(step, noise, label="PyTorch SDPA, MATH backend (the yardstick)", linewidth=1,
+                 linestyle="--")
     top.set_ylabel("training loss (cross-entropy)")
     top.legend()
     top.set_title(sys.argv[3] if len(sys.argv) == 4 else "char-level GPT, same seed and batches")
-    bottom.plot(step, [a - b for a, b in zip(ours, theirs)], color="black", linewidth=0.8)
-    bottom.set_ylabel("flashattn - sdpa")
+    bottom.plot(step, [a - b for a, b in zip(ours, theirs)], color="black", linewidth=0.8,
+                label="flashattn - sdpa")
+    if noise:
+        bottom.plot(step, [a - b for a, b in zip(noise, theirs)], color="tab:red", linewidth=0.8,
+                    linestyle="--", label="sdpa MATH - sdpa")
+        bottom.legend(fontsize=7)
+    bottom.set_ylabel("difference")
     bottom.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(sys.argv[2], dpi=120)
