@@ -1,11 +1,12 @@
 // cuda/backends.cu — registers the CUDA backends, one file per kernel: standard.cu, minimal.cu,
-// fa1.cu, fa2.cu, tc_backend.cu.
+// fa1.cu, fa2.cu, tc_backend.cu, fa3.cu.
 #include "cuda/backends.hpp"
 
 #include <cuda_runtime.h>
 
 #include "cuda/fa1.hpp"
 #include "cuda/fa2.hpp"
+#include "cuda/fa3.hpp"
 #include "cuda/minimal.hpp"
 #include "cuda/standard.hpp"
 #include "cuda/tc_backend.hpp"
@@ -38,6 +39,7 @@ std::vector<Backend> cuda_backends() {
     list.push_back(cuda::cuda_fa1_backend());
     list.push_back(cuda::cuda_fa2_backend());
     list.push_back(tc::tc_backend());
+    if (fa3::fa3_available()) list.push_back(fa3::fa3_backend());  // sm_90a builds on Hopper
     return list;
 }
 

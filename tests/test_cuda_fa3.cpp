@@ -1,0 +1,79 @@
+// tests/test_cuda_fa3.cpp — cuda-fa3 (FlashAttention-3's ideas on Hopper; stage 1: wgmma) against
+// float64 standard attention by the 2x rule, as cuda-tc is checked (tests/test_cuda_tc.cpp): the
+// yardstick is float32 standard attention on the inputs rounded to fp16 / bf16. Exits 77 without a
+// CUDA device; without cuda-fa3 (a build without sm_90a, or a GPU that is not compute capability
+// 9.0) every case says so and checks nothing else.
+#include "catch.hpp"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/registry.hpp"
+#include "common/tiling.hpp"
+#include "helpers.hpp"
+
+using namespace flashattn;
+using flashattn::test::check_against_reference;
+
+namespace {
+
+const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
+
+// The registry's cuda-fa3, or nullptr (with a warning) where this build or GPU has none.
+const Backend* fa3() {
+    for (const Backend& b : available_backends())
+        if (b.name == "cuda-fa3") return &b;
+    WARN("no cuda-fa3 here (it needs a build with CMAKE_CUDA_ARCHITECTURES=90a and a Hopper GPU)");
+    return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("cuda-fa3 matches float64 attention by the 2x rule on odd shapes") {
+    const Backend* b = fa3();
+    if (!b) return;
+    for (DType dtype : kDtypes)
+        for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                 {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 1023}, {1023, 203}, {2047, 2047}})
+            for (bool causal : {false, true})
+                check_against_reference(*b, test::make_problem(2, 3, 3, Nq, Nkv, 64, causal), dtype);
+}
+
+TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
+    const Backend* b = fa3();
+    if (!b) return;
+    std::mt19937 gen(Catch::rngSeed() + 47);
+    for (DType dtype : kDtypes) {
+        for (std::int64_t Hkv : {3, 2, 1})
+            for (bool causal : {false, true})
+                check_against_reference(*b, test::make_problem(2, 6, Hkv, 157, 331, 64, causal), dtype);
+        for (float scale : {0.0f, 0.05f, -0.6f, 2.5f}) {
+            AttentionProblem p = test::make_problem(1, 2, 1, 300, 211, 64, true);
+            p.scale = scale;
+            check_against_reference(*b, p, dtype);
+        }
+        for (bool causal : {false, true}) {
+            AttentionProblem p = test::make_problem(1, 4, 2, 347, 401, 64, causal);
+            const std::int64_t bq = 1 + gen() % 100, bkv = 1 + gen() % 100;
+            const std::int64_t Tr = tile_count(p.seq_q, bq), Tc = tile_count(p.seq_kv, bkv);
+            std::vector<std::uint8_t> mask(Tr * Tc);
+            for (auto& m : mask) m = gen() % 3 != 0;
+            std::fill_n(mask.begin() + (gen() % Tr) * Tc, Tc, 0);  // a row of blocks sees nothing
+            p.block_mask = {mask.data(), bq, bkv};
+            check_against_reference(*b, p, dtype);
+        }
+    }
+}
+
+TEST_CASE("cuda-fa3 refuses what it cannot run, naming the field") {
+    const Backend* b = fa3();
+    if (!b) return;
+    const float x[64] = {};
+    for (std::int64_t d : {32, 96, 128})
+        CHECK_THROWS_WITH(b->prepare(test::make_problem(1, 1, 1, 1, 1, d), x, x, x, DType::f16),
+                          Catch::Contains("dim = " + std::to_string(d)));
+    CHECK_THROWS_WITH(b->prepare(test::make_problem(1, 1, 1, 1, 1, 64), x, x, x, DType::f32),
+                      Catch::Contains("dtype = f32"));
+}
