@@ -91,6 +91,8 @@ if has sanitize; then
     step "compute-sanitizer memcheck cuda-tc backward, deterministic" sanitizer_tc_det.log \
         $LIMIT compute-sanitizer --tool memcheck --error-exitcode 1 "$BIN/test_cuda_tc_backward" \
         "cuda-tc backward: FLASHATTN_DETERMINISTIC*"
+    step "compute-sanitizer memcheck cuda-fa3" sanitizer_fa3.log \
+        $LIMIT compute-sanitizer --tool memcheck --error-exitcode 1 "$BIN/test_cuda_fa3" "cuda-fa3: GQA*"
     step "compute-sanitizer memcheck cuda-tc block masks" sanitizer_tc_mask.log \
         $LIMIT compute-sanitizer --tool memcheck --error-exitcode 1 "$BIN/test_cuda_tc" "cuda-tc: block masks*"
 fi
