@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""cuda/tools/compare_tc.py -- cuda-tc against PyTorch's FlashAttention-2 (and cuDNN) on one GPU, in one command.
+"""cuda/tools/compare_tc.py -- cuda-tc (or cuda-fa3) against PyTorch's FlashAttention-2 (and cuDNN) on one GPU, in one command.
 
     python3 cuda/tools/compare_tc.py --bin-dir build/gpu/bin [--repeat 30] [--dtypes f16,bf16]
+                                     [--backend cuda-tc|cuda-fa3] [--dims 64,128]
                                      [--tiles NAME,NAME...] [--json results.json]
+
+--backend cuda-fa3 times cuda-fa3 instead (its bar: geomean >= 1.2x FLASH and >= 0.85x cuDNN, no
+point below 1.0x FLASH); --dims limits the head dims (cuda-fa3 has d = 64 so far).
 
 The grid is FlashAttention's own benchmark: 16k tokens per batch, hidden size 2048, so
 d = 64 -> 32 heads and d = 128 -> 16 heads, B = 16384 / N, N in {1024, 2048, 4096, 8192},
@@ -43,9 +47,9 @@ def flops(b, h, n, d, causal):
     return 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
 
 
-def run_flashattn_bench(bin_dir, b, h, n, d, causal, dtype, repeat, tile=None):
-    """One cuda-tc row of `flashattn bench --json` (median_ms, min_ms, max_ms, ...)."""
-    cmd = [os.path.join(bin_dir, "flashattn"), "bench", "--backends", "cuda-tc", "--dtype", dtype,
+def run_flashattn_bench(bin_dir, b, h, n, d, causal, dtype, repeat, tile=None, backend="cuda-tc"):
+    """One row of `flashattn bench --json` for `backend` (median_ms, min_ms, max_ms, ...)."""
+    cmd = [os.path.join(bin_dir, "flashattn"), "bench", "--backends", backend, "--dtype", dtype,
            "--batch", str(b), "--heads", str(h), "--seq", str(n), "--dim", str(d),
            "--repeat", str(repeat), "--warmup", "3", "--json"] + (["--causal"] if causal else [])
     env = dict(os.environ)
@@ -98,7 +102,11 @@ def main():
     ap.add_argument("--dtypes", default="f16,bf16")
     ap.add_argument("--tiles", default="", help="comma-separated cuda-tc tile names to time too (fp16)")
     ap.add_argument("--json", help="write every measured row to this file")
+    ap.add_argument("--backend", default="cuda-tc", choices=["cuda-tc", "cuda-fa3"])
+    ap.add_argument("--dims", default="64,128", help="head dims of the grid")
     args = ap.parse_args()
+    dims = [int(x) for x in args.dims.split(",")]
+    name = args.backend
 
     import torch
 
@@ -108,11 +116,12 @@ def main():
     dtypes = args.dtypes.split(",")
     rows = []
     for dtype in dtypes:
-        for d in DIMS:
+        for d in dims:
             for causal in (False, True):
                 group = [(d, causal, n, b, h) for (d_, c_, n, b, h) in grid() if d_ == d and c_ == causal]
                 for (d_, c_, n, b, h) in group:
-                    tc_row = run_flashattn_bench(args.bin_dir, b, h, n, d, causal, dtype, args.repeat)
+                    tc_row = run_flashattn_bench(args.bin_dir, b, h, n, d, causal, dtype, args.repeat,
+                                                 backend=name)
                     tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat)
                     f = flops(b, h, n, d, causal)
                     rows.append(dict(d=d, causal=causal, n=n, b=b, h=h, dtype=dtype, tile=tc_row["tile"],
@@ -147,8 +156,8 @@ def main():
     def fmt(x, spec=".1f"):
         return "-" if x is None else format(x, spec)
 
-    print(f"\n# cuda-tc vs PyTorch SDPA on {dev} (TFLOP/s; ratio = cuda-tc / torch)")
-    print(f"{'dtype':>5} {'d':>4} {'causal':>6} {'N':>5} {'B':>3} {'H':>3} {'tile':>16} {'cuda-tc':>8} "
+    print(f"\n# {name} vs PyTorch SDPA on {dev} (TFLOP/s; ratio = {name} / torch)")
+    print(f"{'dtype':>5} {'d':>4} {'causal':>6} {'N':>5} {'B':>3} {'H':>3} {'tile':>16} {name:>8} "
           f"{'flash':>8} {'cudnn':>8} {'tc/flash':>8} {'tc/cudnn':>8} {'tc ms spread':>15}")
     for r in rows:
         rf = r["tc_tflops"] / r["flash_tflops"] if r["flash_tflops"] else None
@@ -162,12 +171,17 @@ def main():
         cud = [r["ratio_cudnn"] for r in rows if r["dtype"] == dtype and r["ratio_cudnn"]]
         if ratios:
             gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
-            line = f"# {dtype}: cuda-tc / torch-flash geomean {gm:.3f}, min {min(ratios):.3f}"
+            line = f"# {dtype}: {name} / torch-flash geomean {gm:.3f}, min {min(ratios):.3f}"
+            gc = math.exp(sum(map(math.log, cud)) / len(cud)) if cud else None
             if cud:
-                line += f"; cuda-tc / cudnn geomean {math.exp(sum(map(math.log, cud)) / len(cud)):.3f}"
-            if dtype == "f16":
+                line += f"; {name} / cudnn geomean {gc:.3f}"
+            if dtype == "f16" and name == "cuda-tc":
                 line += "  [bar: geomean >= 0.8 and min >= 0.6: " + \
                         ("MET]" if gm >= 0.8 and min(ratios) >= 0.6 else "NOT MET]")
+            if dtype == "f16" and name == "cuda-fa3":
+                met = gm >= 1.2 and min(ratios) >= 1.0 and gc is not None and gc >= 0.85
+                line += "  [bar: geomean >= 1.2 vs flash, >= 0.85 vs cudnn, min >= 1.0: " + \
+                        ("MET]" if met else "NOT MET]")
             print(line)
 
 
