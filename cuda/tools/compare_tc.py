@@ -158,7 +158,7 @@ def main():
 
     print(f"\n# {name} vs PyTorch SDPA on {dev} (TFLOP/s; ratio = {name} / torch)")
     print(f"{'dtype':>5} {'d':>4} {'causal':>6} {'N':>5} {'B':>3} {'H':>3} {'tile':>16} {name:>8} "
-          f"{'flash':>8} {'cudnn':>8} {'tc/flash':>8} {'tc/cudnn':>8} {'tc ms spread':>15}")
+          f"{'flash':>8} {'cudnn':>8} {'/flash':>8} {'/cudnn':>8} {'ms spread':>15}")
     for r in rows:
         rf = r["tc_tflops"] / r["flash_tflops"] if r["flash_tflops"] else None
         rc = r["tc_tflops"] / r["cudnn_tflops"] if r["cudnn_tflops"] else None
