@@ -1,7 +1,10 @@
-// cuda/fa3.cu — the cuda-fa3 backend: checks, launch, and the upload path every CUDA backend
-// shares (cuda/prepared.hpp: 16-bit Q, K, V with Q times q_sign, poisoned O and LSE).
+// cuda/fa3.cu — the cuda-fa3 backend: checks, the tensor maps TMA copies through, launch, and the
+// upload path every CUDA backend shares (cuda/prepared.hpp: 16-bit Q, K, V with Q times q_sign,
+// poisoned O and LSE).
 #include "cuda/fa3.hpp"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -9,62 +12,141 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/tiling.hpp"
 #include "cuda/check.hpp"
 #include "cuda/fa3_kernel.cuh"
 #include "cuda/prepared.hpp"
 #include "cuda/tensor_cores.hpp"
+#include "cuda/variants.hpp"
 
 namespace flashattn::fa3 {
 namespace {
-
-// Two warpgroups (128 query rows) per CTA: each K_j, V_j tile loaded serves both, as cuda-tc's
-// Br = 128 does.
-template <class T>
-using DefaultTile = Fa3Tile<T, 2>;
 
 void check_problem(const AttentionProblem& p, DType dtype) {
     validate(p);
     if (dtype != DType::f16 && dtype != DType::bf16)
         throw std::invalid_argument("dtype = " + to_string(dtype) +
                                     ": cuda-fa3 computes in f16 or bf16 (tensor cores)");
-    if (p.dim != 64)
+    if (p.dim != 64 && p.dim != 128)
         throw std::invalid_argument("dim = " + std::to_string(p.dim) +
-                                    ": cuda-fa3 (stage 1) supports head dim 64 only");
+                                    ": cuda-fa3 supports head dim 64 or 128");
     const std::string outside = cuda::mma_grid_limits(p);
     if (!outside.empty()) throw std::invalid_argument(outside);
 }
 
+// cuTensorMapEncodeTiled is a driver function; the runtime hands out its address, so the library
+// needs no link to libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        FA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                       cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+            throw std::runtime_error(
+                "cuda-fa3: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs 12.0 or newer)");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    return encode;
+}
+
+// A 3-D map over `heads` arrays of rows x d 16-bit values (innermost first: d, rows, heads) whose
+// boxes are 64 columns (one 128-byte panel) x box_rows rows, written to shared memory in the
+// 128-byte swizzle that wgmma reads; rows past `rows` arrive as zeros.
+CUtensorMap tile_map(const void* base, DType dtype, std::int64_t heads, std::int64_t rows,
+                     std::int64_t d, int box_rows) {
+    CUtensorMap map;
+    const cuuint64_t size[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};
+    const cuuint64_t stride_bytes[2] = {cuuint64_t(d) * 2, cuuint64_t(rows) * cuuint64_t(d) * 2};
+    const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
+    const cuuint32_t step[3] = {1, 1, 1};
+    const CUresult status = tensor_map_encoder()(
+        &map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        3, const_cast<void*>(base), size, stride_bytes, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (status != CUDA_SUCCESS)
+        throw std::runtime_error("cuda-fa3: cuTensorMapEncodeTiled failed (CUresult " +
+                                 std::to_string(int(status)) + ")");
+    return map;
+}
+
 template <class Cfg>
-void launch(const KernelParams& params) {
-    const AttentionProblem& p = params.problem;
+void launch(const KernelParams& base, DType dtype) {
+    const AttentionProblem& p = base.problem;
+    Fa3Params params;
+    params.base = base;
+    params.q = tile_map(base.Q, dtype, p.batch * p.heads, p.seq_q, p.dim, Cfg::Br);
+    params.k = tile_map(base.K, dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
+    params.v = tile_map(base.V, dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
     auto kernel = fa3_forward_kernel<Cfg, false>;
     if (p.block_mask.active()) kernel = fa3_forward_kernel<Cfg, true>;
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Cfg::kSmemBytes));
+    constexpr int kSmem = smem_bytes<Cfg>();
+    FA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Cfg::Br)),
                     static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(params);
+    kernel<<<grid, Cfg::kThreads, kSmem>>>(params);
     FA_CUDA_CHECK_LAUNCH();
+}
+
+// The compiled tile shapes: keys per tile Bc (the N of S's wgmma) and ring depth, per head dim.
+// The default (first listed for a d) is the fastest measured (docs/cuda_fa3.md);
+// FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
+struct Variant {
+    const char* name;
+    int dim;
+    void (*run)(const KernelParams&, DType);
+};
+
+template <int D, int Bc, int kStages>
+void run_variant(const KernelParams& params, DType dtype) {
+    if (dtype == DType::f16)
+        launch<Fa3Tile<__half, D, Bc, kStages>>(params, dtype);
+    else
+        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages>>(params, dtype);
+}
+
+const Variant kVariants[] = {
+    {"d64-Bc128-s2", 64, run_variant<64, 128, 2>},
+    {"d64-Bc64-s2", 64, run_variant<64, 64, 2>},
+    {"d128-Bc128-s2", 128, run_variant<128, 128, 2>},
+    {"d128-Bc64-s2", 128, run_variant<128, 64, 2>},
+};
+
+const Variant& choose_variant(const AttentionProblem& p) {
+    const std::string wanted = cuda::requested_variant("cuda-fa3");
+    std::vector<std::string> names;
+    for (const Variant& v : kVariants) names.push_back(v.name);
+    cuda::require_known_variant("cuda-fa3", wanted, names);
+    for (const Variant& v : kVariants)
+        if (v.dim == p.dim && (wanted.empty() || wanted == v.name)) return v;
+    throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa3=" + wanted + " is for another head dim than dim = " +
+                                std::to_string(p.dim));
 }
 
 class PreparedFa3 final : public cuda::PreparedCuda {
 public:
     PreparedFa3(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                 DType dtype)
-        : PreparedCuda("cuda-fa3", p, Q, K, V, dtype, cuda::InputForm::bits16) {}
+        : PreparedCuda("cuda-fa3", p, Q, K, V, dtype, cuda::InputForm::bits16),
+          variant_(choose_variant(p)) {}
 
     void execute() override {
-        const KernelParams params =
-            mma::make_params(problem_, Q16_.data(), K16_.data(), V16_.data(), O_.data(), lse_.data());
-        if (dtype_ == DType::f16)
-            launch<DefaultTile<__half>>(params);
-        else
-            launch<DefaultTile<__nv_bfloat16>>(params);
+        variant_.run(mma::make_params(problem_, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
+                                      lse_.data()),
+                     dtype_);
         synchronize();
     }
-    std::string tiles() const override { return "Br = 128 (2 warpgroups), Bc = 64, wgmma m64n64k16"; }
+    std::string tiles() const override {
+        return std::string(variant_.name) +
+               ": Br = 128 (2 consumer warpgroups + 1 TMA producer), wgmma";
+    }
+
+private:
+    const Variant& variant_;
 };
 
 }  // namespace
@@ -89,8 +171,8 @@ Backend fa3_backend() {
     b.name = "cuda-fa3";
     b.device = "cuda";
     b.summary =
-        "FlashAttention-3 on Hopper, stage 1: both products on wgmma (warpgroup MMA, operands "
-        "read from shared memory), cp.async ring; fp16/bf16, d = 64, forward only";
+        "FlashAttention-3 on Hopper, stage 2: wgmma, TMA copies into an mbarrier ring, a producer "
+        "warpgroup and two consumer warpgroups; fp16/bf16, d = 64 or 128, forward only";
     b.dtypes = {DType::f16, DType::bf16};
     b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,

@@ -83,6 +83,21 @@ __device__ __forceinline__ void mask_scores(float (&S)[Cfg::Bc / 8][4], const At
     }
 }
 
+// part[r][0] = op over part[r][0 .. 2 kWidth), as a tree: log2 steps instead of a chain. Written
+// as a compile-time recursion because a loop whose inner trip count halves each step is not fully
+// unrolled by nvcc at 16 columns and put `part` in local memory (measured: 128-byte stack frame at
+// Bc = 128).
+template <int kWidth, int kN, class Op>
+__device__ __forceinline__ void pairwise_reduce(float (&part)[2][kN], Op op) {
+    if constexpr (kWidth >= 1) {
+#pragma unroll
+        for (int nt = 0; nt < kWidth; ++nt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) part[r][nt] = op(part[r][nt], part[r][nt + kWidth]);
+        pairwise_reduce<kWidth / 2>(part, op);
+    }
+}
+
 // FA2 L9 and the rescale half of L10, for one row tile; the lane holds rows g and g + 8 (index
 // r = e / 2 of accumulator entry e):
 //   m_new = max(m_i, rowmax(S))             nan_max over the lane's entries, then over the quad
@@ -104,12 +119,7 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) part[r][nt] = nan_max(S[nt][2 * r], S[nt][2 * r + 1]);
-#pragma unroll
-    for (int width = kNT / 2; width >= 1; width /= 2)
-#pragma unroll
-        for (int nt = 0; nt < width; ++nt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) part[r][nt] = nan_max(part[r][nt], part[r][nt + width]);
+    pairwise_reduce<kNT / 2>(part, [](float a, float b) { return nan_max(a, b); });
     float m_new[2] = {nan_max(m[0], part[0][0]), nan_max(m[1], part[1][0])};
     // The 4 lanes of a quad hold the same two rows: combine their maxima.
 #pragma unroll
@@ -142,12 +152,7 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) part[r][nt] = S[nt][2 * r] + S[nt][2 * r + 1];
-#pragma unroll
-    for (int width = kNT / 2; width >= 1; width /= 2)
-#pragma unroll
-        for (int nt = 0; nt < width; ++nt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) part[r][nt] += part[r][nt + width];
+    pairwise_reduce<kNT / 2>(part, [](float a, float b) { return a + b; });
     l[0] += part[0][0];
     l[1] += part[1][0];
 }

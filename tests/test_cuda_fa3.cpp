@@ -1,4 +1,5 @@
-// tests/test_cuda_fa3.cpp — cuda-fa3 (FlashAttention-3's ideas on Hopper; stage 1: wgmma) against
+// tests/test_cuda_fa3.cpp — cuda-fa3 (FlashAttention-3's ideas on Hopper: wgmma, TMA, warp
+// specialization) against
 // float64 standard attention by the 2x rule, as cuda-tc is checked (tests/test_cuda_tc.cpp): the
 // yardstick is float32 standard attention on the inputs rounded to fp16 / bf16. Exits 77 without a
 // CUDA device; without cuda-fa3 (a build without sm_90a, or a GPU that is not compute capability
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/registry.hpp"
@@ -38,7 +40,31 @@ TEST_CASE("cuda-fa3 matches float64 attention by the 2x rule on odd shapes") {
         for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
                  {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 1023}, {1023, 203}, {2047, 2047}})
             for (bool causal : {false, true})
-                check_against_reference(*b, test::make_problem(2, 3, 3, Nq, Nkv, 64, causal), dtype);
+                for (std::int64_t d : {64, 128})
+                    check_against_reference(*b, test::make_problem(2, 3, 3, Nq, Nkv, d, causal), dtype);
+}
+
+TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
+    const Backend* b = fa3();
+    if (!b) return;
+    for (const char* variant : {"d64-Bc128-s2", "d64-Bc64-s2", "d128-Bc128-s2", "d128-Bc64-s2"}) {
+        INFO("FLASHATTN_VARIANT=cuda-fa3=" << variant);
+        test::ScopedEnv env("FLASHATTN_VARIANT");
+        env.set(std::string("cuda-fa3=") + variant);
+        const std::int64_t d = variant[1] == '6' ? 64 : 128;
+        for (bool causal : {false, true}) {
+            check_against_reference(*b, test::make_problem(1, 2, 1, 333, 517, d, causal), DType::f16);
+            check_against_reference(*b, test::make_problem(2, 2, 2, 130, 129, d, causal), DType::bf16);
+        }
+    }
+    test::ScopedEnv env("FLASHATTN_VARIANT");
+    env.set("cuda-fa3=d128-Bc64-s2");
+    const float x[64] = {};
+    CHECK_THROWS_WITH(b->prepare(test::make_problem(1, 1, 1, 1, 1, 64), x, x, x, DType::f16),
+                      Catch::Contains("another head dim"));
+    env.set("cuda-fa3=Bc96");
+    CHECK_THROWS_WITH(b->prepare(test::make_problem(1, 1, 1, 1, 1, 64), x, x, x, DType::f16),
+                      Catch::Contains("Bc96"));
 }
 
 TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
@@ -48,14 +74,15 @@ TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
     for (DType dtype : kDtypes) {
         for (std::int64_t Hkv : {3, 2, 1})
             for (bool causal : {false, true})
-                check_against_reference(*b, test::make_problem(2, 6, Hkv, 157, 331, 64, causal), dtype);
+                for (std::int64_t d : {64, 128})
+                    check_against_reference(*b, test::make_problem(2, 6, Hkv, 157, 331, d, causal), dtype);
         for (float scale : {0.0f, 0.05f, -0.6f, 2.5f}) {
-            AttentionProblem p = test::make_problem(1, 2, 1, 300, 211, 64, true);
+            AttentionProblem p = test::make_problem(1, 2, 1, 300, 211, scale < 0 ? 128 : 64, true);
             p.scale = scale;
             check_against_reference(*b, p, dtype);
         }
         for (bool causal : {false, true}) {
-            AttentionProblem p = test::make_problem(1, 4, 2, 347, 401, 64, causal);
+            AttentionProblem p = test::make_problem(1, 4, 2, 347, 401, causal ? 128 : 64, causal);
             const std::int64_t bq = 1 + gen() % 100, bkv = 1 + gen() % 100;
             const std::int64_t Tr = tile_count(p.seq_q, bq), Tc = tile_count(p.seq_kv, bkv);
             std::vector<std::uint8_t> mask(Tr * Tc);
@@ -70,8 +97,8 @@ TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
 TEST_CASE("cuda-fa3 refuses what it cannot run, naming the field") {
     const Backend* b = fa3();
     if (!b) return;
-    const float x[64] = {};
-    for (std::int64_t d : {32, 96, 128})
+    const float x[256] = {};
+    for (std::int64_t d : {32, 96, 256})
         CHECK_THROWS_WITH(b->prepare(test::make_problem(1, 1, 1, 1, 1, d), x, x, x, DType::f16),
                           Catch::Contains("dim = " + std::to_string(d)));
     CHECK_THROWS_WITH(b->prepare(test::make_problem(1, 1, 1, 1, 1, 64), x, x, x, DType::f32),
