@@ -92,7 +92,8 @@ void launch(const KernelParams& base, DType dtype) {
     FA_CUDA_CHECK_LAUNCH();
 }
 
-// The compiled tile shapes: keys per tile Bc (the N of S's wgmma) and ring depth, per head dim.
+// The compiled kernels per head dim: keys per tile Bc (the N of S's wgmma), a ring of 2, and with or
+// without the ping-pong between consumer warpgroups (its gain, measured).
 // The default (first listed for a d) is the fastest measured (docs/cuda_fa3.md);
 // FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
 struct Variant {
@@ -101,19 +102,19 @@ struct Variant {
     void (*run)(const KernelParams&, DType);
 };
 
-template <int D, int Bc, int kStages>
+template <int D, int Bc, int kStages, bool kPingPong>
 void run_variant(const KernelParams& params, DType dtype) {
     if (dtype == DType::f16)
-        launch<Fa3Tile<__half, D, Bc, kStages>>(params, dtype);
+        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong>>(params, dtype);
     else
-        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages>>(params, dtype);
+        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong>>(params, dtype);
 }
 
 const Variant kVariants[] = {
-    {"d64-Bc128-s2", 64, run_variant<64, 128, 2>},
-    {"d64-Bc64-s2", 64, run_variant<64, 64, 2>},
-    {"d128-Bc128-s2", 128, run_variant<128, 128, 2>},
-    {"d128-Bc64-s2", 128, run_variant<128, 64, 2>},
+    {"d64-Bc128", 64, run_variant<64, 128, 2, true>},
+    {"d64-Bc128-nopingpong", 64, run_variant<64, 128, 2, false>},
+    {"d128-Bc128", 128, run_variant<128, 128, 2, true>},
+    {"d128-Bc128-nopingpong", 128, run_variant<128, 128, 2, false>},
 };
 
 const Variant& choose_variant(const AttentionProblem& p) {
@@ -171,8 +172,9 @@ Backend fa3_backend() {
     b.name = "cuda-fa3";
     b.device = "cuda";
     b.summary =
-        "FlashAttention-3 on Hopper, stage 2: wgmma, TMA copies into an mbarrier ring, a producer "
-        "warpgroup and two consumer warpgroups; fp16/bf16, d = 64 or 128, forward only";
+        "FlashAttention-3 on Hopper: wgmma, TMA copies into an mbarrier ring, a producer warpgroup "
+        "and two consumer warpgroups, softmax overlapped with P V and ping-pong; fp16/bf16, "
+        "d = 64 or 128, forward only";
     b.dtypes = {DType::f16, DType::bf16};
     b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,

@@ -1,22 +1,26 @@
-// cuda/fa3_kernel.cuh — cuda-fa3, stage 2: FlashAttention-2's forward on Hopper with both products
-// on warpgroup MMA (wgmma), K_j and V_j copied by the tensor memory accelerator (TMA) into an
-// mbarrier ring, and warp specialization: one producer warpgroup copies, two consumer warpgroups
-// compute. Host side: cuda/fa3.cu; the instructions: cuda/hopper_ptx.cuh. Needs sm_90a; in a
-// build for other architectures the kernel body is empty and the backend is not registered.
+// cuda/fa3_kernel.cuh — cuda-fa3: FlashAttention-2's forward on Hopper the way FlashAttention-3
+// runs it: both products on warpgroup MMA (wgmma), K_j and V_j copied by the tensor memory
+// accelerator (TMA) into an mbarrier ring, warp specialization (one producer warpgroup copies, two
+// consumer warpgroups compute), and the softmax overlapped with the products. Host side:
+// cuda/fa3.cu; the instructions: cuda/hopper_ptx.cuh. Needs sm_90a; in a build for other
+// architectures the kernel body is empty and the backend is not registered.
 //
-// FlashAttention-3 (Shah et al., 2024, arXiv 2407.08608) builds on three ideas; the notes page
-// (docs/cuda_fa3.md) measures each stage:
+// FlashAttention-3 (Shah et al., 2024, arXiv 2407.08608), its ideas in the order the notes page
+// (docs/cuda_fa3.md) measures them, stage by stage:
 //   1. wgmma (Section 2.2, 3): a warpgroup (4 warps, 128 threads) multiplies 64 x N x 16 tiles with
 //      its operands read from shared memory by the tensor cores (mma.sync, cuda-tc's instruction,
 //      needs every operand in registers, loaded by ldmatrix, 16 rows per warp).
 //   2. TMA and warp specialization (Section 3.1): the producer warpgroup keeps one thread that
 //      asks the copy engine for Q_i once and for K_j, V_j tile after tile, into a ring of kStages
-//      slots; each slot has "full" barriers (the copy's bytes have landed) and an "empty" barrier
-//      (every consumer thread is done reading it). The producer gives most of its registers to
-//      the consumers (setmaxnreg), which need them for S, P~ and O of 64 rows each.
-//   3. (not yet) the softmax of one tile overlapped with the products of another (Section 3.2).
-//      Here each wgmma batch is waited for at once; the two consumer warpgroups overlap each
-//      other only as the scheduler happens to interleave them.
+//      slots; each slot has "full" barriers (the copy's bytes have landed) and "empty" barriers
+//      (every consumer thread is done reading K_j, V_j). The producer gives most of its registers
+//      to the consumers (setmaxnreg), which need them for S, P~ and O of 64 rows each.
+//   3. Overlap (Section 3.2), two ways:
+//      * within a warpgroup: tile j's S = Q_i K_j^T and tile j-1's O += P~ V_{j-1} are issued
+//        together, and the softmax of tile j runs while the P V is still on the tensor cores;
+//        O's rescale waits for that product (softmax_update, then rescale_output);
+//      * between the two warpgroups (ping-pong): they take turns issuing their products (named
+//        barriers), so that one warpgroup's softmax tends to run while the other's products do.
 //
 // Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
 // chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked
@@ -26,8 +30,8 @@
 //
 // FA2 Algorithm 1 lines: L3 grid (i, h, b) | L4 Q_i -> shared memory (TMA, producer) | L5 O, l, m
 // = 0, 0, -inf | L6 loop over key tiles j | L7 K_j, V_j -> shared memory (TMA, producer, ring) |
-// L8 S = Q_i K_j^T on wgmma | L9-L10 mask_scores, online_softmax | L10 O += P~ V_j on wgmma |
-// L12-L15 write_output.
+// L8 S = Q_i K_j^T on wgmma | L9-L10 mask_scores, softmax_update, rescale_output | L10 O += P~ V_j
+// on wgmma (one tile later) | L12-L15 write_output.
 #pragma once
 
 #include <cuda.h>
@@ -48,13 +52,14 @@ using mma::KernelParams;
 
 // One CTA: a producer warpgroup and kConsumers = 2 consumer warpgroups of 64 query rows each
 // (Br = 128); key tiles of Bc; head dim D = 64 or 128 (1 or 2 panels); a ring of kStages K_j / V_j
-// slots.
-template <class T_, int D_, int Bc_, int kStages_>
+// slots; kPingPong: whether the consumer warpgroups take turns issuing their products.
+template <class T_, int D_, int Bc_, int kStages_, bool kPingPong_>
 struct Fa3Tile {
     using T = T_;
     static constexpr int D = D_;
     static constexpr int Bc = Bc_;
     static constexpr int kStages = kStages_;
+    static constexpr bool kPingPong = kPingPong_;
     static constexpr int kConsumers = 2;
     static constexpr int Br = 64 * kConsumers;
     static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -72,10 +77,13 @@ struct Fa3Tile {
 // The ring's barriers, after the tiles in shared memory.
 template <int kStages>
 struct Fa3Barriers {
-    std::uint64_t q;                  // Q_i has landed
-    std::uint64_t k_full[kStages];    // K_j in slot s has landed
-    std::uint64_t v_full[kStages];    // V_j in slot s has landed
-    std::uint64_t empty[kStages];     // every consumer thread is done with slot s
+    std::uint64_t q;                // Q_i has landed
+    std::uint64_t k_full[kStages];  // K_j in slot s has landed
+    std::uint64_t v_full[kStages];  // V_j in slot s has landed
+    // Every consumer thread is done with K_j (after S) or V_j (after P V) in slot s: released
+    // apart, since the overlapped loop is done with K_j a tile earlier than with V_j.
+    std::uint64_t k_empty[kStages];
+    std::uint64_t v_empty[kStages];
 };
 
 // Tiles must start on 1024 bytes (the 128-byte swizzle repeats every 8 rows of 128 bytes): the
@@ -104,10 +112,11 @@ struct RingPosition {
     }
 };
 
-// FA2 L8: S = Q_i K_j^T for a consumer warpgroup's 64 rows: d / 16 k-steps of 16 columns (32 bytes
-// into a panel's 128-byte rows per step; the second panel for columns 64..127).
+// FA2 L8: issues S = Q_i K_j^T for a consumer warpgroup's 64 rows (not waited for): d / 16 k-steps
+// of 16 columns (32 bytes into a panel's 128-byte rows per step; the second panel for columns
+// 64..127).
 template <class Cfg>
-__device__ __forceinline__ void scores_wgmma(float (&S)[Cfg::Bc / 8][4], const typename Cfg::T* sQ_wg,
+__device__ __forceinline__ void issue_scores(float (&S)[Cfg::Bc / 8][4], const typename Cfg::T* sQ_wg,
                                              const typename Cfg::T* sK) {
     using T = typename Cfg::T;
 #pragma unroll
@@ -123,19 +132,13 @@ __device__ __forceinline__ void scores_wgmma(float (&S)[Cfg::Bc / 8][4], const t
             hopper::wgmma_ss<T, Cfg::Bc>(S, hopper::smem_descriptor(sQ_wg + pn * Cfg::Br * 64 + 16 * kk),
                                          hopper::smem_descriptor(sK + pn * Cfg::Bc * 64 + 16 * kk));
     hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();
-    hopper::wgmma_fence_registers(S);
 }
 
-// FA2 L10 (second half): O_i += P~ V_j, Bc / 16 k-steps of 16 keys (16 rows of a V_j panel = 2048
-// bytes each); each panel of V_j gives 64 columns of O. P~ is packed into wgmma's register A
-// operand as cuda-tc packs it for mma.sync.
+// P~ packed into wgmma's register A operand (16 keys per k-step), as cuda-tc packs it for mma.sync.
 template <class Cfg>
-__device__ __forceinline__ void accumulate_pv_wgmma(float (&O)[Cfg::D / 8][4],
-                                                    const float (&P)[Cfg::Bc / 8][4],
-                                                    const typename Cfg::T* sV) {
+__device__ __forceinline__ void pack_p(std::uint32_t (&a)[Cfg::Bc / 16][4],
+                                       const float (&P)[Cfg::Bc / 8][4]) {
     using T = typename Cfg::T;
-    std::uint32_t a[Cfg::Bc / 16][4];
 #pragma unroll
     for (int kk = 0; kk < Cfg::Bc / 16; ++kk) {
         a[kk][0] = tc::pack2<T>(P[2 * kk][0], P[2 * kk][1]);
@@ -143,6 +146,15 @@ __device__ __forceinline__ void accumulate_pv_wgmma(float (&O)[Cfg::D / 8][4],
         a[kk][2] = tc::pack2<T>(P[2 * kk + 1][0], P[2 * kk + 1][1]);
         a[kk][3] = tc::pack2<T>(P[2 * kk + 1][2], P[2 * kk + 1][3]);
     }
+}
+
+// FA2 L10 (second half): issues O_i += P~ V_j (not waited for), Bc / 16 k-steps of 16 keys (16 rows
+// of a V_j panel = 2048 bytes each); each panel of V_j gives 64 columns of O.
+template <class Cfg>
+__device__ __forceinline__ void issue_pv(float (&O)[Cfg::D / 8][4],
+                                         const std::uint32_t (&a)[Cfg::Bc / 16][4],
+                                         const typename Cfg::T* sV) {
+    using T = typename Cfg::T;
     hopper::wgmma_fence_registers(O);
     hopper::wgmma_fence();
 #pragma unroll
@@ -153,13 +165,32 @@ __device__ __forceinline__ void accumulate_pv_wgmma(float (&O)[Cfg::D / 8][4],
                                    hopper::smem_descriptor(sV + Cfg::Bc * 64 + 16 * kk * 64));
     }
     hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();
-    hopper::wgmma_fence_registers(O);
-    hopper::wgmma_fence_registers(a);
 }
 
+// Ping-pong (FA3 Section 3.2): named barrier 1 + w is consumer warpgroup w's turn to issue its
+// products. A warpgroup waits for its turn (begin), issues, and hands the turn to the other (end);
+// warpgroup 1 first hands warpgroup 0 the opening turn. Both take the same number of turns, and
+// warpgroup 0 takes the last hand-over (finish), so every barrier use is matched.
+template <bool kEnabled>
+struct Turns {
+    int mine, other;
+    __device__ explicit Turns(int cg) : mine(1 + cg), other(2 - cg) {
+        if (kEnabled && cg == 1) hopper::named_barrier_arrive(other, 256);
+    }
+    __device__ void begin() const {
+        if (kEnabled) hopper::named_barrier_sync(mine, 256);
+    }
+    __device__ void end() const {
+        if (kEnabled) hopper::named_barrier_arrive(other, 256);
+    }
+    __device__ void finish() const {
+        if (kEnabled && mine == 1) hopper::named_barrier_sync(mine, 256);
+    }
+};
+
 // The producer (one thread): FA2 L4, then L7 for every key tile the CTA's rows can see, in the
-// order the consumers take them. A slot is refilled once every consumer thread has released it.
+// order the consumers take them. A slot's K (V) is refilled once every consumer thread has
+// released the K (V) it held.
 template <class Cfg, bool kBlockMask>
 __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename Cfg::T* sK,
                         typename Cfg::T* sV, Fa3Barriers<Cfg::kStages>* bars, TileRange rows,
@@ -178,12 +209,13 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
     for (int j = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc); j < Tc_seen;
          j = mma::next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc)) {
         const int s = ring.stage;
-        hopper::mbarrier_wait(&bars->empty[s], ring.phase ^ 1);  // the slot's last use is over
+        hopper::mbarrier_wait(&bars->k_empty[s], ring.phase ^ 1);  // the slot's last K is read
         hopper::mbarrier_arrive_expect_bytes(&bars->k_full[s], Cfg::kTileBytes);  // FA2 L7
 #pragma unroll
         for (int pn = 0; pn < Cfg::kPanels; ++pn)
             hopper::tma_load_3d(sK + (s * Cfg::kPanels + pn) * Bc * 64, &params.k, &bars->k_full[s],
                                 64 * pn, j * Bc, kv_head);
+        hopper::mbarrier_wait(&bars->v_empty[s], ring.phase ^ 1);  // the slot's last V is read
         hopper::mbarrier_arrive_expect_bytes(&bars->v_full[s], Cfg::kTileBytes);
 #pragma unroll
         for (int pn = 0; pn < Cfg::kPanels; ++pn)
@@ -231,7 +263,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int s = 0; s < kStages; ++s) {
             hopper::mbarrier_init(&bars->k_full[s], 1);  // the producer's arrival (+ the bytes)
             hopper::mbarrier_init(&bars->v_full[s], 1);
-            hopper::mbarrier_init(&bars->empty[s], 128 * Cfg::kConsumers);
+            hopper::mbarrier_init(&bars->k_empty[s], 128 * Cfg::kConsumers);
+            hopper::mbarrier_init(&bars->v_empty[s], 128 * Cfg::kConsumers);
         }
         hopper::fence_barrier_init();
     }
@@ -260,13 +293,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             for (int e = 0; e < 4; ++e) O[dt][e] = 0.0f;
 
         hopper::mbarrier_wait(&bars->q, 0);
+        const Turns<Cfg::kPingPong> turns(cg);
         RingPosition ring;
+        // The tile whose P~ V is still to be issued (one tile behind S): its P~ as wgmma's A
+        // operand, and where its V waits.
+        std::uint32_t a[Bc / 16][4];
+        bool pending = false;
+        RingPosition pending_v;
+        const auto issue_pending_pv = [&] {  // FA2 L10 for the pending tile
+            if (!pending) return;
+            hopper::mbarrier_wait(&bars->v_full[pending_v.stage], pending_v.phase);
+            issue_pv<Cfg>(O, a, sV + pending_v.stage * Bc * D);
+        };
+        const auto retire_pending_pv = [&] {  // its product has landed: O is ours, V released
+            if (!pending) return;
+            hopper::wgmma_wait<0>();
+            hopper::wgmma_fence_registers(O);
+            hopper::wgmma_fence_registers(a);
+            hopper::mbarrier_arrive(&bars->v_empty[pending_v.stage]);
+            pending = false;
+        };
+
         // FA2 L6: the producer's sequence of tiles, slot by slot.
         for (int j = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc); j < Tc_seen;
              j = mma::next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc)) {
             const int s = ring.stage;
-            const T* sK_j = sK + s * Bc * D;
-            const T* sV_j = sV + s * Bc * D;
             const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
             const TileVisibility seen =
                 wg_rows.size() > 0
@@ -275,21 +326,47 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             hopper::mbarrier_wait(&bars->k_full[s], ring.phase);  // FA2 L7: K_j is here
             if (seen != TileVisibility::none) {
                 float S[Bc / 8][4];
-                scores_wgmma<Cfg>(S, sQ_wg, sK_j);  // FA2 L8
+                turns.begin();
+                issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8 for tile j
+                issue_pending_pv();                              // FA2 L10 for the tile before
+                turns.end();
+                if (pending)
+                    hopper::wgmma_wait<1>();  // S is done; the P V may still run
+                else
+                    hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(S);
+                hopper::mbarrier_arrive(&bars->k_empty[s]);  // this thread is done with K_j
                 if (seen == TileVisibility::partial || col_end - col_begin < Bc ||
                     wg_rows.size() < 64)
                     mma::mask_scores<Cfg, kBlockMask>(S, p, warp_begin, col_begin, lane);
-                mma::online_softmax<Cfg>(S, m, l, O, params.base.scale_log2);  // FA2 L9, L10
-                hopper::mbarrier_wait(&bars->v_full[s], ring.phase);          // V_j is here
-                accumulate_pv_wgmma<Cfg>(O, S, sV_j);                          // FA2 L10
+                float old_scale[2];
+                mma::softmax_update<Cfg>(S, m, l, params.base.scale_log2, old_scale);  // FA2 L9
+                retire_pending_pv();
+                mma::rescale_output<Cfg>(O, old_scale);  // FA2 L10 (O's rescale)
+                pack_p<Cfg>(a, S);
+                pending = true;
+                pending_v = ring;
             } else {
-                // Not multiplied, but the slot is released only after both copies have landed,
-                // so that the producer never refills a slot a copy is still writing.
+                // Not multiplied. A pending P V goes now: its V must be released before this
+                // thread waits for a copy that may be headed for the same slot. Tile j is released
+                // only after both its copies have landed, so that the producer never refills a slot
+                // a copy is still writing. The turn is taken either way.
+                turns.begin();
+                issue_pending_pv();
+                turns.end();
+                retire_pending_pv();
+                hopper::mbarrier_arrive(&bars->k_empty[s]);
                 hopper::mbarrier_wait(&bars->v_full[s], ring.phase);
+                hopper::mbarrier_arrive(&bars->v_empty[s]);
             }
-            hopper::mbarrier_arrive(&bars->empty[s]);  // this thread is done with slot s
             ring.advance<kStages>();
         }
+        // FA2 L10 for the last visible tile.
+        turns.begin();
+        issue_pending_pv();
+        turns.end();
+        turns.finish();
+        retire_pending_pv();
 
         // FA2 L12-L15.
         if (warp_begin < row_end)

@@ -7,7 +7,8 @@
 //   * TMA (the tensor memory accelerator, cp.async.bulk.tensor): one thread asks for a whole tile,
 //     described by a CUtensorMap built on the host (cuda/fa3.cu), and the copy engine writes it
 //     into shared memory in wgmma's 128-byte swizzle, zero-filling rows past the tensor's end;
-//   * setmaxnreg (sm_90a): a warpgroup gives registers back or takes more (warp specialization).
+//   * setmaxnreg (sm_90a): a warpgroup gives registers back or takes more (warp specialization);
+//   * named barriers (bar.sync / bar.arrive): warpgroups taking turns.
 // PTX ISA references: "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions",
 // "mbarrier", "cp.async.bulk.tensor", "setmaxnreg".
 #pragma once
@@ -187,6 +188,17 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, s
         "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1),
         "r"(c2)
         : "memory");
+}
+
+// ---- named barriers --------------------------------------------------------------------------
+
+// Barrier `id` (1..15; 0 is __syncthreads) completes once `threads` threads have reached it, some
+// waiting (sync) and some only signalling (arrive): how one warpgroup hands a turn to another.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- setmaxnreg ----------------------------------------------------------------------------

@@ -103,14 +103,18 @@ __device__ __forceinline__ void pairwise_reduce(float (&part)[2][kN], Op op) {
 //   m_new = max(m_i, rowmax(S))             nan_max over the lane's entries, then over the quad
 //   P~    = exp(scale (S - m_new))          exp2_shifted, written over S in place
 //   l_i   = exp(scale (m_i - m_new)) l_i + rowsum(P~)    (the lane's partial row sum)
-//   O_i  *= exp(scale (m_i - m_new))
+//   O_i  *= exp(scale (m_i - m_new))        rescale_output, with the factor softmax_update returns
 // The rule itself (nan_max, exp2_shift, exp2_shifted) is common/online_softmax.hpp's.
 // kExactDifference: exponents as (s - m) c (exp2_of_difference) instead of s c - m c, for the fp32
 // kernel (cuda/fa2_tf32.cuh), which is held to fp32 accuracy at large logits too.
+//
+// softmax_update does all but the last line and returns exp(scale (m_i - m_new)) per row in
+// old_scale; a kernel whose O_i is still being accumulated by an asynchronous P V (cuda-fa3's
+// overlapped loop) calls rescale_output once that product has landed. online_softmax is both.
 template <class Cfg, bool kExactDifference = false>
-__device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
-                                               float (&l)[2], float (&O)[Cfg::D / 8][4],
-                                               float scale_log2) {
+__device__ __forceinline__ void softmax_update(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
+                                               float (&l)[2], float scale_log2,
+                                               float (&old_scale)[2]) {
     // The lane's maximum of each row, as a pairwise tree: log2(Bc / 4) dependent steps instead of
     // a chain of Bc / 4 (each step waits for the previous result).
     constexpr int kNT = Cfg::Bc / 8;
@@ -127,7 +131,7 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
         m_new[r] = nan_max(m_new[r], __shfl_xor_sync(0xffffffffu, m_new[r], 1));
         m_new[r] = nan_max(m_new[r], __shfl_xor_sync(0xffffffffu, m_new[r], 2));
     }
-    float shift[2], old_scale[2];
+    float shift[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         shift[r] = exp2_shift(m_new[r], scale_log2);
@@ -137,10 +141,6 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
         m[r] = m_new[r];
         l[r] *= old_scale[r];
     }
-#pragma unroll
-    for (int dt = 0; dt < Cfg::D / 8; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) O[dt][e] *= old_scale[e / 2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
@@ -155,6 +155,23 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
     pairwise_reduce<kNT / 2>(part, [](float a, float b) { return a + b; });
     l[0] += part[0][0];
     l[1] += part[1][0];
+}
+
+template <class Cfg>
+__device__ __forceinline__ void rescale_output(float (&O)[Cfg::D / 8][4], const float (&old_scale)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < Cfg::D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O[dt][e] *= old_scale[e / 2];
+}
+
+template <class Cfg, bool kExactDifference = false>
+__device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
+                                               float (&l)[2], float (&O)[Cfg::D / 8][4],
+                                               float scale_log2) {
+    float old_scale[2];
+    softmax_update<Cfg, kExactDifference>(S, m, l, scale_log2, old_scale);
+    rescale_output<Cfg>(O, old_scale);
 }
 
 // FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),

@@ -6,7 +6,7 @@
                                      [--tiles NAME,NAME...] [--json results.json]
 
 --backend cuda-fa3 times cuda-fa3 instead (its bar: geomean >= 1.2x FLASH and >= 0.85x cuDNN, no
-point below 1.0x FLASH); --dims limits the head dims (cuda-fa3 has d = 64 so far).
+point below 1.0x FLASH); --dims limits the head dims (both backends have d = 64 and 128).
 
 The grid is FlashAttention's own benchmark: 16k tokens per batch, hidden size 2048, so
 d = 64 -> 32 heads and d = 128 -> 16 heads, B = 16384 / N, N in {1024, 2048, 4096, 8192},
