@@ -70,6 +70,27 @@ FA_HOST_DEVICE inline TileVisibility classify_causal(const AttentionProblem& p, 
     return TileVisibility::partial;
 }
 
+// classify_causal for every key tile of width `block` at once, for the query rows [rows): tiles
+// [0, full) need no per-element mask, [full, seen) do (the causal diagonal and the ragged last
+// tile), and tiles from `seen` on are hidden. For kernels that run the masked tiles in a loop of
+// their own (cuda-fa3) instead of asking tile by tile.
+struct KeyTileSplit {
+    std::int64_t full, seen;
+};
+FA_HOST_DEVICE inline KeyTileSplit causal_key_tiles(const AttentionProblem& p, TileRange rows,
+                                                    std::int64_t block) {
+    if (rows.size() <= 0) return {0, 0};
+    std::int64_t keys_all = p.seq_kv, keys_any = p.seq_kv;  // keys every row / some row may see
+    if (p.causal) {
+        const std::int64_t off = p.causal_offset();
+        keys_all = rows.begin + off + 1;  // up to the first row's diagonal
+        keys_any = rows.end + off;        // up to the last row's
+        keys_all = keys_all < 0 ? 0 : (keys_all > p.seq_kv ? p.seq_kv : keys_all);
+        keys_any = keys_any < 0 ? 0 : (keys_any > p.seq_kv ? p.seq_kv : keys_any);
+    }
+    return {keys_all / block, tile_count(keys_any, block)};
+}
+
 FA_HOST_DEVICE inline TileVisibility classify_tile(const AttentionProblem& p, TileRange rows,
                                                    TileRange cols) {
     if (!p.block_mask.active()) return classify_causal(p, rows, cols);

@@ -39,6 +39,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
@@ -252,11 +253,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const std::int64_t h = blockIdx.y, b = blockIdx.z;
     const int row_begin = i * Br, row_end = min(row_begin + Br, seq_q);
     const TileRange rows = {row_begin, row_end};
-    int Tc_seen = int(tile_count(seq_kv, Bc));  // FA2 L6's range, cut at the causal diagonal
-    if (p.causal) {
-        const std::int64_t last_key = row_end - 1 + p.causal_offset();
-        Tc_seen = last_key < 0 ? 0 : int(min(std::int64_t(Tc_seen), last_key / Bc + 1));
-    }
+    const int Tc_seen = int(causal_key_tiles(p, rows, Bc).seen);  // FA2 L6's range (causal cut)
 
     if (threadIdx.x == 0) {
         hopper::mbarrier_init(&bars->q, 1);
@@ -293,80 +290,124 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             for (int e = 0; e < 4; ++e) O[dt][e] = 0.0f;
 
         hopper::mbarrier_wait(&bars->q, 0);
-        const Turns<Cfg::kPingPong> turns(cg);
-        RingPosition ring;
-        // The tile whose P~ V is still to be issued (one tile behind S): its P~ as wgmma's A
-        // operand, and where its V waits.
-        std::uint32_t a[Bc / 16][4];
-        bool pending = false;
-        RingPosition pending_v;
-        const auto issue_pending_pv = [&] {  // FA2 L10 for the pending tile
-            if (!pending) return;
-            hopper::mbarrier_wait(&bars->v_full[pending_v.stage], pending_v.phase);
-            issue_pv<Cfg>(O, a, sV + pending_v.stage * Bc * D);
-        };
-        const auto retire_pending_pv = [&] {  // its product has landed: O is ours, V released
-            if (!pending) return;
-            hopper::wgmma_wait<0>();
-            hopper::wgmma_fence_registers(O);
-            hopper::wgmma_fence_registers(a);
-            hopper::mbarrier_arrive(&bars->v_empty[pending_v.stage]);
-            pending = false;
-        };
+        if constexpr (kBlockMask) {
+            // Block masks: a tile may be hidden from this warpgroup or need the mask, asked tile
+            // by tile (64-bit divisions, subroutine calls). ptxas serializes a wgmma left running
+            // across such branches, so here each tile's products are waited for at once (stage 2).
+            RingPosition ring;
+            for (int j = mma::next_key_tile<true>(p, rows, 0, Tc_seen, Bc); j < Tc_seen;
+                 j = mma::next_key_tile<true>(p, rows, j + 1, Tc_seen, Bc)) {
+                const int s = ring.stage;
+                const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
+                const TileVisibility seen =
+                    wg_rows.size() > 0 ? mma::visibility<true>(p, wg_rows, TileRange{col_begin, col_end})
+                                       : TileVisibility::none;
+                hopper::mbarrier_wait(&bars->k_full[s], ring.phase);  // FA2 L7
+                hopper::mbarrier_wait(&bars->v_full[s], ring.phase);
+                if (seen != TileVisibility::none) {
+                    float S[Bc / 8][4];
+                    issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8
+                    hopper::wgmma_wait<0>();
+                    hopper::wgmma_fence_registers(S);
+                    if (seen == TileVisibility::partial || col_end - col_begin < Bc ||
+                        wg_rows.size() < 64)
+                        mma::mask_scores<Cfg, true>(S, p, warp_begin, col_begin, lane);
+                    mma::online_softmax<Cfg>(S, m, l, O, params.base.scale_log2);  // FA2 L9, L10
+                    std::uint32_t a[Bc / 16][4];
+                    pack_p<Cfg>(a, S);
+                    issue_pv<Cfg>(O, a, sV + s * Bc * D);  // FA2 L10
+                    hopper::wgmma_wait<0>();
+                    hopper::wgmma_fence_registers(O);
+                    hopper::wgmma_fence_registers(a);
+                }
+                hopper::mbarrier_arrive(&bars->k_empty[s]);
+                hopper::mbarrier_arrive(&bars->v_empty[s]);
+                ring.advance<kStages>();
+            }
+        } else {
+            // Without a block mask the tiles this warpgroup sees are a prefix of the producer's
+            // sequence, and those that need the mask a suffix of that prefix (causal_key_tiles):
+            // a loop for each, so that no run-time branch separates a wgmma from its wait.
+            const KeyTileSplit split = causal_key_tiles(p, wg_rows, Bc);
+            const int n_full = int(split.full), n_seen = int(split.seen);
+            const Turns<Cfg::kPingPong> turns(cg);
+            RingPosition ring, pv;        // tile j's slot; the slot of the tile whose P~ V is pending
+            std::uint32_t a[Bc / 16][4];  // that tile's P~, wgmma's A operand
 
-        // FA2 L6: the producer's sequence of tiles, slot by slot.
-        for (int j = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc); j < Tc_seen;
-             j = mma::next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc)) {
-            const int s = ring.stage;
-            const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
-            const TileVisibility seen =
-                wg_rows.size() > 0
-                    ? mma::visibility<kBlockMask>(p, wg_rows, TileRange{col_begin, col_end})
-                    : TileVisibility::none;
-            hopper::mbarrier_wait(&bars->k_full[s], ring.phase);  // FA2 L7: K_j is here
-            if (seen != TileVisibility::none) {
+            // One step of the overlapped loop: tile j's S is issued with tile j-1's P V; tile j's
+            // softmax runs while that P V does; then O's rescale and P~_j.
+            const auto step = [&](int j, auto masked) {
+                const int s = ring.stage;
+                hopper::mbarrier_wait(&bars->k_full[s], ring.phase);    // FA2 L7: K_j
+                hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);  // V_{j-1}
                 float S[Bc / 8][4];
                 turns.begin();
-                issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8 for tile j
-                issue_pending_pv();                              // FA2 L10 for the tile before
+                issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8, tile j
+                issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);   // FA2 L10, tile j-1
                 turns.end();
-                if (pending)
-                    hopper::wgmma_wait<1>();  // S is done; the P V may still run
-                else
-                    hopper::wgmma_wait<0>();
+                hopper::wgmma_wait<1>();  // S has landed; the P V still runs
                 hopper::wgmma_fence_registers(S);
-                hopper::mbarrier_arrive(&bars->k_empty[s]);  // this thread is done with K_j
-                if (seen == TileVisibility::partial || col_end - col_begin < Bc ||
-                    wg_rows.size() < 64)
-                    mma::mask_scores<Cfg, kBlockMask>(S, p, warp_begin, col_begin, lane);
+                hopper::mbarrier_arrive(&bars->k_empty[s]);
+                if constexpr (decltype(masked)::value)
+                    mma::mask_scores<Cfg, false>(S, p, warp_begin, j * Bc, lane);
                 float old_scale[2];
                 mma::softmax_update<Cfg>(S, m, l, params.base.scale_log2, old_scale);  // FA2 L9
-                retire_pending_pv();
-                mma::rescale_output<Cfg>(O, old_scale);  // FA2 L10 (O's rescale)
+                hopper::wgmma_wait<0>();  // the P V has landed: O is ours again, V_{j-1} free
+                hopper::wgmma_fence_registers(O);
+                hopper::wgmma_fence_registers(a);
+                hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
+                mma::rescale_output<Cfg>(O, old_scale);  // FA2 L10, O's rescale
                 pack_p<Cfg>(a, S);
-                pending = true;
-                pending_v = ring;
-            } else {
-                // Not multiplied. A pending P V goes now: its V must be released before this
-                // thread waits for a copy that may be headed for the same slot. Tile j is released
-                // only after both its copies have landed, so that the producer never refills a slot
-                // a copy is still writing. The turn is taken either way.
+                pv = ring;
+                ring.advance<kStages>();
+            };
+
+            if (n_seen > 0) {
+                {  // Tile 0: its S alone (nothing is pending), its softmax; O is still zero.
+                    hopper::mbarrier_wait(&bars->k_full[0], 0);
+                    float S[Bc / 8][4];
+                    turns.begin();
+                    issue_scores<Cfg>(S, sQ_wg, sK);
+                    turns.end();
+                    hopper::wgmma_wait<0>();
+                    hopper::wgmma_fence_registers(S);
+                    hopper::mbarrier_arrive(&bars->k_empty[0]);
+                    if (n_full == 0) mma::mask_scores<Cfg, false>(S, p, warp_begin, 0, lane);
+                    float old_scale[2];
+                    mma::softmax_update<Cfg>(S, m, l, params.base.scale_log2, old_scale);
+                    pack_p<Cfg>(a, S);
+                    pv = ring;
+                    ring.advance<kStages>();
+                }
+                int j = 1;
+                for (; j < n_full; ++j) step(j, std::false_type{});
+                for (; j < n_seen; ++j) step(j, std::true_type{});
+                // FA2 L10 for the last tile.
+                hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);
                 turns.begin();
-                issue_pending_pv();
+                issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);
                 turns.end();
-                retire_pending_pv();
-                hopper::mbarrier_arrive(&bars->k_empty[s]);
-                hopper::mbarrier_wait(&bars->v_full[s], ring.phase);
-                hopper::mbarrier_arrive(&bars->v_empty[s]);
+                hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(O);
+                hopper::wgmma_fence_registers(a);
+                hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
+            } else {
+                turns.begin();  // the last P V's turn, with nothing to issue
+                turns.end();
             }
-            ring.advance<kStages>();
+            // Tiles only the CTA's other warpgroup sees: released unread, each after both its
+            // copies have landed (the producer must not refill a slot a copy is still writing).
+            for (int j = n_seen; j < Tc_seen; ++j) {
+                turns.begin();
+                turns.end();
+                hopper::mbarrier_wait(&bars->k_full[ring.stage], ring.phase);
+                hopper::mbarrier_wait(&bars->v_full[ring.stage], ring.phase);
+                hopper::mbarrier_arrive(&bars->k_empty[ring.stage]);
+                hopper::mbarrier_arrive(&bars->v_empty[ring.stage]);
+                ring.advance<kStages>();
+            }
+            turns.finish();
         }
-        // FA2 L10 for the last visible tile.
-        turns.begin();
-        issue_pending_pv();
-        turns.end();
-        turns.finish();
-        retire_pending_pv();
 
         // FA2 L12-L15.
         if (warp_begin < row_end)

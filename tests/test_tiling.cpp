@@ -86,3 +86,35 @@ TEST_CASE("problem validation names the field and the value") {
     bad.batch = std::int64_t{1} << 30, bad.heads = 1 << 20, bad.seq_q = 1 << 20;
     CHECK_THROWS_WITH(validate(bad), Catch::Contains("Q elements"));
 }
+
+// causal_key_tiles against the element-wise mask: the tiles before `full` are fully visible to
+// every row (and whole: not the ragged last tile), every tile before `seen` is visible to some
+// row, and none from `seen` on is.
+TEST_CASE("causal_key_tiles splits a row range's key tiles as the element-wise mask does") {
+    std::mt19937 gen(Catch::rngSeed() + 13);
+    for (int trial = 0; trial < 500; ++trial) {
+        AttentionProblem p;
+        p.seq_q = 1 + gen() % 60;
+        p.seq_kv = 1 + gen() % 60;
+        p.dim = 4;
+        p.causal = gen() % 4 != 0;
+        const std::int64_t block = 1 + gen() % 12;
+        const std::int64_t r0 = gen() % (p.seq_q + 1), r1 = r0 + gen() % (p.seq_q - r0 + 1);
+        const TileRange rows = {r0, r1};
+        const KeyTileSplit split = causal_key_tiles(p, rows, block);
+        INFO("trial " << trial << " rows [" << r0 << ", " << r1 << ") block " << block << " Nkv "
+                      << p.seq_kv << " causal " << p.causal);
+        REQUIRE(0 <= split.full);
+        REQUIRE(split.full <= split.seen);
+        REQUIRE(split.seen <= tile_count(p.seq_kv, block));
+        for (std::int64_t j = 0; j < tile_count(p.seq_kv, block); ++j) {
+            const TileRange cols = tile_range(j, block, p.seq_kv);
+            std::int64_t visible = 0;
+            for (std::int64_t r = rows.begin; r < rows.end; ++r)
+                for (std::int64_t c = cols.begin; c < cols.end; ++c) visible += p.key_visible(r, c);
+            const bool whole = cols.size() == block;
+            CHECK((j < split.full) == (whole && visible == rows.size() * block && rows.size() > 0));
+            CHECK((j < split.seen) == (visible > 0));
+        }
+    }
+}
