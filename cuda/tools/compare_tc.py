@@ -19,8 +19,9 @@ sdpa_kernel(FLASH_ATTENTION) and sdpa_kernel(CUDNN_ATTENTION) on random inputs o
 (CUDA events around each call after warm-up, median of --repeat calls), alternating between the
 two programs shape by shape on the same GPU. The table is printed last, with the geometric mean
 of cuda-tc / PyTorch-flash over the fp16 grid (the bar: >= 0.8, and no configuration below 0.6).
---tiles NAME,... also times those cuda-tc tile shapes (fp16; FLASHATTN_VARIANT=cuda-tc=NAME, names
-as in the error message of an unknown one, e.g. Br128w4-Bc64-s2).
+--tiles NAME,... also times those variants of the backend (fp16, N = 2048 and 8192;
+FLASHATTN_VARIANT=<backend>=NAME, names as in the error message of an unknown one, e.g. cuda-tc's
+Br128w4-Bc64-s2 or cuda-fa3's d64-Bc128-nopingpong).
 """
 import argparse
 import datetime
@@ -54,7 +55,7 @@ def run_flashattn_bench(bin_dir, b, h, n, d, causal, dtype, repeat, tile=None, b
            "--repeat", str(repeat), "--warmup", "3", "--json"] + (["--causal"] if causal else [])
     env = dict(os.environ)
     if tile:
-        env["FLASHATTN_VARIANT"] = "cuda-tc=" + tile
+        env["FLASHATTN_VARIANT"] = backend + "=" + tile
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     row = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][0]
     row["tile"] = tile or "default"
@@ -100,7 +101,7 @@ def main():
     ap.add_argument("--bin-dir", default="build/release/bin", help="where `flashattn` is")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--dtypes", default="f16,bf16")
-    ap.add_argument("--tiles", default="", help="comma-separated cuda-tc tile names to time too (fp16)")
+    ap.add_argument("--tiles", default="", help="comma-separated variant names of --backend to time too (fp16)")
     ap.add_argument("--json", help="write every measured row to this file")
     ap.add_argument("--backend", default="cuda-tc", choices=["cuda-tc", "cuda-fa3"])
     ap.add_argument("--dims", default="64,128", help="head dims of the grid")
@@ -139,10 +140,10 @@ def main():
                     continue
                 try:
                     tile_rows.append(run_flashattn_bench(args.bin_dir, b, h, n, d, c, "f16",
-                                                         args.repeat, tile))
+                                                         args.repeat, tile, backend=name))
                 except subprocess.CalledProcessError:
                     pass  # this tile is not compiled for this d
-        print("\n# cuda-tc tile shapes (fp16), TFLOP/s")
+        print(f"\n# {name} variants (fp16), TFLOP/s")
         print(f"{'d':>4} {'causal':>6} {'N':>5} {'tile':>18} {'TFLOP/s':>8}")
         for r in tile_rows:
             print(f"{r['dim']:>4} {str(r['causal']):>6} {r['seq_q']:>5} {r['tile']:>18} "

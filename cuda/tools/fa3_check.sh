@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# cuda/tools/fa3_check.sh — one call's worth of cuda-fa3 work on a Hopper machine (H100/H200):
+#   1. build (Release, sm_90a) only the targets cuda-fa3 needs: flashattn and test_cuda_fa3;
+#   2. its tests (the 2x rule against float64 on odd shapes, every compiled variant);
+#   3. every variant beside cuda-tc, interleaved in one process, on FlashAttention's grid (fp16);
+#   4. cuda/tools/compare_tc.py --backend cuda-fa3: against PyTorch's FLASH_ATTENTION and cuDNN;
+#   5. compute-sanitizer memcheck, racecheck, synccheck on small cases.
+# A short table is printed last; logs go to $OUT (default build/fa3_check).
+#
+# Usage: cuda/tools/fa3_check.sh DEPS_PREFIX
+#   DEPS_PREFIX: Debian's header packages (cuda/tools/pack_deps.sh). Environment: OUT, BUILD_DIR
+#   (default build/gpu), VARIANTS (default: every compiled one), DIMS (default 64,128),
+#   REPEAT (default 20), PHASES (default "build tests variants compare sanitize").
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+DEPS=${1:?usage: cuda/tools/fa3_check.sh DEPS_PREFIX}
+OUT=${OUT:-$PWD/build/fa3_check}
+BUILD_DIR=${BUILD_DIR:-build/gpu}
+BIN=$BUILD_DIR/bin
+REPEAT=${REPEAT:-20}
+DIMS=${DIMS:-64,128}
+VARIANTS=${VARIANTS:-d64-Bc128 d64-Bc128-nopingpong d128-Bc128 d128-Bc128-nopingpong}
+PHASES=${PHASES:-build tests variants compare sanitize}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+mkdir -p "$OUT"
+declare -a SUMMARY
+step() {  # step NAME LOGFILE COMMAND...: run, log, remember PASS/FAIL and the time taken
+    local name=$1 logfile=$2 start=$SECONDS
+    shift 2
+    echo "== $name"
+    if "$@" >"$OUT/$logfile" 2>&1; then
+        SUMMARY+=("PASS  $name ($((SECONDS - start)) s)")
+    else
+        SUMMARY+=("FAIL  $name ($((SECONDS - start)) s, $logfile)")
+        tail -30 "$OUT/$logfile"
+    fi
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+if has build; then
+    step build build.log bash -c "cmake -S . -B '$BUILD_DIR' -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHATTN_NVCC_SPLIT_COMPILE=0 -DCMAKE_PREFIX_PATH='$DEPS' \
+        && cmake --build '$BUILD_DIR' -j$(nproc) --target flashattn test_cuda_fa3"
+    grep -A2 "fa3_forward_kernel" "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c || true
+fi
+if has tests; then
+    step "test_cuda_fa3" test_fa3.log "$BIN/test_cuda_fa3"
+fi
+if has variants; then
+    # Each variant beside cuda-tc in one process (interleaved), FlashAttention's grid, fp16.
+    echo "# variant d causal N tc_TFLOPs fa3_TFLOPs fa3/tc" >"$OUT/variants.txt"
+    for variant in $VARIANTS; do
+        d=${variant#d}; d=${d%%-*}
+        [[ ",$DIMS," == *",$d,"* ]] || continue
+        for causal in "" "--causal"; do
+            label=${causal:+causal}; label=${label:-full}
+            for n in 1024 2048 4096 8192; do
+                FLASHATTN_VARIANT=cuda-fa3=$variant "$BIN/flashattn" bench --backends cuda-tc,cuda-fa3 \
+                    --dtype f16 --batch $((16384 / n)) --heads $((2048 / d)) --seq $n --dim $d \
+                    --repeat "$REPEAT" $causal --json 2>>"$OUT/variants.err" |
+                    python3 -c "
+import json, sys
+r = {j['backend']: j['gflops'] / 1e3 for j in map(json.loads, filter(lambda l: l.startswith('{'), sys.stdin))}
+print('$variant $d $label $n %.1f %.1f %.3f' % (r['cuda-tc'], r['cuda-fa3'], r['cuda-fa3'] / r['cuda-tc']))
+" >>"$OUT/variants.txt"
+            done
+        done
+    done
+    SUMMARY+=("DONE  variants beside cuda-tc (variants.txt)")
+fi
+if has compare; then
+    step "compare_tc --backend cuda-fa3" compare.log bash -c "python3 cuda/tools/compare_tc.py \
+        --bin-dir '$BIN' --backend cuda-fa3 --dims '$DIMS' --dtypes f16,bf16 --repeat '$REPEAT' \
+        --json '$OUT/compare_fa3.json' >'$OUT/compare_fa3.txt'"
+fi
+if has sanitize; then
+    for tool in memcheck racecheck synccheck; do
+        step "compute-sanitizer $tool" "sanitizer_$tool.log" timeout 240 compute-sanitizer \
+            --tool "$tool" --error-exitcode 1 "$BIN/test_cuda_fa3" "cuda-fa3: every compiled tile shape*"
+    done
+fi
+
+echo
+[ -f "$OUT/variants.txt" ] && column -t "$OUT/variants.txt"
+[ -f "$OUT/compare_fa3.txt" ] && sed -n '/vs PyTorch SDPA/,$p' "$OUT/compare_fa3.txt"
+printf '%s\n' "${SUMMARY[@]}"
