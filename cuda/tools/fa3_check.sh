@@ -87,9 +87,14 @@ if has compare; then
         --json '$OUT/compare_fa3.json' >'$OUT/compare_fa3.txt'"
 fi
 if has sanitize; then
+    # Every variant on ragged shapes; then GQA, scales and block masks (the block-mask loop).
     for tool in memcheck racecheck synccheck; do
-        step "compute-sanitizer $tool" "sanitizer_$tool.log" timeout 240 compute-sanitizer \
+        step "compute-sanitizer $tool (variants)" "sanitizer_$tool.log" timeout 240 compute-sanitizer \
             --tool "$tool" --error-exitcode 1 "$BIN/test_cuda_fa3" "cuda-fa3: every compiled tile shape*"
+    done
+    for tool in memcheck racecheck; do
+        step "compute-sanitizer $tool (GQA, masks)" "sanitizer_gqa_$tool.log" timeout 240 compute-sanitizer \
+            --tool "$tool" --error-exitcode 1 "$BIN/test_cuda_fa3" "cuda-fa3: GQA*"
     done
 fi
 
