@@ -92,10 +92,10 @@ void launch(const KernelParams& base, DType dtype) {
     FA_CUDA_CHECK_LAUNCH();
 }
 
-// The compiled kernels per head dim: keys per tile Bc (the N of S's wgmma), a ring of 2, and with or
-// without the ping-pong between consumer warpgroups (its gain, measured).
-// The default (first listed for a d) is the fastest measured (docs/cuda_fa3.md);
-// FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
+// The compiled kernels per head dim: keys per tile Bc (the N of S's wgmma), a ring of 2, and with
+// ("-pingpong") or without the ping-pong between the consumer warpgroups. The default (first
+// listed for a d) is the fastest measured (docs/cuda_fa3.md, stage 3): at d = 64 without
+// ping-pong, at d = 128 with it. FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
 struct Variant {
     const char* name;
     int dim;
@@ -111,10 +111,10 @@ void run_variant(const KernelParams& params, DType dtype) {
 }
 
 const Variant kVariants[] = {
-    {"d64-Bc128", 64, run_variant<64, 128, 2, true>},
-    {"d64-Bc128-nopingpong", 64, run_variant<64, 128, 2, false>},
-    {"d128-Bc128", 128, run_variant<128, 128, 2, true>},
-    {"d128-Bc128-nopingpong", 128, run_variant<128, 128, 2, false>},
+    {"d64-Bc128", 64, run_variant<64, 128, 2, false>},
+    {"d64-Bc128-pingpong", 64, run_variant<64, 128, 2, true>},
+    {"d128-Bc128-pingpong", 128, run_variant<128, 128, 2, true>},
+    {"d128-Bc128", 128, run_variant<128, 128, 2, false>},
 };
 
 const Variant& choose_variant(const AttentionProblem& p) {

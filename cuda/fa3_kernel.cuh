@@ -19,8 +19,10 @@
 //      * within a warpgroup: tile j's S = Q_i K_j^T and tile j-1's O += P~ V_{j-1} are issued
 //        together, and the softmax of tile j runs while the P V is still on the tensor cores;
 //        O's rescale waits for that product (softmax_update, then rescale_output);
-//      * between the two warpgroups (ping-pong): they take turns issuing their products (named
-//        barriers), so that one warpgroup's softmax tends to run while the other's products do.
+//      * between the two warpgroups (ping-pong, kPingPong): they take turns issuing their products
+//        (named barriers), so that one warpgroup's softmax tends to run while the other's products
+//        do. A compile-time choice: measured, it pays at d = 128 and costs at d = 64
+//        (docs/cuda_fa3.md, stage 3, says why we think so).
 //
 // Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
 // chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked

@@ -47,7 +47,7 @@ TEST_CASE("cuda-fa3 matches float64 attention by the 2x rule on odd shapes") {
 TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
     const Backend* b = fa3();
     if (!b) return;
-    for (const char* variant : {"d64-Bc128", "d64-Bc128-nopingpong", "d128-Bc128", "d128-Bc128-nopingpong"}) {
+    for (const char* variant : {"d64-Bc128", "d64-Bc128-pingpong", "d128-Bc128-pingpong", "d128-Bc128"}) {
         INFO("FLASHATTN_VARIANT=cuda-fa3=" << variant);
         test::ScopedEnv env("FLASHATTN_VARIANT");
         env.set(std::string("cuda-fa3=") + variant);
@@ -58,7 +58,7 @@ TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
         }
     }
     test::ScopedEnv env("FLASHATTN_VARIANT");
-    env.set("cuda-fa3=d128-Bc128");
+    env.set("cuda-fa3=d128-Bc128-pingpong");
     const float x[64] = {};
     CHECK_THROWS_WITH(b->prepare(test::make_problem(1, 1, 1, 1, 1, 64), x, x, x, DType::f16),
                       Catch::Contains("another head dim"));

@@ -21,7 +21,7 @@ two programs shape by shape on the same GPU. The table is printed last, with the
 of cuda-tc / PyTorch-flash over the fp16 grid (the bar: >= 0.8, and no configuration below 0.6).
 --tiles NAME,... also times those variants of the backend (fp16, N = 2048 and 8192;
 FLASHATTN_VARIANT=<backend>=NAME, names as in the error message of an unknown one, e.g. cuda-tc's
-Br128w4-Bc64-s2 or cuda-fa3's d64-Bc128-nopingpong).
+Br128w4-Bc64-s2 or cuda-fa3's d64-Bc128-pingpong).
 """
 import argparse
 import datetime
