@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,11 @@ void check_problem(const AttentionProblem& p, DType dtype) {
                                     ": cuda-fa3 supports head dim 64 or 128");
     const std::string outside = cuda::mma_grid_limits(p);
     if (!outside.empty()) throw std::invalid_argument(outside);
+    // Work tiles are numbered with int (the counter is one atomicAdd on an int).
+    const std::int64_t items = tile_count(p.seq_q, 128) * p.heads * p.batch;
+    if (items > (std::int64_t{1} << 30))
+        throw std::invalid_argument("batch x heads x ceil(seq_q / 128) = " + std::to_string(items) +
+                                    ": cuda-fa3 numbers its work tiles with int, at most 2^30");
 }
 
 // cuTensorMapEncodeTiled is a driver function; the runtime hands out its address, so the library
@@ -73,11 +79,23 @@ CUtensorMap tile_map(const void* base, DType dtype, std::int64_t heads, std::int
     return map;
 }
 
+// The GPU's multiprocessor count: the persistent grid's size.
+int multiprocessor_count() {
+    int device = 0, count = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+}
+
+// next_item: one int of device memory, the work-tile counter (zeroed here before the launch).
 template <class Cfg>
-void launch(const KernelParams& base, DType dtype) {
+void launch(const KernelParams& base, DType dtype, int* next_item) {
     const AttentionProblem& p = base.problem;
     Fa3Params params;
     params.base = base;
+    params.Tr = int(tile_count(p.seq_q, Cfg::Br));
+    params.items = params.Tr * int(p.heads) * int(p.batch);
+    params.next_item = next_item;
     params.q = tile_map(base.Q, dtype, p.batch * p.heads, p.seq_q, p.dim, Cfg::Br);
     params.k = tile_map(base.K, dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
     params.v = tile_map(base.V, dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
@@ -86,8 +104,9 @@ void launch(const KernelParams& base, DType dtype) {
     constexpr int kSmem = smem_bytes<Cfg>();
     FA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Cfg::Br)),
-                    static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+    // One CTA per SM (the registers allow no more), each taking work tiles until none is left.
+    const int grid = std::min(params.items, multiprocessor_count());
+    FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int)));
     kernel<<<grid, Cfg::kThreads, kSmem>>>(params);
     FA_CUDA_CHECK_LAUNCH();
 }
@@ -99,15 +118,15 @@ void launch(const KernelParams& base, DType dtype) {
 struct Variant {
     const char* name;
     int dim;
-    void (*run)(const KernelParams&, DType);
+    void (*run)(const KernelParams&, DType, int* next_item);
 };
 
 template <int D, int Bc, int kStages, bool kPingPong>
-void run_variant(const KernelParams& params, DType dtype) {
+void run_variant(const KernelParams& params, DType dtype, int* next_item) {
     if (dtype == DType::f16)
-        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong>>(params, dtype);
+        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong>>(params, dtype, next_item);
     else
-        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong>>(params, dtype);
+        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong>>(params, dtype, next_item);
 }
 
 const Variant kVariants[] = {
@@ -133,21 +152,23 @@ public:
     PreparedFa3(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                 DType dtype)
         : PreparedCuda("cuda-fa3", p, Q, K, V, dtype, cuda::InputForm::bits16),
-          variant_(choose_variant(p)) {}
+          variant_(choose_variant(p)),
+          next_item_(workspace<int>(1)) {}
 
     void execute() override {
         variant_.run(mma::make_params(problem_, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
                                       lse_.data()),
-                     dtype_);
+                     dtype_, next_item_.data());
         synchronize();
     }
     std::string tiles() const override {
         return std::string(variant_.name) +
-               ": Br = 128 (2 consumer warpgroups + 1 TMA producer), wgmma";
+               ": Br = 128 (2 consumer warpgroups + 1 TMA producer), wgmma, one persistent CTA per SM";
     }
 
 private:
     const Variant& variant_;
+    cuda::DeviceBuffer<int> next_item_;  // the persistent CTAs' work-tile counter
 };
 
 }  // namespace

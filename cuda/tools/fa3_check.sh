@@ -56,7 +56,7 @@ if has tests; then
     if [ -n "${ALL:-}" ]; then
         step "ctest (every suite)" ctest.log timeout 360 ctest --test-dir "$BUILD_DIR" -j8 --output-on-failure
     else
-        step "test_cuda_fa3" test_fa3.log "$BIN/test_cuda_fa3"
+        step "test_cuda_fa3" test_fa3.log timeout 150 "$BIN/test_cuda_fa3"
     fi
 fi
 if has variants; then
@@ -82,7 +82,7 @@ print('$variant $d $label $n %.1f %.1f %.3f' % (r['cuda-tc'], r['cuda-fa3'], r['
     SUMMARY+=("DONE  variants beside cuda-tc (variants.txt)")
 fi
 if has compare; then
-    step "compare_tc --backend cuda-fa3" compare.log bash -c "python3 cuda/tools/compare_tc.py \
+    step "compare_tc --backend cuda-fa3" compare.log timeout 240 bash -c "python3 cuda/tools/compare_tc.py \
         --bin-dir '$BIN' --backend cuda-fa3 --dims '$DIMS' --dtypes f16,bf16 --repeat '$REPEAT' \
         --json '$OUT/compare_fa3.json' >'$OUT/compare_fa3.txt'"
 fi
@@ -92,6 +92,8 @@ if has sanitize; then
         step "compute-sanitizer $tool (variants)" "sanitizer_$tool.log" timeout 240 compute-sanitizer \
             --tool "$tool" --error-exitcode 1 "$BIN/test_cuda_fa3" "cuda-fa3: every compiled tile shape*"
     done
+    step "compute-sanitizer memcheck (persistent CTAs)" sanitizer_persistent.log timeout 240 \
+        compute-sanitizer --tool memcheck --error-exitcode 1 "$BIN/test_cuda_fa3" "cuda-fa3: more work tiles*"
     for tool in memcheck racecheck; do
         step "compute-sanitizer $tool (GQA, masks)" "sanitizer_gqa_$tool.log" timeout 240 compute-sanitizer \
             --tool "$tool" --error-exitcode 1 "$BIN/test_cuda_fa3" "cuda-fa3: GQA*"
