@@ -113,8 +113,9 @@ void launch(const KernelParams& base, DType dtype, int* next_item) {
 
 // The compiled kernels per head dim: keys per tile Bc (the N of S's wgmma), a ring of 2, and with
 // ("-pingpong") or without the ping-pong between the consumer warpgroups. The default (first
-// listed for a d) is the fastest measured (docs/cuda_fa3.md, stage 3): at d = 64 without
-// ping-pong, at d = 128 with it. FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
+// listed for a d) is the one measured fastest in docs/cuda_fa3.md: at d = 128 with ping-pong; at
+// d = 64 without (stage 3; since stage 4 the two are within a few percent there).
+// FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
 struct Variant {
     const char* name;
     int dim;
