@@ -195,8 +195,8 @@ Backend fa3_backend() {
     b.device = "cuda";
     b.summary =
         "FlashAttention-3 on Hopper: wgmma, TMA copies into an mbarrier ring, a producer warpgroup "
-        "and two consumer warpgroups, softmax overlapped with P V and ping-pong; fp16/bf16, "
-        "d = 64 or 128, forward only";
+        "and two consumer warpgroups, softmax overlapped with P V (and ping-pong at d = 128), "
+        "persistent CTAs; fp16/bf16, d = 64 or 128, forward only";
     b.dtypes = {DType::f16, DType::bf16};
     b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
