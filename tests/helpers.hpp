@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -130,6 +131,26 @@ inline void check_against_reference(const Backend& backend, const AttentionProbl
 struct Gradients {
     std::vector<float> dQ, dK, dV;
 };
+
+// Prepares one problem once, executes it `runs` + 1 times and checks that every run gives the
+// first run's bits, O and LSE: a race, or a sum whose order changes from run to run, would show as
+// a difference. Returns the first run's outputs.
+inline Outputs check_identical_runs(const Backend& backend, const AttentionProblem& p,
+                                    const ProblemData& in, DType dtype, int runs = 5) {
+    INFO(backend.name << " " << describe(p) << " dtype=" << to_string(dtype));
+    auto prepared = backend.prepare(p, in.Q.data(), in.K.data(), in.V.data(), dtype);
+    Outputs first{std::vector<float>(p.q_elements()), std::vector<float>(p.lse_elements())};
+    prepared->execute();
+    prepared->fetch(first.O.data(), first.lse.data());
+    for (int run = 0; run < runs; ++run) {
+        std::vector<float> O(p.q_elements()), lse(p.lse_elements());
+        prepared->execute();
+        prepared->fetch(O.data(), lse.data());
+        CHECK(std::memcmp(O.data(), first.O.data(), O.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(lse.data(), first.lse.data(), lse.size() * sizeof(float)) == 0);
+    }
+    return first;
+}
 
 inline Gradients check_backward_against_reference(const Backend& backend,
                                                   const AttentionProblem& p, const ProblemData& in,

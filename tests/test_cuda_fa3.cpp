@@ -7,7 +7,6 @@
 #include "catch.hpp"
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -121,18 +120,7 @@ TEST_CASE("cuda-fa3: repeated runs give bit-identical outputs (whichever CTA tak
     if (!b) return;
     for (std::int64_t d : {64, 128}) {
         const AttentionProblem p = test::make_problem(2, 16, 4, 1023, 1111, d, true);
-        const ProblemData in = random_problem_data(p, test::next_seed());
-        auto prepared = b->prepare(p, in.Q.data(), in.K.data(), in.V.data(), DType::f16);
-        std::vector<float> O0(p.q_elements()), lse0(p.lse_elements());
-        prepared->execute();
-        prepared->fetch(O0.data(), lse0.data());
-        for (int run = 0; run < 5; ++run) {
-            std::vector<float> O(p.q_elements()), lse(p.lse_elements());
-            prepared->execute();
-            prepared->fetch(O.data(), lse.data());
-            CHECK(std::memcmp(O.data(), O0.data(), O.size() * sizeof(float)) == 0);
-            CHECK(std::memcmp(lse.data(), lse0.data(), lse.size() * sizeof(float)) == 0);
-        }
+        test::check_identical_runs(*b, p, random_problem_data(p, test::next_seed()), DType::f16);
     }
 }
 

@@ -118,20 +118,10 @@ TEST_CASE("cuda-tc: repeated runs give bit-identical outputs (no race)") {
     for (DType dtype : kDtypes) {
         const AttentionProblem p = test::make_problem(2, 4, 2, 1023, 1111, 128, true);
         const ProblemData in = random_problem_data(p, flashattn::test::next_seed());
-        auto prepared = backend.prepare(p, in.Q.data(), in.K.data(), in.V.data(), dtype);
-        std::vector<float> O0(p.q_elements()), lse0(p.lse_elements());
-        prepared->execute();
-        prepared->fetch(O0.data(), lse0.data());
-        for (int run = 0; run < 5; ++run) {
-            std::vector<float> O(p.q_elements()), lse(p.lse_elements());
-            prepared->execute();
-            prepared->fetch(O.data(), lse.data());
-            CHECK(std::memcmp(O.data(), O0.data(), O.size() * sizeof(float)) == 0);
-            CHECK(std::memcmp(lse.data(), lse0.data(), lse.size() * sizeof(float)) == 0);
-        }
+        const test::Outputs first = test::check_identical_runs(backend, p, in, dtype);
         // A second preparation (fresh device buffers) gives the same bits too.
         const test::Outputs again = run_poisoned(backend, p, in, dtype);
-        CHECK(std::memcmp(again.O.data(), O0.data(), O0.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(again.O.data(), first.O.data(), first.O.size() * sizeof(float)) == 0);
     }
 }
 

@@ -28,18 +28,7 @@ VARIANTS=${VARIANTS:-d64-Bc128 d64-Bc128-pingpong d128-Bc128-pingpong d128-Bc128
 PHASES=${PHASES:-build tests variants compare sanitize}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
-declare -a SUMMARY
-step() {  # step NAME LOGFILE COMMAND...: run, log, remember PASS/FAIL and the time taken
-    local name=$1 logfile=$2 start=$SECONDS
-    shift 2
-    echo "== $name"
-    if "$@" >"$OUT/$logfile" 2>&1; then
-        SUMMARY+=("PASS  $name ($((SECONDS - start)) s)")
-    else
-        SUMMARY+=("FAIL  $name ($((SECONDS - start)) s, $logfile)")
-        tail -30 "$OUT/$logfile"
-    fi
-}
+source cuda/tools/steps.sh  # step NAME LOGFILE COMMAND...
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 TARGETS="--target flashattn test_cuda_fa3"

@@ -31,20 +31,7 @@ OUT=${OUT:-$PWD/build/gpu_check}
 BUILD_DIR=${BUILD_DIR:-build/gpu}
 DEPS=${1:-${FLASHATTN_DEPS:-}}
 mkdir -p "$OUT"
-declare -a SUMMARY
-
-step() {  # step NAME LOGFILE COMMAND...: run, log, remember PASS/FAIL
-    local name=$1 logfile=$2
-    shift 2
-    local start=$SECONDS
-    echo "== $name"
-    if "$@" >"$OUT/$logfile" 2>&1; then
-        SUMMARY+=("PASS  $name ($((SECONDS - start)) s, $logfile)")
-    else
-        SUMMARY+=("FAIL  $name ($((SECONDS - start)) s, $logfile)")
-        tail -40 "$OUT/$logfile"
-    fi
-}
+source cuda/tools/steps.sh  # step NAME LOGFILE COMMAND...
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 
