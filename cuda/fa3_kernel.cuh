@@ -346,7 +346,6 @@ __device__ __forceinline__ void consume(const Fa3Params& params, const WorkTile&
             hopper::mbarrier_arrive(&bars->v_empty[s]);
             ring.advance<kStages>();
         }
-        hopper::mbarrier_arrive(&bars->q_empty);  // every product that reads Q_i has completed
     } else {
         // Without a block mask the tiles this warpgroup sees are a prefix of the producer's
         // sequence, and those that need the mask a suffix of that prefix (causal_key_tiles): a
@@ -404,9 +403,6 @@ __device__ __forceinline__ void consume(const Fa3Params& params, const WorkTile&
             int j = 1;
             for (; j < n_full; ++j) step(j, std::false_type{});
             for (; j < n_seen; ++j) step(j, std::true_type{});
-            // Every product that reads Q_i has completed: the producer may copy the next work
-            // tile's Q while this warpgroup finishes (the last P V, the epilogue).
-            hopper::mbarrier_arrive(&bars->q_empty);
             // FA2 L10 for the last tile.
             hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);
             turns.begin();
@@ -417,7 +413,6 @@ __device__ __forceinline__ void consume(const Fa3Params& params, const WorkTile&
             hopper::wgmma_fence_registers(a);
             hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
         } else {
-            hopper::mbarrier_arrive(&bars->q_empty);  // Q_i was not read
             turns.begin();  // the last P V's turn, with nothing to issue
             turns.end();
         }
@@ -433,6 +428,9 @@ __device__ __forceinline__ void consume(const Fa3Params& params, const WorkTile&
             ring.advance<kStages>();
         }
     }
+    // Every product that read Q_i has completed: the producer may copy the next work tile's Q.
+    hopper::mbarrier_arrive(&bars->q_empty);
+
     // FA2 L12-L15.
     if (warp_begin < row_end) mma::write_output<Cfg>(O, m, l, params.base, warp_begin, t.b, t.h, lane);
 }
