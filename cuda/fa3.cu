@@ -35,7 +35,7 @@ void check_problem(const AttentionProblem& p, DType dtype) {
                                     ": cuda-fa3 supports head dim 64 or 128");
     const std::string outside = cuda::mma_grid_limits(p);
     if (!outside.empty()) throw std::invalid_argument(outside);
-    // Work tiles are numbered with int (the counter is one atomicAdd on an int).
+    // Work tiles (Br = 128 rows in every variant) are numbered with int: the counter is an int.
     const std::int64_t items = tile_count(p.seq_q, 128) * p.heads * p.batch;
     if (items > (std::int64_t{1} << 30))
         throw std::invalid_argument("batch x heads x ceil(seq_q / 128) = " + std::to_string(items) +
