@@ -25,9 +25,9 @@
 //        (docs/cuda_fa3.md, stage 3, says why we think so).
 //   4. A persistent grid (as FlashAttention-3's implementation schedules tiles): one CTA per SM
 //      takes work tiles (query tile i, head h, batch b) one after another, the next from a counter
-//      in device memory, so that the producer copies the next tile's Q_i, K_j, V_j while the
-//      consumers finish this one (its last products, the epilogue) instead of every CTA starting
-//      with an empty pipeline.
+//      in device memory. Once the consumers are done with Q_i (after their last product), the
+//      producer copies the next tile's Q_i, K_j, V_j while they write this one's O and LSE, instead
+//      of every CTA starting with an empty pipeline.
 //
 // Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
 // chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked
@@ -35,10 +35,11 @@
 // by warp (hopper_ptx.cuh), so masking, the online softmax (FA2 Algorithm 1 lines 9-10) and the
 // epilogue (lines 12-15) are the shared cuda/mma_stages.cuh, as in cuda-tc.
 //
-// FA2 Algorithm 1 lines: L3 work tiles (i, h, b), taken in turn by persistent CTAs | L4 Q_i -> shared memory (TMA, producer) | L5 O, l, m
-// = 0, 0, -inf | L6 loop over key tiles j | L7 K_j, V_j -> shared memory (TMA, producer, ring) |
-// L8 S = Q_i K_j^T on wgmma | L9-L10 mask_scores, softmax_update, rescale_output | L10 O += P~ V_j
-// on wgmma (one tile later) | L12-L15 write_output.
+// FA2 Algorithm 1 lines: L3 work tiles (i, h, b), taken in turn by persistent CTAs | L4 Q_i ->
+// shared memory (TMA, producer) | L5 O, l, m = 0, 0, -inf | L6 loop over key tiles j | L7 K_j,
+// V_j -> shared memory (TMA, producer, ring) | L8 S = Q_i K_j^T on wgmma | L9-L10 mask_scores,
+// softmax_update, rescale_output | L10 O += P~ V_j on wgmma (one tile later) | L12-L15
+// write_output.
 #pragma once
 
 #include <cuda.h>
