@@ -2,6 +2,8 @@
 // common/: it joins the forms' lists, so it is built into flashattn::backends, above cpu and cuda.
 #include "common/registry.hpp"
 
+#include "common/score_range.hpp"
+
 #include <fstream>
 #include <stdexcept>
 
@@ -9,8 +11,11 @@ namespace flashattn {
 namespace {
 
 // Every prepare first checks what the interface promises for all backends alike: a backend that
-// chooses its own tiles refuses explicit ones (require_tile_choice). An invalid problem is
-// reported as such first (validate), so that its message names the bad field.
+// chooses its own tiles refuses explicit ones (require_tile_choice), and no backend is given
+// scores float32 cannot hold (require_representable_scores: an overflowed row would read as
+// fully masked). An invalid problem is reported as such first (validate), so that its message
+// names the bad field. Device-resident inputs (run_device) cannot be read here: their caller
+// checks the scores' range (the Python package does, on the tensors).
 Backend with_tile_check(Backend b) {
     Backend checked;  // only what the check reads
     checked.name = b.name, checked.tile_sizes = b.tile_sizes;
@@ -18,6 +23,8 @@ Backend with_tile_check(Backend b) {
                                              const float* K, const float* V, DType dtype) {
         validate(p);
         require_tile_choice(checked, p);
+        require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
+        require_representable_scores(p, Q, K);
         return inner(p, Q, K, V, dtype);
     };
     if (b.has_backward())
@@ -25,6 +32,8 @@ Backend with_tile_check(Backend b) {
                                  const AttentionProblem& p, const BackwardInputs& in, DType dtype) {
             validate(p);
             require_tile_choice(checked, p);
+            require_backward_inputs(in);
+            require_representable_scores(p, in.Q, in.K);
             return inner(p, in, dtype);
         };
     if (b.run_device)

@@ -147,34 +147,27 @@ TEST_CASE("edge: fully masked rows give O = 0 and LSE = -inf exactly, never NaN"
     }
 }
 
-TEST_CASE("edge: a visible key whose float32 score overflows to -inf still passes on a NaN of V") {
-    // q . k = -4e60 is finite in the float64 reference (weight 1: O = V) but -inf in float32,
-    // where the key gets weight 0 and l = 0, as if masked. A NaN in that key's V row must still
-    // make O NaN (docs/design.md, Numerics: an output that reads a NaN is NaN; found by fuzz_backends). Rows of
-    // random inputs beside it check nothing else moved. CPU forms and cuda-minimal, which asks the
-    // masks whether a key is visible: the GPU FFMA kernels (cuda-fa1 v3, cuda-fa2) store a -inf
-    // score as a masked key and leave it out of P V, so they give 0 here (a known gap,
-    // docs/testing.md).
+TEST_CASE("edge: a visible key whose float32 score would overflow is refused on every backend") {
+    // q . k = -4e60 is finite in the float64 reference (weight 1: O = V, here NaN) but -inf in
+    // float32, where the key would get weight 0 and l = 0, as if masked, and V's NaN would be
+    // lost (found by fuzz_backends). Such scores cannot be held in float32, so every backend,
+    // CPU and GPU alike, refuses the problem naming the scale (common/score_range.hpp) instead
+    // of returning a row that reads as fully masked.
     AttentionProblem p = make_problem(1, 2, 1, 5, 3, 4);
     ProblemData in = random_problem_data(p, test::next_seed());
     for (std::int64_t c = 0; c < p.dim; ++c) {
         in.Q[at(0, 1, p.heads, p.seq_q, 2, p.dim, c)] = 1e30f;  // head 1, row 2
         in.K[at(0, 0, p.heads_kv, p.seq_kv, 1, p.dim, c)] = -1e30f;
     }
-    in.K[at(0, 0, p.heads_kv, p.seq_kv, 0, p.dim, 0)] = -1e30f;  // keys 0 and 2: -1e30 * q_0
-    in.K[at(0, 0, p.heads_kv, p.seq_kv, 2, p.dim, 0)] = -1e30f;
     in.V[at(0, 0, p.heads_kv, p.seq_kv, 1, p.dim, 3)] = std::numeric_limits<float>::quiet_NaN();
-    const test::OutputFlags expected = test::expected_nans(p, in);
-    const std::int64_t poisoned = at(0, 1, p.heads, p.seq_q, 2, p.dim, 3);
-    REQUIRE(expected.O[poisoned]);  // head 1, row 2, column 3 reads the NaN
     for (const Backend& b : available_backends()) {
-        if (b.device != "cpu" && b.name != "cuda-minimal") continue;
+        if (!b.supports(test::test_dtype(b))) continue;
         INFO(b.name);
         std::vector<float> O(p.q_elements(), 7.0f), lse(p.lse_elements(), 7.0f);  // poisoned
-        run_backend(b, p, in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(),
-                    test::test_dtype(b));
-        for (std::int64_t k = 0; k < p.q_elements(); ++k)
-            if (expected.O[k]) CHECK(std::isnan(O[k]));
+        CHECK_THROWS_WITH(run_backend(b, p, in.Q.data(), in.K.data(), in.V.data(), O.data(),
+                                      lse.data(), test::test_dtype(b)),
+                          Catch::StartsWith("scale = 0.5: ") && Catch::Contains("float32"));
+        CHECK(std::all_of(O.begin(), O.end(), [](float x) { return x == 7.0f; }));  // untouched
     }
 }
 
@@ -419,4 +412,76 @@ TEST_CASE("property: permuting the rows of K and V together leaves O and LSE unc
                 CHECK(std::fabs(a.lse[k] - s.lse[k]) <= bound.lse + bound_s.lse);
         }
     }
+}
+
+// An overflowed score must never read as a mask (docs/design.md, Numerics): a row whose visible
+// scores all overflow float32 to -inf would come back as O = 0, LSE = -inf, what a row with no
+// visible key returns. Every backend, forward and backward, refuses such a problem up front
+// (common/score_range.hpp) with a message that names the scale.
+TEST_CASE("edge: scores beyond float32 are refused, never returned as a fully masked row") {
+    struct Case {
+        const char* what;
+        float scale;
+        float input_magnitude;  // inputs uniform in +-this
+    };
+    const Case cases[] = {{"scale -3e38", -3e38f, 1.0f},
+                          {"scale +3e38 (would give NaN)", 3e38f, 1.0f},
+                          {"scale -1e30, inputs 1e5", -1e30f, 1e5f},
+                          {"scale 1/8, inputs 1e20 (q.k overflows before scaling)", 0.125f, 1e20f}};
+    for (const Case& c : cases)
+        for (bool causal : {false, true}) {
+            AttentionProblem p = make_problem(1, 2, 1, 13, 29, 7);
+            p.causal = causal;
+            p.scale = c.scale;
+            std::mt19937_64 gen(test::next_seed());
+            std::uniform_real_distribution<float> u(-c.input_magnitude, c.input_magnitude);
+            ProblemData in;
+            for (auto* v : {&in.Q, &in.K, &in.V}) {
+                v->resize(static_cast<std::size_t>(v == &in.Q ? p.q_elements() : p.kv_elements()));
+                for (float& x : *v) x = u(gen);
+            }
+            const std::vector<float> dO(in.Q.size(), 0.5f), O(in.Q.size(), 0.0f),
+                lse(static_cast<std::size_t>(p.lse_elements()), 0.0f);
+            for (const Backend& b : available_backends()) {
+                if (!b.supports(test::test_dtype(b))) continue;
+                INFO(b.name << ": " << c.what << (causal ? ", causal" : ""));
+                try {
+                    b.prepare(p, in.Q.data(), in.K.data(), in.V.data(), test::test_dtype(b));
+                    FAIL("forward accepted scores beyond float32");
+                } catch (const std::invalid_argument& e) {
+                    CHECK_THAT(e.what(), Catch::StartsWith("scale = "));
+                    CHECK_THAT(e.what(), Catch::Contains("float32"));
+                }
+                if (!b.has_backward()) continue;
+                const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(),
+                                         O.data(),    lse.data(),  dO.data()};
+                CHECK_THROWS_WITH(b.prepare_backward(p, bin, test::test_dtype(b)),
+                                  Catch::StartsWith("scale = "));
+            }
+        }
+}
+
+TEST_CASE("edge: scores near float32's limit are computed, and no visible row reads as masked") {
+    // Dyadic inputs in +-2 at d = 9 have |q.k| <= 36, so scale -1e36 gives scores up to ~3.6e37:
+    // inside the limit (FLT_MAX / 2), far beyond anything exp() can tell apart from -inf alone.
+    for (float scale : {-1e36f, 1e36f})
+        for (bool causal : {false, true}) {
+            AttentionProblem p = make_problem(1, 2, 2, 23, 37, 9);
+            p.causal = causal;
+            p.scale = scale;
+            const ProblemData in = dyadic_data(p);
+            on_every_backend(p, in, [&](const Backend&, const Outputs& out) {
+                for (std::int64_t h = 0; h < p.heads; ++h)
+                    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+                        INFO("head " << h << " row " << i);
+                        const float l = out.lse[h * p.seq_q + i];
+                        if (attends_any(p, i)) {
+                            CHECK(std::isfinite(l));
+                        } else {
+                            CHECK(l == -std::numeric_limits<float>::infinity());
+                        }
+                    }
+                for (float o : out.O) CHECK(std::isfinite(o));
+            });
+        }
 }

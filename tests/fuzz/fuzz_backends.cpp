@@ -3,11 +3,12 @@
 // float64 reference.
 //
 // The fuzzer's bytes choose the shapes (B <= 2, H_kv <= 3, GQA group <= 3, N_q, N_kv <= 48,
-// d <= 40), causal, the softmax scale (default, 0, negative, tiny, large), how the tiles are
-// chosen (automatic, explicit Br/Bc, an SRAM size M, or a random block mask), the input
-// magnitude, and up to six special values placed anywhere: NaN, +-inf, +-1e30, +-1e4, subnormal
-// and signed zeros. Each output element is then judged by the inputs it reads
-// (tests/input_dependence.hpp):
+// d <= 40), causal, the softmax scale (default, 0, negative, tiny, large, near float32's limit),
+// how the tiles are chosen (automatic, explicit Br/Bc, an SRAM size M, or a random block mask),
+// the input magnitude, and up to six special values placed anywhere: NaN, +-inf, +-1e30, +-1e4,
+// subnormal and signed zeros. A problem whose scores float32 cannot hold must be refused by every
+// backend (common/score_range.hpp). Otherwise each output element is judged by the inputs it
+// reads (tests/input_dependence.hpp):
 //   * reads a NaN: it must be NaN in every backend (docs/design.md, Numerics), and in the
 //     reference;
 //   * reads only "tame" values (finite, |x| <= 1e4): it must not be NaN, and must satisfy
@@ -31,6 +32,7 @@
 
 #include "common/tiling.hpp"
 #include "common/registry.hpp"
+#include "common/score_range.hpp"
 #include "input_dependence.hpp"
 #include "cpu/reference.hpp"
 
@@ -78,7 +80,7 @@ Case make_case(FuzzedDataProvider& fdp) {
     p.seq_kv = fdp.ConsumeIntegralInRange<std::int64_t>(1, 48);
     p.dim = fdp.ConsumeIntegralInRange<std::int64_t>(1, 40);
     p.causal = fdp.ConsumeBool();
-    switch (fdp.ConsumeIntegralInRange(0, 6)) {
+    switch (fdp.ConsumeIntegralInRange(0, 7)) {
         case 0:
             break;  // default 1/sqrt(d)
         case 1:
@@ -92,6 +94,9 @@ Case make_case(FuzzedDataProvider& fdp) {
             break;
         case 4:
             p.scale = 64.0f;
+            break;
+        case 5:  // near float32's limit: refused (common/score_range.hpp) unless |q| |k| is small
+            p.scale = fdp.ConsumeBool() ? -1e35f : 3e38f;
             break;
         default:
             p.scale = fdp.ConsumeFloatingPointInRange(-4.0f, 4.0f);
@@ -208,6 +213,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const Case c = make_case(fdp);
     const AttentionProblem& p = c.p;
     const ProblemData& in = c.in;
+
+    // Scores float32 cannot hold (common/score_range.hpp): every backend refuses the problem with
+    // a message naming the scale, so no overflowed row can come back looking fully masked.
+    if (score_bound(p, in.Q.data(), in.K.data()) > kScoreLimit) {
+        for (const Backend& b : available_backends()) {
+            if (b.device != "cpu") continue;
+            try {
+                run(b, p, in);
+            } catch (const std::invalid_argument& e) {
+                if (std::string(e.what()).rfind("scale = ", 0) == 0) continue;
+                finding(p, b.name, "refused, but not for its scores", 0, 0, 0, 0);
+            }
+            finding(p, b.name, "accepted scores beyond float32", 0, 0, 0, 0);
+        }
+        return 0;
+    }
 
     const test::OutputFlags nan = test::expected_nans(p, in);
     const test::OutputFlags wild =
