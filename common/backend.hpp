@@ -71,7 +71,7 @@ enum class TileSizes {
 
 // Arrays already on the device (CUDA), for a backend that can compute on them in place: nothing is
 // copied to or from the host. Q, K, V (and dO) hold values of `dtype` (float32, or the 16-bit
-// f16 / bf16 patterns for cuda-tc, whose Q must then be q_sign * Q as in cuda/half_bits.hpp); O,
+// f16 / bf16 patterns for cuda-tc, whose Q must then be q_sign * Q as in cuda/host/half_bits.hpp); O,
 // LSE and the gradients are float32. `stream` is the caller's CUDA stream (a cudaStream_t;
 // nullptr for the default stream): the backend lets the work queued on it finish before reading
 // the inputs, and returns when the outputs are written.

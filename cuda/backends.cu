@@ -1,15 +1,15 @@
-// cuda/backends.cu — registers the CUDA backends, one file per kernel: standard.cu, minimal.cu,
-// fa1.cu, fa2.cu, tc_backend.cu, fa3.cu.
+// cuda/backends.cu — registers the CUDA backends, one file per kernel: cuda/standard/backend.cu, cuda/minimal/backend.cu,
+// cuda/fa1/backend.cu, cuda/fa2/backend.cu, cuda/tc/backend.cu, cuda/fa3/backend.cu.
 #include "cuda/backends.hpp"
 
 #include <cuda_runtime.h>
 
-#include "cuda/fa1.hpp"
-#include "cuda/fa2.hpp"
-#include "cuda/fa3.hpp"
-#include "cuda/minimal.hpp"
-#include "cuda/standard.hpp"
-#include "cuda/tc_backend.hpp"
+#include "cuda/fa1/backend.hpp"
+#include "cuda/fa2/backend.hpp"
+#include "cuda/fa3/backend.hpp"
+#include "cuda/minimal/backend.hpp"
+#include "cuda/standard/backend.hpp"
+#include "cuda/tc/backend.hpp"
 
 namespace flashattn {
 

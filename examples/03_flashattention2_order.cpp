@@ -8,7 +8,7 @@
 //
 // fa2_order() below is a learner's trace of that order in plain loops; the rule it applies is
 // common/online_softmax.hpp's. The fast, parallel form is cpu/omp.cpp (backend `omp`) and, on the
-// GPU, cuda/fa2.cu; when `omp` is in this build its O is compared too. Docs: docs/flashattention2.md.
+// GPU, cuda/fa2/backend.cu; when `omp` is in this build its O is compared too. Docs: docs/flashattention2.md.
 //
 // Run: build/<preset>/bin/03_flashattention2_order   (no arguments; exit 1 if a check fails)
 #include <algorithm>

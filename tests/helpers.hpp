@@ -202,7 +202,7 @@ inline void check_backward_against_reference(const Backend& backend, const Atten
 }
 
 // Sets an environment variable for one scope and restores the caller's value (or its absence)
-// afterwards: FLASHATTN_VARIANT picks a kernel (cuda/variants.hpp), and the caller's choice
+// afterwards: FLASHATTN_VARIANT picks a kernel (cuda/host/variants.hpp), and the caller's choice
 // (cuda/tools/fa2_margins.sh runs the suites under one) must hold again for the test cases that
 // follow.
 struct ScopedEnv {

@@ -17,10 +17,10 @@
 #include <utility>
 
 #include "common/tiling.hpp"
-#include "cuda/fa1.hpp"
-#include "cuda/fa2.hpp"
-#include "cuda/minimal.hpp"
-#include "cuda/prepared.hpp"
+#include "cuda/fa1/backend.hpp"
+#include "cuda/fa2/backend.hpp"
+#include "cuda/minimal/backend.hpp"
+#include "cuda/host/prepared.hpp"
 #include "helpers.hpp"
 
 using namespace flashattn;
@@ -101,7 +101,7 @@ TEST_CASE("cuda backends: scale, bottom-right causal, GQA/MQA and block masks", 
 }
 
 TEST_CASE("cuda-minimal: ragged tails, every d up to 256, causal, GQA, any scale", "[quick]") {
-    // One thread per query row, Br = Bc = 32 (cuda/minimal.cu): N = 1, 7, 33, 113 leave short last
+    // One thread per query row, Br = Bc = 32 (cuda/minimal/backend.cu): N = 1, 7, 33, 113 leave short last
     // tiles on both axes (33 = one full tile and one row), and rows past seq_q sit idle in the
     // last thread block. d = 256 takes 132 KiB of shared memory; a device without it must refuse
     // with std::invalid_argument naming the size, never launch.

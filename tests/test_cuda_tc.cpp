@@ -19,7 +19,7 @@
 
 #include "common/tiling.hpp"
 #include "cuda/backends.hpp"
-#include "cuda/tc_backend.hpp"
+#include "cuda/tc/backend.hpp"
 #include "helpers.hpp"
 
 using namespace flashattn;

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "common/tiling.hpp"
-#include "cuda/tc_backend.hpp"
-#include "cuda/tc_backward.hpp"
+#include "cuda/tc/backend.hpp"
+#include "cuda/tc/backward.hpp"
 #include "helpers.hpp"
 
 using namespace flashattn;

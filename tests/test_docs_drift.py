@@ -13,7 +13,7 @@ makes it fail instead. Rules:
      `Alg4 Lk` tag in cpu/scalar_backward.cpp from docs/algorithm4_walkthrough.md, and the tags
      stand in the order of the paper's lines.
   3. Every reference a reader might follow exists: relative markdown links in README.md and docs/,
-     and paths such as `cuda/prepared.hpp` or `docs/design.md` named in the docs and in the
+     and paths such as `cuda/host/prepared.hpp` or `docs/design.md` named in the docs and in the
      comments of the sources (a reference to a file the tree does not contain is an error), and
      nothing cites the team's notes outside the repository (DESIGN.md, the source notes).
 
@@ -148,7 +148,7 @@ SOURCE_EXT = (".hpp", ".cpp", ".cu", ".cuh", ".py", ".sh", ".txt", ".md", ".in",
 
 
 def expand(ref):
-    """cuda/tc_attention.{hpp,cu} -> both files; other references as they are."""
+    """cuda/tc/forward.{hpp,cu} -> both files; other references as they are."""
     m = re.match(r"(.*)\{([^}]*)\}(.*)", ref)
     if not m:
         return [ref]

@@ -1,4 +1,4 @@
-// docs/scripts/fa2_ffma_emulation.cpp — cuda-fa2's FFMA kernel (cuda/fa2.cu, v3) as it was until
+// docs/scripts/fa2_ffma_emulation.cpp — cuda-fa2's FFMA kernel (cuda/fa2/backend.cu, v3) as it was until
 // 2026-11-23, re-done on the CPU in the same float operations and order, one row at a time (lanes
 // as in Fa2Config: the row sum l split over CG lanes and added by a butterfly at the end; O as one
 // fmaf chain over every key), to find where its error at d = 3, N_kv = 1023 came from without a

@@ -1,0 +1,182 @@
+// cuda/fa2/backend.cu — cuda-fa2: FlashAttention-2 (Dao 2023, arXiv 2307.08691, Algorithm 1) in float32,
+// the host side: which kernel and tile configuration runs a problem, and the backend.
+// The kernels: cuda/fa2/kernel_ffma.cuh (FFMA, v3) and cuda/fa2/kernel_tf32.cuh (tensor cores, v4); how each
+// version was measured: docs/cuda_fp32_notes.md.
+//
+// Two kernels, chosen once per call on the host (PreparedFa2):
+//   * v4, the default for 16 <= d <= 128 with finite inputs: both products on tensor cores in
+//     3xTF32 (cuda/fa2/kernel_tf32.cuh; cuda/ptx/tf32_mma.cuh explains why that is fp32-accurate), with
+//     the register-level softmax of cuda/stages/mma_stages.cuh. d is padded to D = 64 or 128. Each
+//     k-step's mma result is added to S and O with an fp32 add: the tensor core truncates the
+//     sums it forms, and longer mma chains broke the tests' 2x rule.
+//   * v3, the FFMA kernel (cuda/fa2/kernel_ffma.cuh): wherever tf32_tensor_cores_allowed
+//     (cuda/host/tensor_core_eligibility.hpp) says no, and d > 128. d is padded to D = 64, 128 or 256.
+//   FLASHATTN_VARIANT=cuda-fa2=ffma forces v3, =tf32 v4, =<name> one configuration (kVariants).
+// Any N >= 1 on both.
+// Tiles, the fastest of the compiled configurations as measured (kVariants below; the timings
+// are in docs/cuda_fp32_notes.md):
+//   v3  D = 64:  Br x Bc = 128 x 32, 256 threads, 2 blocks per SM
+//       D = 128: Br x Bc = 128 x 64, 512 threads, 1 block per SM (16 warps)
+//       D = 256: Br x Bc =  64 x 64, 256 threads
+//   v4  D = 64:  Br x Bc = 128 x 64, 8 warps
+//       D = 128: Br x Bc = 128 x 64, 8 warps
+// Blocks of one head are consecutive (K/V reuse in L2); inside a head the last query block runs
+// first (under the causal mask it sees the most keys).
+//
+// Weaknesses: v3 is plain FP32 FMAs, latency-bound at 8-16 warps per SM. v4 does three tensor-core
+// products per product and splits every operand as it reads it (ALU work beside the mma's), and
+// keeps 8 warps per SM at d = 128 (registers). d = 1..63 does the work of D = 64. D = 256 needs
+// ~214 KB of shared memory per block, which Hopper has and Ampere (163 KB) does not: the backend
+// says so instead of launching.
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/fa2/backend.hpp"
+#include "cuda/fa2/kernel_ffma.cuh"
+#include "cuda/host/prepared.hpp"
+#include "cuda/host/tensor_core_eligibility.hpp"
+#include "cuda/host/variants.hpp"
+
+namespace flashattn::cuda {
+namespace {
+
+using fa2::Fa2Config;
+using fa2::launch_fa2;
+using fa2::launch_fa2_tf32;
+
+// The compiled configurations. The default for d is the first tensor-core one whose D covers d
+// where tf32_tensor_cores_allowed() allows it, else the first FFMA one; FLASHATTN_VARIANT picks
+// another (the tuning knob of cuda/tools/gpu_check.sh; docs/cuda_fp32_notes.md records which won).
+struct Fa2Variant {
+    const char* name;
+    int max_dim;
+    std::size_t smem_bytes;
+    bool tensor_cores;  // the 3xTF32 kernel: finite inputs and cuda-tc's grid limits only
+    void (*launch)(const AttentionProblem&, const float*, const float*, const float*, float*,
+                   float*);
+};
+template <class C>
+constexpr Fa2Variant variant(const char* name) {
+    return {name, C::D, C::SMEM_BYTES, false, &launch_fa2<C>};
+}
+template <class C>
+constexpr Fa2Variant tf32_variant(const char* name) {
+    return {name, C::D, C::SMEM_BYTES, true, &launch_fa2_tf32<C>};
+}
+// Every one of them is checked by tests/test_cuda.cpp. The first entry for each D and kernel is
+// its default. Tensor cores (v4), Tf32Tile<D, warps (Br = 16 warps), Bc, CTAs per SM>:
+const Fa2Variant kVariants[] = {
+    tf32_variant<Tf32Tile<64, 8, 64, 1>>("d64_tf32_128x64"),
+    tf32_variant<Tf32Tile<64, 4, 32, 3>>("d64_tf32_64x32"),
+    tf32_variant<Tf32Tile<128, 8, 64, 1>>("d128_tf32_128x64"),
+    tf32_variant<Tf32Tile<128, 8, 32, 1>>("d128_tf32_128x32"),
+    tf32_variant<Tf32Tile<128, 4, 32, 2>>("d128_tf32_64x32"),
+// FP32 FMAs (v1-v3):       D   Br  Bc  threads  blocks/SM  TM
+    variant<Fa2Config<64, 128, 32, 256, 2>>("d64_128x32_2b"),
+    variant<Fa2Config<64, 128, 64, 256, 1>>("d64_128x64"),
+    variant<Fa2Config<64, 128, 64, 512, 1>>("d64_128x64_t512"),
+    variant<Fa2Config<64, 64, 32, 128, 4>>("d64_64x32_t128_4b"),
+    variant<Fa2Config<128, 128, 64, 512, 1>>("d128_128x64_t512"),
+    variant<Fa2Config<128, 128, 32, 256, 1>>("d128_128x32"),
+    variant<Fa2Config<128, 128, 64, 256, 1>>("d128_128x64"),
+    variant<Fa2Config<128, 64, 32, 128, 2>>("d128_64x32_t128_2b"),
+    variant<Fa2Config<256, 64, 64, 256, 1>>("d256_64x64"),
+};
+
+// FLASHATTN_VARIANT=cuda-fa2=... (cuda/host/variants.hpp): "tf32" (the default) or "ffma" picks the
+// first configuration of that kernel whose D covers d, a configuration's name picks that one; a
+// tensor-core configuration runs only where tf32_tensor_cores_allowed() allows it, the FFMA
+// default otherwise.
+const Fa2Variant& choose_variant(std::int64_t dim, bool tensor_cores) {
+    std::string wanted = requested_variant("cuda-fa2");
+    std::vector<std::string> known = {"tf32", "ffma"};
+    for (const Fa2Variant& v : kVariants) known.push_back(v.name);
+    require_known_variant("cuda-fa2", wanted, known);
+    if (wanted.empty()) wanted = "tf32";
+    const Fa2Variant* first_ffma = nullptr;
+    for (const Fa2Variant& v : kVariants) {
+        if (v.max_dim < dim) continue;
+        const bool named = wanted == v.name || wanted == (v.tensor_cores ? "tf32" : "ffma");
+        if (named && (!v.tensor_cores || tensor_cores)) return v;
+        if (!first_ffma && !v.tensor_cores) first_ffma = &v;
+    }
+    return *first_ffma;  // validate() guarantees dim <= 256, which the last variant covers
+}
+
+// Throws std::invalid_argument when the variant's shared memory exceeds this device's.
+void require_fits(const Fa2Variant& v, const AttentionProblem& p) {
+    const std::size_t have = device_limits().smem_per_block_optin;
+    if (v.smem_bytes > have)
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) + ": cuda-fa2's d <= " +
+                                    std::to_string(v.max_dim) + " kernel needs " +
+                                    std::to_string(v.smem_bytes) +
+                                    " bytes of shared memory per block; this device allows " +
+                                    std::to_string(have));
+}
+
+}  // namespace
+
+std::vector<Fa2VariantInfo> fa2_variants() {
+    std::vector<Fa2VariantInfo> list;
+    for (const Fa2Variant& v : kVariants) list.push_back({v.name, v.max_dim});
+    return list;
+}
+
+namespace {
+
+class PreparedFa2 final : public PreparedCuda {
+public:
+    PreparedFa2(const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                DType dtype)
+        : PreparedCuda("cuda-fa2", p, Q, K, V, dtype),
+          variant_(choose_variant(p.dim, tf32_tensor_cores_allowed(p, Q, K, V))) {
+        require_fits(variant_, p);
+    }
+
+    void execute() override {
+        variant_.launch(problem_, Q_.data(), K_.data(), V_.data(), O_.data(), lse_.data());
+        synchronize();
+    }
+
+    std::string tiles() const override {
+        return std::string("configuration ") + variant_.name + " (Br x Bc in its name)";
+    }
+
+private:
+    const Fa2Variant& variant_;
+};
+
+}  // namespace
+
+Backend cuda_fa2_backend() {
+    Backend b = make_cuda_backend<PreparedFa2>(
+        "cuda-fa2",
+        "FlashAttention-2 in fp32: Q tile resident, K/V streamed (cp.async); "
+        "tensor cores (3xTF32) for 16 <= d <= 128, FFMA register micro-tiles otherwise",
+        TileSizes::own);
+    add_cuda_fa2_backward(b);
+    // The device entry: the same kernels on the caller's device arrays, no copies.
+    b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
+        require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
+        require_array(a.O, "O"), require_array(a.lse, "LSE");
+        if (a.dtype != DType::f32)
+            throw std::invalid_argument("dtype = " + to_string(a.dtype) +
+                                        ": cuda-fa2 computes in float32 only (cuda-tc runs f16/bf16)");
+        const auto* Q = static_cast<const float*>(a.Q);
+        const auto* K = static_cast<const float*>(a.K);
+        const auto* V = static_cast<const float*>(a.V);
+        FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
+        AttentionProblem p = problem;
+        const DeviceBuffer<std::uint8_t> mask = upload_block_mask(p);
+        const Fa2Variant& v = choose_variant(p.dim, tf32_tensor_cores_allowed_on_device(p, Q, K, V));
+        require_fits(v, p);
+        v.launch(p, Q, K, V, a.O, a.lse);
+        synchronize_device();
+    };
+    return b;
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,209 @@
+// cuda/fa2/backward.cu — cuda-fa2's backward pass, host side. Two kernels, as for the forward:
+//   * tensor cores (3xTF32): cuda/stages/flash_backward.cuh with the fp32 stages of
+//     cuda/fa2/backward_tf32.cuh, for 16 <= d <= 128 and finite inputs (cuda/host/tensor_core_eligibility.hpp says
+//     why); dQ by fp32 atomics, or in a fixed order with FLASHATTN_DETERMINISTIC=1;
+//   * FFMA (cuda/fa2/backward_ffma.cuh, deterministic, no atomics) for every other problem, or when
+//     FLASHATTN_VARIANT=cuda-fa2-backward=ffma asks for it.
+//
+// FFMA tiles: Br = Bc = 64 for d <= 64, 32 above (so that d = 256 fits in an H100's 227 KiB of
+// shared memory per block), 256 threads. The shared memory a tile needs is checked against the
+// device's limit in prepare(), with a clear error where it does not fit.
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/stages/backward_prepass.cuh"
+#include "cuda/host/check.hpp"
+#include "cuda/fa2/backend.hpp"
+#include "cuda/fa2/backward_ffma.cuh"
+#include "cuda/fa2/backward_tf32.cuh"
+#include "cuda/host/prepared_backward.hpp"
+#include "cuda/host/tensor_core_eligibility.hpp"
+#include "cuda/host/variants.hpp"
+
+namespace flashattn::cuda {
+namespace {
+
+using SmallD = fa2_backward::Tile<64, 64, 256>;
+using LargeD = fa2_backward::Tile<32, 32, 256>;
+
+// Throws std::invalid_argument where the tiles' shared memory or the grid do not fit this device.
+void require_backward_fits(const AttentionProblem& p) {
+    const std::size_t need =
+        static_cast<std::size_t>(p.dim <= 64 ? SmallD::smem_floats(p.dim)
+                                             : LargeD::smem_floats(p.dim)) *
+        sizeof(float);
+    const std::size_t have = device_limits().smem_per_block_optin;
+    if (need > have)
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
+                                    ": cuda-fa2's backward needs " + std::to_string(need) +
+                                    " bytes of shared memory per block; this device allows " +
+                                    std::to_string(have));
+    if (p.batch * p.heads > 65535)
+        throw std::invalid_argument("batch*heads = " + std::to_string(p.batch * p.heads) +
+                                    ": cuda-fa2's backward grid allows at most 65535");
+    if (tile_count(p.seq_q, 32) > std::numeric_limits<int>::max() ||
+        tile_count(p.seq_kv, 32) > std::numeric_limits<int>::max())
+        throw std::invalid_argument("seq_q/seq_kv: too many tiles for one launch");
+}
+
+template <class T>
+void launch(const fa2_backward::Params& a) {
+    const AttentionProblem& p = a.p;
+    const std::size_t bytes = static_cast<std::size_t>(T::smem_floats(p.dim)) * sizeof(float);
+    const auto key_kernel = fa2_backward::key_gradients_kernel<T>;
+    const auto query_kernel = fa2_backward::query_gradient_kernel<T>;
+    FA_CUDA_CHECK(cudaFuncSetAttribute(key_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+    FA_CUDA_CHECK(cudaFuncSetAttribute(query_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+    const dim3 key_grid(static_cast<unsigned>(tile_count(p.seq_kv, T::Bc)),
+                        static_cast<unsigned>(p.batch * p.heads_kv));
+    key_kernel<<<key_grid, T::threads, bytes>>>(a);
+    FA_CUDA_CHECK_LAUNCH();
+    const dim3 query_grid(static_cast<unsigned>(tile_count(p.seq_q, T::Br)),
+                          static_cast<unsigned>(p.batch * p.heads));
+    query_kernel<<<query_grid, T::threads, bytes>>>(a);
+    FA_CUDA_CHECK_LAUNCH();
+}
+
+// The three kernels in order: D, then dK and dV, then dQ.
+void launch_all(const fa2_backward::Params& a) {
+    const AttentionProblem& p = a.p;
+    launch_delta(a.dO, a.O, a.D, p.batch * p.heads * p.seq_q, static_cast<int>(p.dim), nullptr);
+    if (p.dim <= 64)
+        launch<SmallD>(a);
+    else
+        launch<LargeD>(a);
+}
+
+// ---- the tensor-core kernel ---------------------------------------------------------------------
+
+// d <= 64 runs on D = 64 tiles, 64 < d <= 128 on D = 128 (the columns past d zero-filled).
+using Tf32Small = Tf32BackwardTile<64, 8, 32>;
+using Tf32Large = Tf32BackwardTile<128, 8, 32>;
+
+// Whether the 3xTF32 kernel runs this problem: d and the inputs (tf32_backward_allowed), and no
+// FLASHATTN_VARIANT=cuda-fa2-backward=ffma.
+bool use_tensor_cores(const AttentionProblem& p, bool inputs_allowed) {
+    const std::string wanted = requested_variant("cuda-fa2-backward");
+    require_known_variant("cuda-fa2-backward", wanted, {"tf32", "ffma"});
+    if (wanted == "ffma") return false;
+    const bool fits = p.dim <= 128 && inputs_allowed;
+    if (wanted == "tf32" && !fits)
+        throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa2-backward=tf32 needs 16 <= d <= "
+                                    "128 and finite inputs");
+    return fits;
+}
+
+std::size_t turn_count(const AttentionProblem& p) {
+    return static_cast<std::size_t>(p.batch * p.heads * tile_count(p.seq_q, Tf32Small::Br));
+}
+
+template <class Cfg, bool kBlockMask, bool kDeterministic>
+void launch_tf32_kernel(const BackwardParams& params) {
+    const AttentionProblem& p = params.problem;
+    const auto kernel = backward_kernel<Tf32BackwardOps<Cfg>, kBlockMask, kDeterministic>;
+    if (std::size_t(Cfg::kSmemBytes) > device_limits().smem_per_block_optin)
+        throw std::runtime_error("cuda-fa2 backward: the tensor-core tile at D = " +
+                                 std::to_string(Cfg::D) + " needs " +
+                                 std::to_string(Cfg::kSmemBytes) +
+                                 " bytes of shared memory per block; this device allows " +
+                                 std::to_string(device_limits().smem_per_block_optin));
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg::kSmemBytes));
+    const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
+                    static_cast<unsigned>(p.batch * p.heads_kv));
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(params);
+    FA_CUDA_CHECK_LAUNCH();
+}
+
+template <class Cfg>
+void launch_tf32(const BackwardParams& params, bool deterministic) {
+    if (params.problem.block_mask.active())
+        deterministic ? launch_tf32_kernel<Cfg, true, true>(params)
+                      : launch_tf32_kernel<Cfg, true, false>(params);
+    else
+        deterministic ? launch_tf32_kernel<Cfg, false, true>(params)
+                      : launch_tf32_kernel<Cfg, false, false>(params);
+}
+
+// D, dQ = 0 (and the turn counters), then the kernel; dq_turns may be null unless deterministic.
+void launch_all_tf32(const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                     const float* O, const float* dO, const float* lse, float* D, float* dQ,
+                     float* dK, float* dV, int* dq_turns, bool deterministic) {
+    launch_delta(dO, O, D, p.batch * p.heads * p.seq_q, static_cast<int>(p.dim), nullptr);
+    FA_CUDA_CHECK(cudaMemsetAsync(dQ, 0, sizeof(float) * std::size_t(p.q_elements())));
+    if (deterministic)
+        FA_CUDA_CHECK(cudaMemsetAsync(dq_turns, 0, sizeof(int) * turn_count(p)));
+    const BackwardParams params =
+        make_backward_params(p, Q, K, V, dO, lse, D, dQ, dK, dV, dq_turns);
+    if (p.dim <= 64)
+        launch_tf32<Tf32Small>(params, deterministic);
+    else
+        launch_tf32<Tf32Large>(params, deterministic);
+}
+
+class PreparedFa2Backward final : public PreparedCudaBackward {
+public:
+    PreparedFa2Backward(const AttentionProblem& p, const BackwardInputs& in, DType dtype)
+        : PreparedCudaBackward("cuda-fa2", p, in, dtype),
+          tensor_cores_(use_tensor_cores(p, tf32_backward_allowed(p, in.Q, in.K, in.V, in.O, in.dO))),
+          deterministic_(deterministic_requested()) {
+        require_backward_fits(p);
+        D_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
+        if (tensor_cores_ && deterministic_) turns_ = workspace<int>(turn_count(p));
+    }
+
+    void execute() override {
+        if (tensor_cores_) {
+            launch_all_tf32(problem_, Q_.data(), K_.data(), V_.data(), O_.data(), dO_.data(),
+                            lse_.data(), D_.data(), dQ_.data(), dK_.data(), dV_.data(),
+                            turns_.data(), deterministic_);
+        } else {
+            launch_all({problem_, Q_.data(), K_.data(), V_.data(), O_.data(), dO_.data(),
+                        lse_.data(), D_.data(), dQ_.data(), dK_.data(), dV_.data()});
+        }
+        synchronize_device();
+    }
+
+private:
+    bool tensor_cores_, deterministic_;
+    DeviceBuffer<float> D_;
+    DeviceBuffer<int> turns_;
+};
+
+}  // namespace
+
+void add_cuda_fa2_backward(Backend& b) {
+    add_cuda_backward<PreparedFa2Backward>(b);
+    // The device entry: the same kernels on the caller's device arrays, no copies.
+    b.run_backward_device = [](const AttentionProblem& problem, const DeviceBackward& a) {
+        require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
+        require_array(a.O, "O"), require_array(a.lse, "LSE"), require_array(a.dO, "dO");
+        require_array(a.dQ, "dQ"), require_array(a.dK, "dK"), require_array(a.dV, "dV");
+        require_backward_fits(problem);
+        if (a.dtype != DType::f32)
+            throw std::invalid_argument("dtype = " + to_string(a.dtype) +
+                                        ": cuda-fa2's backward computes in float32 only");
+        FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
+        AttentionProblem p = problem;
+        const DeviceBuffer<std::uint8_t> mask = upload_block_mask(p);
+        DeviceBuffer<float> D(static_cast<std::size_t>(p.lse_elements()));
+        const auto f32 = [](const void* x) { return static_cast<const float*>(x); };
+        if (use_tensor_cores(p, tf32_backward_allowed_on_device(p, f32(a.Q), f32(a.K), f32(a.V),
+                                                                a.O, f32(a.dO)))) {
+            const bool deterministic = deterministic_requested();
+            DeviceBuffer<int> turns(deterministic ? turn_count(p) : 0);
+            launch_all_tf32(p, f32(a.Q), f32(a.K), f32(a.V), a.O, f32(a.dO), a.lse, D.data(),
+                            a.dQ, a.dK, a.dV, turns.data(), deterministic);
+            synchronize_device();
+            return;
+        }
+        launch_all({p, f32(a.Q), f32(a.K), f32(a.V), a.O, f32(a.dO), a.lse, D.data(), a.dQ,
+                    a.dK, a.dV});
+        synchronize_device();
+    };
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,261 @@
+// cuda/fa2/kernel_tf32.cuh — cuda-fa2 v4: FlashAttention-2 in float32 with both products on tensor
+// cores, by 3xTF32 (cuda/ptx/tf32_mma.cuh says why that is as accurate as fp32 FMAs).
+//
+// This is cuda-tc's kernel (cuda/tc/kernel.cuh: FA2 Algorithm 1, one CTA per query tile, warps
+// owning 16-row tiles, O_i, m_i, l_i in registers in the mma accumulator layout) with fp32
+// operands. The softmax, masking and output stages are cuda-tc's own functions, called
+// unchanged: the accumulator layout of mma.m16n8k8.tf32 is that of m16n8k16. What differs:
+//
+//  * Operands are fp32 in shared memory and are split (big + small tf32) as they are read into
+//    fragments; every product of 16 x 8 x 8 is three mma's.
+//  * Q_i stays in shared memory and is re-read (and split) for every key tile: in registers it
+//    would take d/2 of them raw or d split, beside O_i's d/2 -- measured with ptxas, that spilled
+//    at d = 128 even with 255 registers.
+//  * Each A fragment meets a row of B fragments pass by pass (tf32::mma_3xtf32<kN>): the three
+//    products of one accumulator depend on each other, products of different ones do not.
+//  * Fragment loads follow cuda/ptx/tf32_mma.cuh's k renumbering: for S = Q K^T a lane reads 4
+//    consecutive floats of a K row (one 16-byte load) for two k-steps; for P V the S accumulators
+//    are already the A fragments, and b0, b1 are V rows 8 nt + 2t and 8 nt + 2t + 1.
+//  * Padded rows instead of swizzles: K_j and Q_i rows are D + 16 floats apart (the 8 lanes of a
+//    16-byte load phase read 2 rows x 4 chunks: +16 floats puts the second row in the other
+//    half of the banks), V_j rows D + 4 (lanes (g, t) read row 2t, column g: bank 8t + g, all 32
+//    distinct).
+//  * Accuracy: a tensor core adds the products of one mma to its accumulator with truncation
+//    (round toward zero), not fp32's round to nearest, so the error of a chain of mma's into one
+//    accumulator grows with its length, one-sided; long chains broke the tests' 2x rule. So every
+//    k-step (8 columns of d for S, 8 keys for O) takes a fresh accumulator -- its three mma's,
+//    small products first, truncate only a sum of 8 products -- and is added to S_ij or O_i with
+//    an ordinary fp32 add (round to nearest), as Ootomo and Yokota's single-precision
+//    tensor-core GEMM does (errors and cost: docs/cuda_fp32_notes.md, section "cuda/fa2/kernel_tf32.cuh").
+//  * Exponents as 2^((s - m) c), not 2^(s c - m c) (exp2_of_difference): at large logits the
+//    second form moved weights by ~0.1% (measured: O error 2.4e-4 on the tests' |s| ~ 1e4 case).
+//  * Inputs must be finite (the split turns inf into NaN, and a masked key's P = 0 times a NaN V is
+//    NaN): cuda/fa2/backend.cu checks once and runs the FFMA kernel otherwise.
+//
+// FA2 Algorithm 1 lines (the same map as cuda/tc/kernel.cuh's header):
+//   L3 grid (i, h, b) | L4 Q_i -> registers | L5 O, l, m = 0, 0, -inf | L6 loop over key tiles j |
+//   L7 K_j, V_j -> shared memory (cp.async ring) | L8 compute_scores | L9-L10 online_softmax,
+//   accumulate_pv | L12-L15 write_output.
+#pragma once
+
+#include <cstdint>
+
+#include "common/online_softmax.hpp"
+#include "common/problem.hpp"
+#include "common/tiling.hpp"
+#include "cuda/stages/async_copy.cuh"
+#include "cuda/stages/warp_softmax.cuh"
+#include "cuda/stages/mma_stages.cuh"
+#include "cuda/ptx/tf32_mma.cuh"
+
+namespace flashattn::cuda {
+
+// The compile-time shape of one CTA: kWarps warps of one 16-row tile each, key tiles of Bc rows,
+// two ring slots (the copy of tile j + 1 runs while tile j is multiplied).
+template <int D_, int kWarps_, int Bc_, int kMinBlocks_>
+struct Tf32Tile {
+    static constexpr int D = D_;  // padded head dim: 64 or 128
+    static constexpr int kWarps = kWarps_;
+    static constexpr int kMTiles = 1;  // what cuda/stages/mma_stages.cuh's stages expect
+    static constexpr int kWarpRows = 16;
+    static constexpr int Br = 16 * kWarps_;
+    static constexpr int Bc = Bc_;
+    static constexpr int kThreads = 32 * kWarps_;
+    static constexpr int kQKStride = D_ + 16;  // floats between rows of Q_i and K_j
+    static constexpr int kVStride = D_ + 4;    // floats between rows of V_j
+    static constexpr int kSlotFloats = Bc_ * (kQKStride + kVStride);  // K_j then V_j
+    static constexpr int kSmemFloats = Br * kQKStride + 2 * kSlotFloats;  // Q_i, two ring slots
+    static constexpr std::size_t SMEM_BYTES = std::size_t{kSmemFloats} * sizeof(float);
+    static constexpr int THREADS = kThreads;
+    static constexpr int MIN_BLOCKS = kMinBlocks_;  // CTAs per SM the registers must allow
+
+    static_assert(D_ % 32 == 0, "the bank arithmetic above assumes rows of a multiple of 32 floats");
+    static_assert(Bc_ % 8 == 0, "key tiles are whole n8 / k8 tiles");
+};
+
+// FA2 L8: S = (q_sign Q_i) K_j^T (unscaled) for this warp's 16 rows (row 0 of sQ_w is the
+// warp's first).
+// For the k-step pair (2 qd, 2 qd + 1) a lane reads columns 16 qd + 4t .. + 3 of Q_i rows g and
+// g + 8 (A values of step 2 qd: +0, +1; of step 2 qd + 1: +2, +3) and the same 4 columns of K_j
+// row 8 nt + g (B values), each with one 16-byte load.
+template <class Cfg>
+__device__ __forceinline__ void tf32_scores(float (&S)[Cfg::Bc / 8][4], const float* sQ_w,
+                                            float q_sign, const float* sK, int lane) {
+    constexpr int kNT = Cfg::Bc / 8;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nt][e] = 0.0f;
+#pragma unroll 2
+    for (int qd = 0; qd < Cfg::D / 16; ++qd) {
+        float4 q0 = *reinterpret_cast<const float4*>(sQ_w + g * Cfg::kQKStride + 16 * qd + 4 * t);
+        float4 q8 =
+            *reinterpret_cast<const float4*>(sQ_w + (g + 8) * Cfg::kQKStride + 16 * qd + 4 * t);
+        q0 = make_float4(q_sign * q0.x, q_sign * q0.y, q_sign * q0.z, q_sign * q0.w);
+        q8 = make_float4(q_sign * q8.x, q_sign * q8.y, q_sign * q8.z, q_sign * q8.w);
+        float4 k[kNT];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+            k[nt] = *reinterpret_cast<const float4*>(sK + (8 * nt + g) * Cfg::kQKStride +
+                                                     16 * qd + 4 * t);
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {  // k-step 2 qd + step: columns +2 step, +2 step + 1
+            // A = (g, k = t) (g + 8, t) (g, t + 4) (g + 8, t + 4); B = (k = t, key g) (t + 4, g)
+            const tf32::Split a[4] = {
+                tf32::split(component(q0, 2 * step)), tf32::split(component(q8, 2 * step)),
+                tf32::split(component(q0, 2 * step + 1)), tf32::split(component(q8, 2 * step + 1))};
+            tf32::Split bk[kNT][2];
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+                bk[nt][0] = tf32::split(component(k[nt], 2 * step)),
+                bk[nt][1] = tf32::split(component(k[nt], 2 * step + 1));
+            // One fresh accumulator per k-step, added to S with an fp32 add: see "Accuracy".
+            float part[kNT][4] = {};
+            tf32::mma_3xtf32<kNT>(part, a, bk);
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[nt][e] += part[nt][e];
+        }
+    }
+}
+
+// FA2 L10 (second half): O_i += P~ V_j. Key tile nt of P~ (fp32, in S's registers) is the A
+// fragment (c0, c2, c1, c3) under the renumbering "key 8 nt + 2t is k = t, 8 nt + 2t + 1 is
+// k = t + 4"; B's b0, b1 are those two rows of V_j, column 8 dn + g.
+template <class Cfg>
+__device__ __forceinline__ void tf32_accumulate_pv(float (&O)[Cfg::D / 8][4],
+                                                   const float (&P)[Cfg::Bc / 8][4],
+                                                   const float* sV, int lane) {
+    constexpr int kDN = 8;  // output column tiles per pass: 8 B fragments = 32 registers split
+    static_assert(Cfg::D % (8 * kDN) == 0, "D must be whole passes");
+    const int g = lane / 4, t = lane % 4;
+    // Per pass of kDN output tiles, per key k-step: P~ V_j into a fresh accumulator, then added
+    // to O_i with fp32 adds (see "Accuracy" above). P~'s splits are redone per pass (D / 64
+    // passes).
+#pragma unroll
+    for (int dn0 = 0; dn0 < Cfg::D / 8; dn0 += kDN) {
+#pragma unroll
+        for (int nt = 0; nt < Cfg::Bc / 8; ++nt) {
+            const tf32::Split a[4] = {tf32::split(P[nt][0]), tf32::split(P[nt][2]),
+                                      tf32::split(P[nt][1]), tf32::split(P[nt][3])};
+            const float* v0 = sV + (8 * nt + 2 * t) * Cfg::kVStride + g;  // key 8 nt + 2t
+            const float* v1 = v0 + Cfg::kVStride;                         // key 8 nt + 2t + 1
+            tf32::Split bv[kDN][2];
+#pragma unroll
+            for (int n = 0; n < kDN; ++n)
+                bv[n][0] = tf32::split(v0[8 * (dn0 + n)]), bv[n][1] = tf32::split(v1[8 * (dn0 + n)]);
+            float part[kDN][4] = {};
+            tf32::mma_3xtf32<kDN>(part, a, bv);
+#pragma unroll
+            for (int n = 0; n < kDN; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) O[dn0 + n][e] += part[n][e];
+        }
+    }
+}
+
+// FA2 L4 / L7: rows [row0, row0 + kRows) of one head's (n x d) matrix into a tile of row stride
+// kStride; rows past n and columns d..D-1 are zero-filled (cuda/stages/async_copy.cuh).
+template <class Cfg, int kRows, int kStride>
+__device__ __forceinline__ void tf32_load_tile(float* tile, const float* head, int row0, int n,
+                                               int d) {
+    const int valid_rows = row0 < n ? (n - row0 < kRows ? n - row0 : kRows) : 0;
+    load_tile_async(tile, kStride, head + std::int64_t(row0) * d, d, kRows, Cfg::D, valid_rows, d,
+                    int(threadIdx.x), Cfg::kThreads);
+}
+
+// One CTA = one query tile of one (batch, head). Grid (Tr, heads, batch), as cuda-tc's.
+// kBlockMask: a separate instantiation for problems with a block mask.
+template <class Cfg, bool kBlockMask>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
+    fa2_tf32_kernel(const mma::KernelParams params) {
+    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D;
+    extern __shared__ float4 smem_float4[];
+    float* sQ = reinterpret_cast<float*>(smem_float4);
+    // Ring slot s (0 or 1) holds K_j, then V_j. (Pointer arithmetic, not an array of two
+    // pointers: indexed by a run-time slot, such an array would live in local memory.)
+    float* const ring = sQ + Br * Cfg::kQKStride;
+    const auto K_of = [ring](int s) { return ring + s * Cfg::kSlotFloats; };
+    const auto V_of = [ring](int s) { return ring + s * Cfg::kSlotFloats + Bc * Cfg::kQKStride; };
+
+    const AttentionProblem& p = params.problem;
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int seq_q = int(p.seq_q), seq_kv = int(p.seq_kv), d = int(p.dim);
+
+    // FA2 L3 (as cuda-tc: under a causal mask the later query tiles, which see more keys, first).
+    const int Tr = int(gridDim.x);
+    const int i = p.causal ? Tr - 1 - int(blockIdx.x) : int(blockIdx.x);
+    const std::int64_t h = blockIdx.y, b = blockIdx.z;
+    const int row_begin = i * Br, row_end = min(row_begin + Br, seq_q);
+    const TileRange rows = {row_begin, row_end};
+    const int warp_begin = min(row_begin + 16 * warp, row_end);
+    const TileRange warp_rows = {warp_begin, min(warp_begin + 16, row_end)};
+    const float* Q_head = static_cast<const float*>(params.Q) + p.q_offset(b, h);
+    const float* K_head = static_cast<const float*>(params.K) + p.kv_offset(b, h);
+    const float* V_head = static_cast<const float*>(params.V) + p.kv_offset(b, h);
+
+    int Tc_seen = int(tile_count(seq_kv, Bc));  // FA2 L6's range, cut at the causal diagonal
+    if (p.causal) {
+        const std::int64_t last_key = row_end - 1 + p.causal_offset();
+        Tc_seen = last_key < 0 ? 0 : int(min(std::int64_t(Tc_seen), last_key / Bc + 1));
+    }
+
+    // FA2 L4 and L7 (issued): Q_i, and the first visible K_j, V_j into slot 0.
+    tf32_load_tile<Cfg, Br, Cfg::kQKStride>(sQ, Q_head, row_begin, seq_q, d);
+    int j = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc);
+    if (j < Tc_seen) {
+        tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(0), K_head, j * Bc, seq_kv, d);
+        tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(0), V_head, j * Bc, seq_kv, d);
+    }
+    cp_async_commit();
+    // A negative scale is folded into Q_i as it is read (negating is exact), so that the softmax
+    // sees maxima of |scale| s, as cuda-tc's stages expect.
+    const float q_sign = p.softmax_scale() < 0 ? -1.0f : 1.0f;
+    const float* sQ_w = sQ + 16 * warp * Cfg::kQKStride;  // the warp's 16 rows
+
+    // FA2 L5.
+    float O[D / 8][4];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O[dt][e] = 0.0f;
+
+    // FA2 L6: for each visible key tile j (in slot `cur`).
+    for (int cur = 0; j < Tc_seen; cur ^= 1) {
+        // FA2 L7: tile j (and Q_i) has landed and every warp is done with the other slot (tile
+        // j - 1): the next visible tile may be copied into it.
+        cp_async_wait_all();
+        __syncthreads();
+        const int next = mma::next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc);
+        if (next < Tc_seen) {
+            tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(cur ^ 1), K_head, next * Bc,
+                                                    seq_kv, d);
+            tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(cur ^ 1), V_head, next * Bc,
+                                                   seq_kv, d);
+        }
+        cp_async_commit();
+
+        const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
+        const TileVisibility seen =
+            warp_rows.size() > 0
+                ? mma::visibility<kBlockMask>(p, warp_rows, TileRange{col_begin, col_end})
+                : TileVisibility::none;
+        if (seen != TileVisibility::none) {
+            float S[Bc / 8][4];
+            tf32_scores<Cfg>(S, sQ_w, q_sign, K_of(cur), lane);  // FA2 L8
+            if (seen == TileVisibility::partial || col_end - col_begin < Bc)
+                mma::mask_scores<Cfg, kBlockMask>(S, p, warp_begin, col_begin, lane);
+            mma::online_softmax<Cfg, true>(S, m, l, O, params.scale_log2);  // FA2 L9, L10 (rescale)
+            tf32_accumulate_pv<Cfg>(O, S, V_of(cur), lane);    // FA2 L10 (+ P~ V_j)
+        }
+        j = next;
+    }
+
+    // FA2 L12-L15.
+    if (warp_begin < row_end) mma::write_output<Cfg>(O, m, l, params, warp_begin, b, h, lane);
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,211 @@
+// cuda/fa3/backend.cu — the cuda-fa3 backend: checks, the tensor maps TMA copies through, launch, and the
+// upload path every CUDA backend shares (cuda/host/prepared.hpp: 16-bit Q, K, V with Q times q_sign,
+// poisoned O and LSE).
+#include "cuda/fa3/backend.hpp"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/tiling.hpp"
+#include "cuda/host/check.hpp"
+#include "cuda/fa3/kernel.cuh"
+#include "cuda/host/prepared.hpp"
+#include "cuda/host/tensor_core_eligibility.hpp"
+#include "cuda/host/variants.hpp"
+
+namespace flashattn::fa3 {
+namespace {
+
+void check_problem(const AttentionProblem& p, DType dtype) {
+    validate(p);
+    if (dtype != DType::f16 && dtype != DType::bf16)
+        throw std::invalid_argument("dtype = " + to_string(dtype) +
+                                    ": cuda-fa3 computes in f16 or bf16 (tensor cores)");
+    if (p.dim != 64 && p.dim != 128)
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
+                                    ": cuda-fa3 supports head dim 64 or 128");
+    const std::string outside = cuda::mma_grid_limits(p);
+    if (!outside.empty()) throw std::invalid_argument(outside);
+    // Work tiles (Br = 128 rows in every variant) are numbered with int: the counter is an int.
+    const std::int64_t items = tile_count(p.seq_q, 128) * p.heads * p.batch;
+    if (items > (std::int64_t{1} << 30))
+        throw std::invalid_argument("batch x heads x ceil(seq_q / 128) = " + std::to_string(items) +
+                                    ": cuda-fa3 numbers its work tiles with int, at most 2^30");
+}
+
+// cuTensorMapEncodeTiled is a driver function; the runtime hands out its address, so the library
+// needs no link to libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        FA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                       cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+            throw std::runtime_error(
+                "cuda-fa3: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs 12.0 or newer)");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    return encode;
+}
+
+// A 3-D map over `heads` arrays of rows x d 16-bit values (innermost first: d, rows, heads) whose
+// boxes are 64 columns (one 128-byte panel) x box_rows rows, written to shared memory in the
+// 128-byte swizzle that wgmma reads; rows past `rows` arrive as zeros.
+CUtensorMap tile_map(const void* base, DType dtype, std::int64_t heads, std::int64_t rows,
+                     std::int64_t d, int box_rows) {
+    CUtensorMap map;
+    const cuuint64_t size[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};
+    const cuuint64_t stride_bytes[2] = {cuuint64_t(d) * 2, cuuint64_t(rows) * cuuint64_t(d) * 2};
+    const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
+    const cuuint32_t step[3] = {1, 1, 1};
+    const CUresult status = tensor_map_encoder()(
+        &map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        3, const_cast<void*>(base), size, stride_bytes, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (status != CUDA_SUCCESS)
+        throw std::runtime_error("cuda-fa3: cuTensorMapEncodeTiled failed (CUresult " +
+                                 std::to_string(int(status)) + ")");
+    return map;
+}
+
+// The GPU's multiprocessor count: the persistent grid's size.
+int multiprocessor_count() {
+    int device = 0, count = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+}
+
+// next_item: one int of device memory, the work-tile counter (zeroed here before the launch).
+template <class Cfg>
+void launch(const KernelParams& base, DType dtype, int* next_item) {
+    const AttentionProblem& p = base.problem;
+    Fa3Params params;
+    params.base = base;
+    params.Tr = int(tile_count(p.seq_q, Cfg::Br));
+    params.items = params.Tr * int(p.heads) * int(p.batch);
+    params.next_item = next_item;
+    params.q = tile_map(base.Q, dtype, p.batch * p.heads, p.seq_q, p.dim, Cfg::Br);
+    params.k = tile_map(base.K, dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
+    params.v = tile_map(base.V, dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
+    auto kernel = fa3_forward_kernel<Cfg, false>;
+    if (p.block_mask.active()) kernel = fa3_forward_kernel<Cfg, true>;
+    constexpr int kSmem = smem_bytes<Cfg>();
+    FA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    // One CTA per SM (the registers allow no more), each taking work tiles until none is left.
+    const int grid = std::min(params.items, multiprocessor_count());
+    FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int)));
+    kernel<<<grid, Cfg::kThreads, kSmem>>>(params);
+    FA_CUDA_CHECK_LAUNCH();
+}
+
+// The compiled kernels per head dim: keys per tile Bc (the N of S's wgmma), a ring of 2, and with
+// ("-pingpong") or without the ping-pong between the consumer warpgroups. The default (first
+// listed for a d) is the one measured fastest in docs/cuda_fa3.md: at d = 128 with ping-pong; at
+// d = 64 without (stage 3; since stage 4 the two are within a few percent there).
+// FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
+struct Variant {
+    const char* name;
+    int dim;
+    void (*run)(const KernelParams&, DType, int* next_item);
+};
+
+template <int D, int Bc, int kStages, bool kPingPong>
+void run_variant(const KernelParams& params, DType dtype, int* next_item) {
+    if (dtype == DType::f16)
+        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong>>(params, dtype, next_item);
+    else
+        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong>>(params, dtype, next_item);
+}
+
+const Variant kVariants[] = {
+    {"d64-Bc128", 64, run_variant<64, 128, 2, false>},
+    {"d64-Bc128-pingpong", 64, run_variant<64, 128, 2, true>},
+    {"d128-Bc128-pingpong", 128, run_variant<128, 128, 2, true>},
+    {"d128-Bc128", 128, run_variant<128, 128, 2, false>},
+};
+
+const Variant& choose_variant(const AttentionProblem& p) {
+    const std::string wanted = cuda::requested_variant("cuda-fa3");
+    std::vector<std::string> names;
+    for (const Variant& v : kVariants) names.push_back(v.name);
+    cuda::require_known_variant("cuda-fa3", wanted, names);
+    for (const Variant& v : kVariants)
+        if (v.dim == p.dim && (wanted.empty() || wanted == v.name)) return v;
+    throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa3=" + wanted + " is for another head dim than dim = " +
+                                std::to_string(p.dim));
+}
+
+class PreparedFa3 final : public cuda::PreparedCuda {
+public:
+    PreparedFa3(const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                DType dtype)
+        : PreparedCuda("cuda-fa3", p, Q, K, V, dtype, cuda::InputForm::bits16),
+          variant_(choose_variant(p)),
+          next_item_(workspace<int>(1)) {}
+
+    void execute() override {
+        variant_.run(mma::make_params(problem_, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
+                                      lse_.data()),
+                     dtype_, next_item_.data());
+        synchronize();
+    }
+    std::string tiles() const override {
+        return std::string(variant_.name) +
+               ": Br = 128 (2 consumer warpgroups + 1 TMA producer), wgmma, one persistent CTA per SM";
+    }
+
+private:
+    const Variant& variant_;
+    cuda::DeviceBuffer<int> next_item_;  // the persistent CTAs' work-tile counter
+};
+
+}  // namespace
+
+bool fa3_available() {
+#if defined(FLASHATTN_HAVE_SM90A)
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return major == 9 && minor == 0;
+#else
+    return false;
+#endif
+}
+
+Backend fa3_backend() {
+    Backend b;
+    b.name = "cuda-fa3";
+    b.device = "cuda";
+    b.summary =
+        "FlashAttention-3 on Hopper: wgmma, TMA copies into an mbarrier ring, a producer warpgroup "
+        "and two consumer warpgroups, softmax overlapped with P V (and ping-pong at d = 128), "
+        "persistent CTAs; fp16/bf16, d = 64 or 128, forward only";
+    b.dtypes = {DType::f16, DType::bf16};
+    b.tile_sizes = TileSizes::own;
+    b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                   DType dtype) -> std::unique_ptr<PreparedAttention> {
+        check_problem(p, dtype);
+        require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
+        return std::make_unique<PreparedFa3>(p, Q, K, V, dtype);
+    };
+    return b;
+}
+
+}  // namespace flashattn::fa3

@@ -1,0 +1,491 @@
+// cuda/fa3/kernel.cuh — cuda-fa3: FlashAttention-2's forward on Hopper the way FlashAttention-3
+// runs it: both products on warpgroup MMA (wgmma), K_j and V_j copied by the tensor memory
+// accelerator (TMA) into an mbarrier ring, warp specialization (one producer warpgroup copies, two
+// consumer warpgroups compute), and the softmax overlapped with the products. Host side:
+// cuda/fa3/backend.cu; the instructions: cuda/ptx/hopper.cuh. Needs sm_90a; in a build for other
+// architectures the kernel body is empty and the backend is not registered.
+//
+// FlashAttention-3 (Shah et al., 2024, arXiv 2407.08608), its ideas in the order the notes page
+// (docs/cuda_fa3.md) measures them, stage by stage:
+//   1. wgmma (Section 2.2, 3): a warpgroup (4 warps, 128 threads) multiplies 64 x N x 16 tiles with
+//      its operands read from shared memory by the tensor cores (mma.sync, cuda-tc's instruction,
+//      needs every operand in registers, loaded by ldmatrix, 16 rows per warp).
+//   2. TMA and warp specialization (Section 3.1): the producer warpgroup keeps one thread that
+//      asks the copy engine for Q_i once and for K_j, V_j tile after tile, into a ring of kStages
+//      slots; each slot has "full" barriers (the copy's bytes have landed) and "empty" barriers
+//      (every consumer thread is done reading K_j, V_j). The producer gives most of its registers
+//      to the consumers (setmaxnreg), which need them for S, P~ and O of 64 rows each.
+//   3. Overlap (Section 3.2), two ways:
+//      * within a warpgroup: tile j's S = Q_i K_j^T and tile j-1's O += P~ V_{j-1} are issued
+//        together, and the softmax of tile j runs while the P V is still on the tensor cores;
+//        O's rescale waits for that product (softmax_update, then rescale_output);
+//      * between the two warpgroups (ping-pong, kPingPong): they take turns issuing their products
+//        (named barriers), so that one warpgroup's softmax tends to run while the other's products
+//        do. A compile-time choice: measured, it pays at d = 128 and costs at d = 64
+//        (docs/cuda_fa3.md, stage 3, says why we think so).
+//   4. A persistent grid (as FlashAttention-3's implementation schedules tiles): one CTA per SM
+//      takes work tiles (query tile i, head h, batch b) one after another, the next from a counter
+//      in device memory. Once the consumers are done with Q_i (after their last product), the
+//      producer copies the next tile's Q_i, K_j, V_j while they write this one's O and LSE, instead
+//      of every CTA starting with an empty pipeline.
+//
+// Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
+// chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked
+// by cuda/tools/wgmma_probe.cu); d = 128 is two panels. The accumulators are m16n8's C layout warp
+// by warp (cuda/ptx/hopper.cuh), so masking, the online softmax (FA2 Algorithm 1 lines 9-10) and the
+// epilogue (lines 12-15) are the shared cuda/stages/mma_stages.cuh, as in cuda-tc.
+//
+// FA2 Algorithm 1 lines: L3 work tiles (i, h, b), taken in turn by persistent CTAs | L4 Q_i ->
+// shared memory (TMA, producer) | L5 O, l, m = 0, 0, -inf | L6 loop over key tiles j | L7 K_j,
+// V_j -> shared memory (TMA, producer, ring) | L8 S = Q_i K_j^T on wgmma | L9-L10 mask_scores,
+// softmax_update, rescale_output | L10 O += P~ V_j on wgmma (one tile later) | L12-L15
+// write_output.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/problem.hpp"
+#include "common/tiling.hpp"
+#include "cuda/ptx/hopper.cuh"
+#include "cuda/stages/mma_stages.cuh"
+#include "cuda/ptx/mma_sync.cuh"
+
+namespace flashattn::fa3 {
+
+using mma::KernelParams;
+
+// One CTA: a producer warpgroup and kConsumers = 2 consumer warpgroups of 64 query rows each
+// (Br = 128); key tiles of Bc; head dim D = 64 or 128 (1 or 2 panels); a ring of kStages K_j / V_j
+// slots; kPingPong: whether the consumer warpgroups take turns issuing their products.
+template <class T_, int D_, int Bc_, int kStages_, bool kPingPong_>
+struct Fa3Tile {
+    using T = T_;
+    static constexpr int D = D_;
+    static constexpr int Bc = Bc_;
+    static constexpr int kStages = kStages_;
+    static constexpr bool kPingPong = kPingPong_;
+    static constexpr int kConsumers = 2;
+    static constexpr int Br = 64 * kConsumers;
+    static constexpr int kThreads = 128 * (1 + kConsumers);
+    static constexpr int kMTiles = 1;  // mma_stages: one 16-row tile per warp
+    static constexpr int kPanels = D / 64;
+    // setmaxnreg budgets: 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536 registers.
+    static constexpr int kProducerRegisters = 24;
+    static constexpr int kConsumerRegisters = 240;
+    static constexpr std::uint32_t kQBytes = Br * D * sizeof(T_);
+    static constexpr std::uint32_t kTileBytes = Bc * D * sizeof(T_);  // one K_j or V_j
+    static_assert(D == 64 || D == 128, "cuda-fa3: D = 64 or 128");
+    static_assert(Bc == 64 || Bc == 128, "cuda-fa3: Bc = 64 or 128 (the N of S's wgmma)");
+};
+
+// The ring's barriers, after the tiles in shared memory.
+template <int kStages>
+struct Fa3Barriers {
+    std::uint64_t q;                // Q_i (and `item` below) of the next work tile have landed
+    std::uint64_t q_empty;          // every consumer thread is done with Q_i and has read `item`
+    std::uint64_t k_full[kStages];  // K_j in slot s has landed
+    std::uint64_t v_full[kStages];  // V_j in slot s has landed
+    // Every consumer thread is done with K_j (after S) or V_j (after P V) in slot s: released
+    // apart, since the overlapped loop is done with K_j a tile earlier than with V_j.
+    std::uint64_t k_empty[kStages];
+    std::uint64_t v_empty[kStages];
+    int item;  // the work tile the producer took next (written before `q` is signalled), or -1
+};
+
+// Tiles must start on 1024 bytes (the 128-byte swizzle repeats every 8 rows of 128 bytes): the
+// dynamic shared memory is over-allocated by 1024 and its start rounded up.
+template <class Cfg>
+constexpr int smem_bytes() {
+    return int(Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes) +
+           int(sizeof(Fa3Barriers<Cfg::kStages>)) + 1024;
+}
+
+// What the kernel reads: cuda-tc's parameters and the three tensor maps (built by cuda/fa3/backend.cu:
+// 3-D, (d, rows, batch x heads) innermost first, boxes of 64 columns x Br or Bc rows).
+struct Fa3Params {
+    KernelParams base;
+    CUtensorMap q, k, v;
+    int Tr;          // query tiles per head
+    int items;       // work tiles: Tr x heads x batch
+    int* next_item;  // device counter, zero at launch: work tiles taken past the first gridDim.x
+};
+
+// A work tile: query tile i of head h, batch b; its rows; the key tiles the CTA's rows can see
+// (FA2 L6's range, cut by the causal mask). Numbered as a (Tr, heads, batch) grid would be, query
+// tiles fastest, so that CTAs working at the same time share a head's K and V in L2; under a causal
+// mask the later query tiles (more keys to see) first.
+struct WorkTile {
+    int i;
+    std::int64_t h, b;
+    TileRange rows;
+    int Tc_seen;
+};
+template <class Cfg>
+__device__ __forceinline__ WorkTile work_tile(const Fa3Params& params, int item) {
+    const AttentionProblem& p = params.base.problem;
+    WorkTile t;
+    const int i_in_head = item % params.Tr;
+    const int head_of_all = item / params.Tr;
+    t.i = p.causal ? params.Tr - 1 - i_in_head : i_in_head;
+    t.h = head_of_all % p.heads;
+    t.b = head_of_all / p.heads;
+    const int row_begin = t.i * Cfg::Br;
+    t.rows = {row_begin, min(row_begin + Cfg::Br, int(p.seq_q))};
+    t.Tc_seen = int(causal_key_tiles(p, t.rows, Cfg::Bc).seen);
+    return t;
+}
+
+// Where the producer and a consumer are in the ring: slot `stage`, and the parity of the slot's
+// current use (it flips each time the ring wraps).
+struct RingPosition {
+    int stage = 0;
+    std::uint32_t phase = 0;
+    template <int kStages>
+    __device__ void advance() {
+        if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+};
+
+// FA2 L8: issues S = Q_i K_j^T for a consumer warpgroup's 64 rows (not waited for): d / 16 k-steps
+// of 16 columns (32 bytes into a panel's 128-byte rows per step; the second panel for columns
+// 64..127).
+template <class Cfg>
+__device__ __forceinline__ void issue_scores(float (&S)[Cfg::Bc / 8][4], const typename Cfg::T* sQ_wg,
+                                             const typename Cfg::T* sK) {
+    using T = typename Cfg::T;
+#pragma unroll
+    for (int nt = 0; nt < Cfg::Bc / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nt][e] = 0.0f;
+    hopper::wgmma_fence_registers(S);
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int pn = 0; pn < Cfg::kPanels; ++pn)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            hopper::wgmma_ss<T, Cfg::Bc>(S, hopper::smem_descriptor(sQ_wg + pn * Cfg::Br * 64 + 16 * kk),
+                                         hopper::smem_descriptor(sK + pn * Cfg::Bc * 64 + 16 * kk));
+    hopper::wgmma_commit();
+}
+
+// P~ packed into wgmma's register A operand (16 keys per k-step), as cuda-tc packs it for mma.sync.
+template <class Cfg>
+__device__ __forceinline__ void pack_p(std::uint32_t (&a)[Cfg::Bc / 16][4],
+                                       const float (&P)[Cfg::Bc / 8][4]) {
+    using T = typename Cfg::T;
+#pragma unroll
+    for (int kk = 0; kk < Cfg::Bc / 16; ++kk) {
+        a[kk][0] = tc::pack2<T>(P[2 * kk][0], P[2 * kk][1]);
+        a[kk][1] = tc::pack2<T>(P[2 * kk][2], P[2 * kk][3]);
+        a[kk][2] = tc::pack2<T>(P[2 * kk + 1][0], P[2 * kk + 1][1]);
+        a[kk][3] = tc::pack2<T>(P[2 * kk + 1][2], P[2 * kk + 1][3]);
+    }
+}
+
+// FA2 L10 (second half): issues O_i += P~ V_j (not waited for), Bc / 16 k-steps of 16 keys (16 rows
+// of a V_j panel = 2048 bytes each); each panel of V_j gives 64 columns of O.
+template <class Cfg>
+__device__ __forceinline__ void issue_pv(float (&O)[Cfg::D / 8][4],
+                                         const std::uint32_t (&a)[Cfg::Bc / 16][4],
+                                         const typename Cfg::T* sV) {
+    using T = typename Cfg::T;
+    hopper::wgmma_fence_registers(O);
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::Bc / 16; ++kk) {
+        hopper::wgmma_rs<T, 0>(O, a[kk], hopper::smem_descriptor(sV + 16 * kk * 64));
+        if constexpr (Cfg::kPanels == 2)
+            hopper::wgmma_rs<T, 8>(O, a[kk],
+                                   hopper::smem_descriptor(sV + Cfg::Bc * 64 + 16 * kk * 64));
+    }
+    hopper::wgmma_commit();
+}
+
+// Ping-pong (FA3 Section 3.2): named barrier 1 + w is consumer warpgroup w's turn to issue its
+// products. A warpgroup waits for its turn (begin), issues, and hands the turn to the other (end);
+// warpgroup 1 first hands warpgroup 0 the opening turn. Both take the same number of turns, and
+// warpgroup 0 takes the last hand-over (finish), so every barrier use is matched.
+template <bool kEnabled>
+struct Turns {
+    int mine, other;
+    __device__ explicit Turns(int cg) : mine(1 + cg), other(2 - cg) {
+        if (kEnabled && cg == 1) hopper::named_barrier_arrive(other, 256);
+    }
+    __device__ void begin() const {
+        if (kEnabled) hopper::named_barrier_sync(mine, 256);
+    }
+    __device__ void end() const {
+        if (kEnabled) hopper::named_barrier_arrive(other, 256);
+    }
+    __device__ void finish() const {
+        if (kEnabled && mine == 1) hopper::named_barrier_sync(mine, 256);
+    }
+};
+
+// The producer (one thread): for each work tile it takes (the CTA's own first, then the counter's),
+// FA2 L4 (once the consumers are done with the last Q_i), then L7 for every key tile the CTA's rows
+// can see, in the order the consumers take them. A slot's K (V) is refilled once every consumer
+// thread has released the K (V) it held. The ring runs on across work tiles, so the next tile's
+// copies start while the consumers still work on this one. Ends by handing the consumers item -1.
+template <class Cfg, bool kBlockMask>
+__device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename Cfg::T* sK,
+                        typename Cfg::T* sV, Fa3Barriers<Cfg::kStages>* bars) {
+    constexpr int Br = Cfg::Br, Bc = Cfg::Bc;
+    const AttentionProblem& p = params.base.problem;
+    RingPosition ring;
+    std::uint32_t q_phase = 0;
+    for (int item = int(blockIdx.x);; item = int(gridDim.x) + atomicAdd(params.next_item, 1)) {
+        hopper::mbarrier_wait(&bars->q_empty, q_phase ^ 1);  // the last Q_i is read
+        if (item >= params.items) {
+            bars->item = -1;
+            hopper::mbarrier_arrive(&bars->q);  // release: the consumers read item = -1 after it
+            return;
+        }
+        bars->item = item;
+        const WorkTile t = work_tile<Cfg>(params, item);
+        const int q_head = int(t.b * p.heads + t.h);
+        const int kv_head = int(t.b * p.heads_kv + p.kv_head(t.h));
+
+        hopper::mbarrier_arrive_expect_bytes(&bars->q, Cfg::kQBytes);  // FA2 L4
+#pragma unroll
+        for (int pn = 0; pn < Cfg::kPanels; ++pn)
+            hopper::tma_load_3d(sQ + pn * Br * 64, &params.q, &bars->q, 64 * pn, int(t.rows.begin),
+                                q_head);
+
+        for (int j = mma::next_key_tile<kBlockMask>(p, t.rows, 0, t.Tc_seen, Bc); j < t.Tc_seen;
+             j = mma::next_key_tile<kBlockMask>(p, t.rows, j + 1, t.Tc_seen, Bc)) {
+            const int s = ring.stage;
+            hopper::mbarrier_wait(&bars->k_empty[s], ring.phase ^ 1);  // the slot's last K is read
+            hopper::mbarrier_arrive_expect_bytes(&bars->k_full[s], Cfg::kTileBytes);  // FA2 L7
+#pragma unroll
+            for (int pn = 0; pn < Cfg::kPanels; ++pn)
+                hopper::tma_load_3d(sK + (s * Cfg::kPanels + pn) * Bc * 64, &params.k,
+                                    &bars->k_full[s], 64 * pn, j * Bc, kv_head);
+            hopper::mbarrier_wait(&bars->v_empty[s], ring.phase ^ 1);  // the slot's last V is read
+            hopper::mbarrier_arrive_expect_bytes(&bars->v_full[s], Cfg::kTileBytes);
+#pragma unroll
+            for (int pn = 0; pn < Cfg::kPanels; ++pn)
+                hopper::tma_load_3d(sV + (s * Cfg::kPanels + pn) * Bc * 64, &params.v,
+                                    &bars->v_full[s], 64 * pn, j * Bc, kv_head);
+            ring.advance<Cfg::kStages>();
+        }
+        q_phase ^= 1;
+    }
+}
+
+// What a consumer warpgroup keeps from one work tile to the next: where it is in the ring, the
+// ping-pong turns, and the parity of the Q barrier.
+template <class Cfg, bool kBlockMask>
+struct ConsumerState {
+    RingPosition ring;  // the slot of the next key tile
+    const Turns<Cfg::kPingPong && !kBlockMask> turns;
+    std::uint32_t q_phase = 0;
+    __device__ explicit ConsumerState(int cg) : turns(cg) {}
+};
+
+// One consumer warpgroup's share of one work tile: FA2 L5-L15 for its 64 rows of Q_i.
+template <class Cfg, bool kBlockMask>
+__device__ __forceinline__ void consume(const Fa3Params& params, const WorkTile& t,
+                                        const typename Cfg::T* sQ, const typename Cfg::T* sK,
+                                        const typename Cfg::T* sV, Fa3Barriers<Cfg::kStages>* bars,
+                                        ConsumerState<Cfg, kBlockMask>& state, int cw, int lane) {
+    constexpr int Bc = Cfg::Bc, D = Cfg::D, kStages = Cfg::kStages;
+    const AttentionProblem& p = params.base.problem;
+    const int cg = cw / 4;  // consumer warpgroup 0..1
+    const int seq_kv = int(p.seq_kv);
+    const int row_begin = int(t.rows.begin), row_end = int(t.rows.end);
+    const int warp_begin = row_begin + 16 * cw;
+    // A warpgroup's wgmma is collective: whether to skip a key tile is decided per warpgroup.
+    const int wg_begin = min(row_begin + 64 * cg, row_end);
+    const TileRange wg_rows = {wg_begin, min(wg_begin + 64, row_end)};
+    const auto* sQ_wg = sQ + 64 * cg * 64;  // this warpgroup's 64 rows of the first panel
+    RingPosition& ring = state.ring;
+    const auto& turns = state.turns;
+
+    // FA2 L5.
+    float O[D / 8][4];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O[dt][e] = 0.0f;
+
+    if constexpr (kBlockMask) {
+        // Block masks: a tile may be hidden from this warpgroup or need the mask, asked tile by
+        // tile (64-bit divisions, subroutine calls). ptxas serializes a wgmma left running across
+        // such branches, so here each tile's products are waited for at once (stage 2).
+        for (int j = mma::next_key_tile<true>(p, t.rows, 0, t.Tc_seen, Bc); j < t.Tc_seen;
+             j = mma::next_key_tile<true>(p, t.rows, j + 1, t.Tc_seen, Bc)) {
+            const int s = ring.stage;
+            const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
+            const TileVisibility seen =
+                wg_rows.size() > 0 ? mma::visibility<true>(p, wg_rows, TileRange{col_begin, col_end})
+                                   : TileVisibility::none;
+            hopper::mbarrier_wait(&bars->k_full[s], ring.phase);  // FA2 L7
+            hopper::mbarrier_wait(&bars->v_full[s], ring.phase);
+            if (seen != TileVisibility::none) {
+                float S[Bc / 8][4];
+                issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8
+                hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(S);
+                if (seen == TileVisibility::partial || col_end - col_begin < Bc || wg_rows.size() < 64)
+                    mma::mask_scores<Cfg, true>(S, p, warp_begin, col_begin, lane);
+                mma::online_softmax<Cfg>(S, m, l, O, params.base.scale_log2);  // FA2 L9, L10
+                std::uint32_t a[Bc / 16][4];
+                pack_p<Cfg>(a, S);
+                issue_pv<Cfg>(O, a, sV + s * Bc * D);  // FA2 L10
+                hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(O);
+                hopper::wgmma_fence_registers(a);
+            }
+            hopper::mbarrier_arrive(&bars->k_empty[s]);
+            hopper::mbarrier_arrive(&bars->v_empty[s]);
+            ring.advance<kStages>();
+        }
+    } else {
+        // Without a block mask the tiles this warpgroup sees are a prefix of the producer's
+        // sequence, and those that need the mask a suffix of that prefix (causal_key_tiles): a
+        // loop for each, so that no run-time branch separates a wgmma from its wait.
+        const KeyTileSplit split = causal_key_tiles(p, wg_rows, Bc);
+        const int n_full = int(split.full), n_seen = int(split.seen);
+        RingPosition pv;              // the slot of the tile whose P~ V is pending
+        std::uint32_t a[Bc / 16][4];  // that tile's P~, wgmma's A operand
+
+        // One step of the overlapped loop: tile j's S is issued with tile j-1's P V; tile j's
+        // softmax runs while that P V does; then O's rescale and P~_j.
+        const auto step = [&](int j, auto masked) {
+            const int s = ring.stage;
+            hopper::mbarrier_wait(&bars->k_full[s], ring.phase);       // FA2 L7: K_j
+            hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);  // V_{j-1}
+            float S[Bc / 8][4];
+            turns.begin();
+            issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8, tile j
+            issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);   // FA2 L10, tile j-1
+            turns.end();
+            hopper::wgmma_wait<1>();  // S has landed; the P V still runs
+            hopper::wgmma_fence_registers(S);
+            hopper::mbarrier_arrive(&bars->k_empty[s]);
+            if constexpr (decltype(masked)::value)
+                mma::mask_scores<Cfg, false>(S, p, warp_begin, j * Bc, lane);
+            float old_scale[2];
+            mma::softmax_update<Cfg>(S, m, l, params.base.scale_log2, old_scale);  // FA2 L9
+            hopper::wgmma_wait<0>();  // the P V has landed: O is ours again, V_{j-1} free
+            hopper::wgmma_fence_registers(O);
+            hopper::wgmma_fence_registers(a);
+            hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
+            mma::rescale_output<Cfg>(O, old_scale);  // FA2 L10, O's rescale
+            pack_p<Cfg>(a, S);
+            pv = ring;
+            ring.advance<kStages>();
+        };
+
+        if (n_seen > 0) {
+            {  // Tile 0: its S alone (nothing is pending), its softmax; O is still zero.
+                hopper::mbarrier_wait(&bars->k_full[ring.stage], ring.phase);
+                float S[Bc / 8][4];
+                turns.begin();
+                issue_scores<Cfg>(S, sQ_wg, sK + ring.stage * Bc * D);
+                turns.end();
+                hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(S);
+                hopper::mbarrier_arrive(&bars->k_empty[ring.stage]);
+                if (n_full == 0) mma::mask_scores<Cfg, false>(S, p, warp_begin, 0, lane);
+                float old_scale[2];
+                mma::softmax_update<Cfg>(S, m, l, params.base.scale_log2, old_scale);
+                pack_p<Cfg>(a, S);
+                pv = ring;
+                ring.advance<kStages>();
+            }
+            int j = 1;
+            for (; j < n_full; ++j) step(j, std::false_type{});
+            for (; j < n_seen; ++j) step(j, std::true_type{});
+            // FA2 L10 for the last tile.
+            hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);
+            turns.begin();
+            issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);
+            turns.end();
+            hopper::wgmma_wait<0>();
+            hopper::wgmma_fence_registers(O);
+            hopper::wgmma_fence_registers(a);
+            hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
+        } else {
+            turns.begin();  // the last P V's turn, with nothing to issue
+            turns.end();
+        }
+        // Tiles only the CTA's other warpgroup sees: released unread, each after both its copies
+        // have landed (the producer must not refill a slot a copy is still writing).
+        for (int j = n_seen; j < t.Tc_seen; ++j) {
+            turns.begin();
+            turns.end();
+            hopper::mbarrier_wait(&bars->k_full[ring.stage], ring.phase);
+            hopper::mbarrier_wait(&bars->v_full[ring.stage], ring.phase);
+            hopper::mbarrier_arrive(&bars->k_empty[ring.stage]);
+            hopper::mbarrier_arrive(&bars->v_empty[ring.stage]);
+            ring.advance<kStages>();
+        }
+    }
+    // Every product that read Q_i has completed: the producer may copy the next work tile's Q.
+    hopper::mbarrier_arrive(&bars->q_empty);
+
+    // FA2 L12-L15.
+    if (warp_begin < row_end) mma::write_output<Cfg>(O, m, l, params.base, warp_begin, t.b, t.h, lane);
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+// Grid: min(work tiles, SMs) persistent CTAs. Block: Cfg::kThreads (warpgroup 0 produces, 1 and 2
+// consume). Dynamic shared memory: smem_bytes<Cfg>(): Q_i (Br x D), kStages K_j slots, kStages
+// V_j slots (each a tile of kPanels panels), the barriers; from a 1024-byte boundary.
+template <class Cfg, bool kBlockMask>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fa3_forward_kernel(const __grid_constant__ Fa3Params params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using T = typename Cfg::T;
+    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D, kStages = Cfg::kStages;
+    extern __shared__ uint4 smem_raw[];
+    const std::uintptr_t raw = reinterpret_cast<std::uintptr_t>(smem_raw);
+    T* sQ = reinterpret_cast<T*>((raw + 1023) & ~std::uintptr_t(1023));
+    T* sK = sQ + Br * D;
+    T* sV = sK + kStages * Bc * D;
+    auto* bars = reinterpret_cast<Fa3Barriers<kStages>*>(sV + kStages * Bc * D);
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, wg = warp / 4;
+
+    if (threadIdx.x == 0) {
+        hopper::mbarrier_init(&bars->q, 1);  // the producer's arrival (+ Q's bytes)
+        hopper::mbarrier_init(&bars->q_empty, 128 * Cfg::kConsumers);
+        for (int s = 0; s < kStages; ++s) {
+            hopper::mbarrier_init(&bars->k_full[s], 1);  // the producer's arrival (+ the bytes)
+            hopper::mbarrier_init(&bars->v_full[s], 1);
+            hopper::mbarrier_init(&bars->k_empty[s], 128 * Cfg::kConsumers);
+            hopper::mbarrier_init(&bars->v_empty[s], 128 * Cfg::kConsumers);
+        }
+        hopper::fence_barrier_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // The producer warpgroup: one thread issues every copy; the registers go to the consumers.
+        hopper::release_registers<Cfg::kProducerRegisters>();
+        if (warp == 0 && lane == 0) produce<Cfg, kBlockMask>(params, sQ, sK, sV, bars);
+    } else {
+        hopper::claim_registers<Cfg::kConsumerRegisters>();
+        const int cw = warp - 4;  // consumer warp 0..7
+        ConsumerState<Cfg, kBlockMask> state(cw / 4);
+        for (;;) {
+            hopper::mbarrier_wait(&bars->q, state.q_phase);  // Q_i of the next work tile
+            const int item = *static_cast<volatile int*>(&bars->item);
+            if (item < 0) break;
+            consume<Cfg, kBlockMask>(params, work_tile<Cfg>(params, item), sQ, sK, sV, bars, state,
+                                     cw, lane);
+            state.q_phase ^= 1;
+        }
+        state.turns.finish();
+    }
+#endif
+}
+
+}  // namespace flashattn::fa3

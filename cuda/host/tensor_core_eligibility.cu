@@ -1,0 +1,76 @@
+// cuda/host/tensor_core_eligibility.cu — see cuda/host/tensor_core_eligibility.hpp.
+#include "cuda/host/tensor_core_eligibility.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/host/check.hpp"
+#include "cuda/host/device_buffer.hpp"
+
+namespace flashattn::cuda {
+namespace {
+
+bool all_finite(const float* x, std::int64_t n) {
+    return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
+}
+
+__global__ void find_nonfinite_kernel(const float* __restrict__ x, std::int64_t n, int* found) {
+    for (std::int64_t e = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < n;
+         e += std::int64_t{gridDim.x} * blockDim.x)
+        if (!isfinite(x[e])) *found = 1;  // any thread's write of 1 will do
+}
+
+// The same test on arrays in device memory: one pass over each, one int back to the host.
+bool all_finite_on_device(std::initializer_list<std::pair<const float*, std::int64_t>> arrays) {
+    DeviceBuffer<int> found(1);
+    FA_CUDA_CHECK(cudaMemset(found.data(), 0, sizeof(int)));
+    for (const auto& [x, n] : arrays) {
+        find_nonfinite_kernel<<<1024, 256>>>(x, n, found.data());
+        FA_CUDA_CHECK_LAUNCH();
+    }
+    int host = 0;
+    found.download(&host);
+    return host == 0;
+}
+
+}  // namespace
+
+std::string mma_grid_limits(const AttentionProblem& p) {
+    constexpr std::int64_t kMaxGrid = 65535, kMaxSeq = std::int64_t{1} << 30;
+    if (p.heads > kMaxGrid || p.batch > kMaxGrid)
+        return "heads x batch = " + std::to_string(p.heads) + " x " + std::to_string(p.batch) +
+               ": the tensor-core kernels launch one grid row per head and one grid layer per "
+               "batch entry, each at most 65535";
+    if (p.seq_q > kMaxSeq || p.seq_kv > kMaxSeq)
+        return "seq_q/seq_kv = " + std::to_string(p.seq_q) + "/" + std::to_string(p.seq_kv) +
+               ": the tensor-core kernels index rows with int, at most 2^30";
+    return {};
+}
+
+bool tf32_tensor_cores_allowed(const AttentionProblem& p, const float* Q, const float* K,
+                               const float* V) {
+    return p.dim >= 16 && mma_grid_limits(p).empty() && all_finite(Q, p.q_elements()) &&
+           all_finite(K, p.kv_elements()) && all_finite(V, p.kv_elements());
+}
+
+bool tf32_tensor_cores_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
+                                         const float* V) {
+    return p.dim >= 16 && mma_grid_limits(p).empty() &&
+           all_finite_on_device({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()}});
+}
+
+bool tf32_backward_allowed(const AttentionProblem& p, const float* Q, const float* K,
+                           const float* V, const float* O, const float* dO) {
+    return tf32_tensor_cores_allowed(p, Q, K, V) && all_finite(O, p.q_elements()) &&
+           all_finite(dO, p.q_elements());
+}
+
+bool tf32_backward_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
+                                     const float* V, const float* O, const float* dO) {
+    return p.dim >= 16 && mma_grid_limits(p).empty() &&
+           all_finite_on_device({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()},
+                                 {O, p.q_elements()}, {dO, p.q_elements()}});
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,42 @@
+// cuda/host/tensor_core_eligibility.hpp — may a tensor-core kernel run this problem? Decided here, once, for every
+// CUDA backend: cuda-tc (which has no other kernel: a problem outside its limits is refused) and
+// the fp32 backends cuda-fa1 and cuda-fa2 (which fall back to their FFMA kernels).
+#pragma once
+
+#include <string>
+
+#include "common/problem.hpp"
+
+namespace flashattn::cuda {
+
+// The launch limits every mma.sync kernel shares: one grid row per head and one grid layer per
+// batch entry (each at most 65535), and row indices within a head held in an int (at most 2^30
+// rows). Returns an empty string when the problem fits, else why it does not.
+std::string mma_grid_limits(const AttentionProblem& p);
+
+// Whether the 3xTF32 kernels (cuda-fa1 v5, cuda-fa2 v4) may compute this fp32 problem:
+//   * the grid limits above;
+//   * d >= 16. 3xTF32 carries ~22 of fp32's 24 mantissa bits per operand; at tiny d a score is
+//     one or two unscaled products and the error reached 1.27x the 2x rule's bound at d = 1
+//     (docs/cuda_fp32_notes.md), while from d = 6 it stays within the bound like cuda-standard's;
+//     and d < 16 would do 4x+ padded work on the D = 64 tile anyway;
+//   * every input finite: the tf32 split (cuda/ptx/tf32_mma.cuh) turns inf into NaN, and a masked
+//     key's P = 0 times a NaN would be NaN, where the FFMA kernels leave masked keys out.
+// The kernels' own limits (largest D, shared memory) are their host code's to check.
+bool tf32_tensor_cores_allowed(const AttentionProblem& p, const float* Q, const float* K,
+                               const float* V);
+
+// The same for Q, K, V in device memory (the device entry points): the finiteness test runs on
+// the GPU.
+bool tf32_tensor_cores_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
+                                         const float* V);
+
+// The backward's (cuda-fa2's 3xTF32 backward): the same, with O and dO finite too (O through
+// D = rowsum(dO o O) and dO as an operand both reach the split products). Host arrays, or device
+// arrays for the _on_device form.
+bool tf32_backward_allowed(const AttentionProblem& p, const float* Q, const float* K,
+                           const float* V, const float* O, const float* dO);
+bool tf32_backward_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
+                                     const float* V, const float* O, const float* dO);
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,222 @@
+// cuda/ptx/hopper.cuh — the Hopper (sm_90 / sm_90a) instructions cuda-fa3 is built from, one thin
+// wrapper each, so that cuda/fa3/kernel.cuh reads as the algorithm:
+//   * wgmma (warpgroup MMA, sm_90a): 64 x N x 16 products with operands read from shared memory by
+//     the tensor cores, through a 64-bit matrix descriptor;
+//   * mbarrier: shared-memory barriers that count arrivals and bytes of asynchronous copies, with
+//     a phase bit a waiter tests (FlashAttention-3's producer/consumer ring, Section 3.1);
+//   * TMA (the tensor memory accelerator, cp.async.bulk.tensor): one thread asks for a whole tile,
+//     described by a CUtensorMap built on the host (cuda/fa3/backend.cu), and the copy engine writes it
+//     into shared memory in wgmma's 128-byte swizzle, zero-filling rows past the tensor's end;
+//   * setmaxnreg (sm_90a): a warpgroup gives registers back or takes more (warp specialization);
+//   * named barriers (bar.sync / bar.arrive): warpgroups taking turns.
+// PTX ISA references: "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions",
+// "mbarrier", "cp.async.bulk.tensor", "setmaxnreg".
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace flashattn::hopper {
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- wgmma ---------------------------------------------------------------------------------
+
+// The shared-memory matrix descriptor ("Matrix Descriptor Format"): the start address, the
+// stride between 8-row groups (1024 bytes: 8 rows of 128), and the 128-byte swizzle mode (bits
+// 62-63 = 1). The leading offset is unused when a row is one swizzle width: every operand here is
+// a panel of rows of 64 halves (128 bytes), checked on an H100 by cuda/tools/wgmma_probe.cu.
+__device__ __forceinline__ std::uint64_t smem_descriptor(const void* tile) {
+    return std::uint64_t((smem_address(tile) >> 4) & 0x3FFF) | (std::uint64_t(1024 >> 4) << 32) |
+           (std::uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most kPending committed wgmma groups of this warpgroup are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving reads or writes of an accumulator across a wgmma that is still
+// running on it (the registers are the hardware's until wgmma_wait).
+template <int kRows>
+__device__ __forceinline__ void wgmma_fence_registers(float (&d)[kRows][4]) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+// The same for a register A operand: its registers must keep their values until the wgmma that
+// reads them has completed, so they are "used" again after wgmma_wait.
+template <int kRows>
+__device__ __forceinline__ void wgmma_fence_registers(std::uint32_t (&a)[kRows][4]) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+// Shared memory written by ordinary stores and read next by the tensor cores or the copy engine
+// (the async proxy): each writing thread fences before the barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+#define FA3_R0_31                                                                                 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FA3_R32_63                                                                                \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "   \
+    "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+// 8 accumulator rows d[o .. o + 7] (32 floats) as in-out operands.
+#define FA3_ACC8(d, o)                                                                             \
+    "+f"(d[o][0]), "+f"(d[o][1]), "+f"(d[o][2]), "+f"(d[o][3]), "+f"(d[o + 1][0]),                 \
+        "+f"(d[o + 1][1]), "+f"(d[o + 1][2]), "+f"(d[o + 1][3]), "+f"(d[o + 2][0]),                \
+        "+f"(d[o + 2][1]), "+f"(d[o + 2][2]), "+f"(d[o + 2][3]), "+f"(d[o + 3][0]),                \
+        "+f"(d[o + 3][1]), "+f"(d[o + 3][2]), "+f"(d[o + 3][3]), "+f"(d[o + 4][0]),                \
+        "+f"(d[o + 4][1]), "+f"(d[o + 4][2]), "+f"(d[o + 4][3]), "+f"(d[o + 5][0]),                \
+        "+f"(d[o + 5][1]), "+f"(d[o + 5][2]), "+f"(d[o + 5][3]), "+f"(d[o + 6][0]),                \
+        "+f"(d[o + 6][1]), "+f"(d[o + 6][2]), "+f"(d[o + 6][3]), "+f"(d[o + 7][0]),                \
+        "+f"(d[o + 7][1]), "+f"(d[o + 7][2]), "+f"(d[o + 7][3])
+
+// d (64 x N, fp32; warp w of the warpgroup holds rows 16 w + (g, g + 8), columns 8 i + 2t (+1),
+// i.e. m16n8's C layout tile by tile) += A B for one k-step of 16, A (64 x 16) and B (N x 16)
+// both read from shared memory "K-major" (the 16 k values of a row contiguous). N = 64 or 128.
+template <class T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b) {
+    static_assert(N == 64 || N == 128, "wgmma_ss: N = 64 or 128");
+    constexpr bool kHalf = std::is_same_v<T, __half>;
+    if constexpr (N == 64 && kHalf)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" FA3_R0_31
+                     "}, %32, %33, 1, 1, 1, 0, 0;\n"
+                     : FA3_ACC8(d, 0)
+                     : "l"(a), "l"(b));
+    else if constexpr (N == 64)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" FA3_R0_31
+                     "}, %32, %33, 1, 1, 1, 0, 0;\n"
+                     : FA3_ACC8(d, 0)
+                     : "l"(a), "l"(b));
+    else if constexpr (kHalf)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" FA3_R0_31
+                     ", " FA3_R32_63 "}, %64, %65, 1, 1, 1, 0, 0;\n"
+                     : FA3_ACC8(d, 0), FA3_ACC8(d, 8)
+                     : "l"(a), "l"(b));
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" FA3_R0_31
+                     ", " FA3_R32_63 "}, %64, %65, 1, 1, 1, 0, 0;\n"
+                     : FA3_ACC8(d, 0), FA3_ACC8(d, 8)
+                     : "l"(a), "l"(b));
+}
+
+// d[o .. o + 7] (64 x 64 of a wider accumulator) += A B for one k-step of 16: A (64 x 16) from
+// registers (each warp's m16n8k16 A fragment of its 16 rows), B (16 x 64) from shared memory
+// "MN-major" (the 64 n values of a k row contiguous, i.e. a V_j panel with keys as rows).
+template <class T, int o, int kRows>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kRows][4], const std::uint32_t (&a)[4],
+                                         std::uint64_t b) {
+    static_assert(o + 8 <= kRows, "wgmma_rs: 64 columns inside the accumulator");
+    if constexpr (std::is_same_v<T, __half>)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" FA3_R0_31
+                     "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                     : FA3_ACC8(d, o)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" FA3_R0_31
+                     "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                     : FA3_ACC8(d, o)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// ---- mbarrier ------------------------------------------------------------------------------
+
+// Arrivals expected per phase; one thread initializes, then fence_barrier_init and a barrier
+// make it visible to every thread and to the copy engine.
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, int arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)),
+                 "r"(arrivals)
+                 : "memory");
+}
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also tells the barrier to wait for `bytes` more of copy transactions.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(std::uint64_t* bar, std::uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                     smem_address(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// Waits until the phase with this parity (0 or 1) has completed. A fresh barrier is in phase 0,
+// and waiting for parity 1 returns at once (it counts as the phase before): that is how a
+// producer's first pass over an empty ring goes through.
+__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, std::uint32_t parity) {
+    std::uint32_t done = 0;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(smem_address(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// ---- TMA -----------------------------------------------------------------------------------
+
+// Copies the box at coordinates (c0, c1, c2) of a 3-D tensor map (innermost first) into shared
+// memory at dst (1024-byte aligned for the 128-byte swizzle); the bytes arrive on `bar`. The map
+// must live in constant or grid-constant memory (a __grid_constant__ kernel parameter).
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, std::uint64_t* bar,
+                                            int c0, int c1, int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_address(dst)),
+        "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1),
+        "r"(c2)
+        : "memory");
+}
+
+// ---- named barriers --------------------------------------------------------------------------
+
+// Barrier `id` (1..15; 0 is __syncthreads) completes once `threads` threads have reached it, some
+// waiting (sync) and some only signalling (arrive): how one warpgroup hands a turn to another.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- setmaxnreg ----------------------------------------------------------------------------
+
+// The executing warpgroup's registers per thread become kRegs (a multiple of 8 in 24..256). Every
+// warp of the warpgroup must execute it; the kernel needs a register cap at entry
+// (__launch_bounds__(threads, 1)).
+template <int kRegs>
+__device__ __forceinline__ void release_registers() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void claim_registers() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+#undef FA3_R0_31
+#undef FA3_R32_63
+#undef FA3_ACC8
+
+}  // namespace flashattn::hopper

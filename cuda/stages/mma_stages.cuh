@@ -1,0 +1,238 @@
+// cuda/stages/mma_stages.cuh — the warp-level stages every tensor-core flash kernel shares: masking a
+// tile of scores, the online softmax of FlashAttention-2's Algorithm 1 lines 9-10 on registers,
+// and the epilogue (lines 12-15: O_i / l_i, L_i = m_i + log l_i, one write each).
+//
+// Used by cuda-tc (fp16/bf16, cuda/tc/kernel.cuh), cuda-fa2's 3xTF32 kernel (cuda/fa2/kernel_tf32.cuh)
+// and cuda-fa1's (cuda/fa1/kernel_tf32.cuh). What they share is the accumulator layout of the mma.sync
+// instructions, not the input type: an m16n8 C fragment (fp32) gives lane (g, t) = (lane / 4,
+// lane % 4) rows g and g + 8, columns 2t and 2t + 1 of every 8-column block, for m16n8k16 (16-bit
+// inputs) and m16n8k8 (tf32) alike (cuda/ptx/mma_sync.cuh draws it). So a row's values are spread over
+// the 4 lanes of a quad, and a row reduction is two shuffles.
+//
+// `Cfg` is a kernel's compile-time tile shape; these stages read Cfg::Bc (keys per tile), Cfg::D
+// (padded head dim) and Cfg::kMTiles (16-row tiles per warp). The rule itself (nan_max,
+// exp2_shift, exp2_shifted, exp2_of_difference) is common/online_softmax.hpp's.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/online_softmax.hpp"
+#include "common/problem.hpp"
+#include "common/tiling.hpp"
+
+namespace flashattn::mma {
+
+// Everything the kernel reads; passed by value (it lives in the constant bank).
+struct KernelParams {
+    const void* Q;  // (batch, heads,    seq_q,  dim) of T
+    const void* K;  // (batch, heads_kv, seq_kv, dim) of T
+    const void* V;  // (batch, heads_kv, seq_kv, dim) of T
+    float* O;       // (batch, heads, seq_q, dim)
+    float* lse;     // (batch, heads, seq_q)
+    AttentionProblem problem;  // its block_mask.data (if any) points to device memory
+    float scale_log2;          // c = |scale| log2(e) > 0 (a negative scale is folded into Q)
+    float lse_scale;           // |scale|: LSE = m |scale| + log(l) for raw-score maxima m
+};
+
+// The parameters of one launch. The kernels need c = |scale| log2(e) > 0 (see exp2_shifted).
+// Scale 0 means every visible key gets weight 1: any c small enough that |s| c rounds 2^(s c) to
+// exactly 1 does that.
+inline KernelParams make_params(const AttentionProblem& p, const void* Q, const void* K,
+                            const void* V, float* O, float* lse) {
+    const float scale = std::fabs(p.softmax_scale());
+    return {Q, K, V, O, lse, p, scale > 0 ? scale * kLog2e : 1e-30f, scale};
+}
+
+// Scores a query row may not see become -inf: keys at or past N_kv (the ragged last tile, whose
+// K rows were zero-filled) and keys hidden by the causal or the block mask. Called only for tiles
+// that classify_tile calls partial, and for the ragged last tile. row0: the row tile's first row.
+// Without a block mask the visible keys of a row are a prefix (causal_visible), so each row needs
+// one bound; with one, every score asks AttentionProblem::key_visible.
+template <class Cfg, bool kBlockMask>
+__device__ __forceinline__ void mask_scores(float (&S)[Cfg::Bc / 8][4], const AttentionProblem& p,
+                                            int row0, int col0, int lane) {
+    if constexpr (!kBlockMask) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + lane / 4 + 8 * r;
+            std::int64_t last_key = p.seq_kv - 1;
+            if (p.causal) last_key = min(last_key, row + p.causal_offset());
+            // Entry (nt, 2 r + e) is key col0 + 8 nt + 2 (lane % 4) + e; clamping the bound to
+            // [-1, Bc] lets the per-entry test be a 32-bit compare.
+            const std::int64_t last64 = last_key - col0 - 2 * (lane % 4);
+            const int last = int(last64 < -1 ? -1 : (last64 > Cfg::Bc ? Cfg::Bc : last64));
+#pragma unroll
+            for (int nt = 0; nt < Cfg::Bc / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (8 * nt + e > last) S[nt][2 * r + e] = -INFINITY;
+        }
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < Cfg::Bc / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = row0 + lane / 4 + 8 * (e / 2);
+                const int col = col0 + 8 * nt + 2 * (lane % 4) + e % 2;
+                // Rows past N_q (padding of the last query tile, never stored) must not index
+                // the block mask: its row of blocks does not exist.
+                if (row >= p.seq_q || col >= p.seq_kv || !p.key_visible(row, col))
+                    S[nt][e] = -INFINITY;
+            }
+    }
+}
+
+// part[r][0] = op over part[r][0 .. 2 kWidth), as a tree: log2 steps instead of a chain. Written
+// as a compile-time recursion because a loop whose inner trip count halves each step is not fully
+// unrolled by nvcc at 16 columns and put `part` in local memory (measured: 128-byte stack frame at
+// Bc = 128).
+template <int kWidth, int kN, class Op>
+__device__ __forceinline__ void pairwise_reduce(float (&part)[2][kN], Op op) {
+    if constexpr (kWidth >= 1) {
+#pragma unroll
+        for (int nt = 0; nt < kWidth; ++nt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) part[r][nt] = op(part[r][nt], part[r][nt + kWidth]);
+        pairwise_reduce<kWidth / 2>(part, op);
+    }
+}
+
+// FA2 L9 and the rescale half of L10, for one row tile; the lane holds rows g and g + 8 (index
+// r = e / 2 of accumulator entry e):
+//   m_new = max(m_i, rowmax(S))             nan_max over the lane's entries, then over the quad
+//   P~    = exp(scale (S - m_new))          exp2_shifted, written over S in place
+//   l_i   = exp(scale (m_i - m_new)) l_i + rowsum(P~)    (the lane's partial row sum)
+//   O_i  *= exp(scale (m_i - m_new))        rescale_output, with the factor softmax_update returns
+// The rule itself (nan_max, exp2_shift, exp2_shifted) is common/online_softmax.hpp's.
+// kExactDifference: exponents as (s - m) c (exp2_of_difference) instead of s c - m c, for the fp32
+// kernel (cuda/fa2/kernel_tf32.cuh), which is held to fp32 accuracy at large logits too.
+//
+// softmax_update does all but the last line and returns exp(scale (m_i - m_new)) per row in
+// old_scale; a kernel whose O_i is still being accumulated by an asynchronous P V (cuda-fa3's
+// overlapped loop) calls rescale_output once that product has landed. online_softmax is both.
+template <class Cfg, bool kExactDifference = false>
+__device__ __forceinline__ void softmax_update(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
+                                               float (&l)[2], float scale_log2,
+                                               float (&old_scale)[2]) {
+    // The lane's maximum of each row, as a pairwise tree: log2(Bc / 4) dependent steps instead of
+    // a chain of Bc / 4 (each step waits for the previous result).
+    constexpr int kNT = Cfg::Bc / 8;
+    float part[2][kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) part[r][nt] = nan_max(S[nt][2 * r], S[nt][2 * r + 1]);
+    pairwise_reduce<kNT / 2>(part, [](float a, float b) { return nan_max(a, b); });
+    float m_new[2] = {nan_max(m[0], part[0][0]), nan_max(m[1], part[1][0])};
+    // The 4 lanes of a quad hold the same two rows: combine their maxima.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        m_new[r] = nan_max(m_new[r], __shfl_xor_sync(0xffffffffu, m_new[r], 1));
+        m_new[r] = nan_max(m_new[r], __shfl_xor_sync(0xffffffffu, m_new[r], 2));
+    }
+    float shift[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        shift[r] = exp2_shift(m_new[r], scale_log2);
+        old_scale[r] = kExactDifference  // 0 while m_i = -inf
+                           ? exp2_of_difference(m[r], m_new[r], scale_log2)
+                           : exp2_shifted(m[r], shift[r], scale_log2);
+        m[r] = m_new[r];
+        l[r] *= old_scale[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            S[nt][e] = kExactDifference ? exp2_of_difference(S[nt][e], m_new[e / 2], scale_log2)
+                                        : exp2_shifted(S[nt][e], shift[e / 2], scale_log2);
+    // rowsum(P~), the same pairwise tree.
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) part[r][nt] = S[nt][2 * r] + S[nt][2 * r + 1];
+    pairwise_reduce<kNT / 2>(part, [](float a, float b) { return a + b; });
+    l[0] += part[0][0];
+    l[1] += part[1][0];
+}
+
+template <class Cfg>
+__device__ __forceinline__ void rescale_output(float (&O)[Cfg::D / 8][4], const float (&old_scale)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < Cfg::D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O[dt][e] *= old_scale[e / 2];
+}
+
+template <class Cfg, bool kExactDifference = false>
+__device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
+                                               float (&l)[2], float (&O)[Cfg::D / 8][4],
+                                               float scale_log2) {
+    float old_scale[2];
+    softmax_update<Cfg, kExactDifference>(S, m, l, scale_log2, old_scale);
+    rescale_output<Cfg>(O, old_scale);
+}
+
+// FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),
+// written for the rows that exist. l_i is first summed over the quad (each lane held a partial
+// sum over its own columns). O's rows are p.dim floats apart; columns p.dim..D-1 (the zero padding
+// of a head dim that is not one of the compiled D, as cuda-fa2's tensor-core kernel has) are not
+// written.
+template <class Cfg>
+__device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], const float (&m)[2],
+                                             const float (&l)[2], const KernelParams& params,
+                                             int row0, std::int64_t b, std::int64_t h, int lane) {
+    const AttentionProblem& p = params.problem;
+    float* O_head = params.O + p.q_offset(b, h);
+    float* lse_head = params.lse + p.lse_offset(b, h);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l_row = l[r];
+        l_row += __shfl_xor_sync(0xffffffffu, l_row, 1);
+        l_row += __shfl_xor_sync(0xffffffffu, l_row, 2);
+        const int row = row0 + lane / 4 + 8 * r;
+        if (row >= p.seq_q) continue;
+        float* O_row = O_head + std::int64_t(row) * p.dim + 2 * (lane % 4);
+        if (p.dim == Cfg::D) {
+#pragma unroll
+            for (int dt = 0; dt < Cfg::D / 8; ++dt)
+                *reinterpret_cast<float2*>(O_row + 8 * dt) =
+                    make_float2(normalize_output(O[dt][2 * r], l_row),
+                                normalize_output(O[dt][2 * r + 1], l_row));
+        } else {  // padded d (possibly odd: no 8-byte stores)
+#pragma unroll
+            for (int dt = 0; dt < Cfg::D / 8; ++dt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (8 * dt + 2 * (lane % 4) + e < p.dim)
+                        O_row[8 * dt + e] = normalize_output(O[dt][2 * r + e], l_row);
+        }
+        if (lane % 4 == 0) lse_head[row] = log_sum_exp(SoftmaxState{m[r] * params.lse_scale, l_row});
+    }
+}
+
+// How much of key tile [cols) the query rows [rows) may see. Without a block mask this is
+// classify_causal; with one, classify_tile also walks the mask blocks the tile overlaps (64-bit
+// divisions, which a GPU runs as subroutine calls: kept out of kernels that have no block mask).
+template <bool kBlockMask>
+__device__ __forceinline__ TileVisibility visibility(const AttentionProblem& p, TileRange rows,
+                                                     TileRange cols) {
+    if constexpr (kBlockMask)
+        return classify_tile(p, rows, cols);
+    else
+        return classify_causal(p, rows, cols);
+}
+
+// The next key tile at or after j that the CTA's query rows can see (Tc_seen if none): with a
+// block mask, invisible tiles are neither loaded nor multiplied; without one, every tile before
+// Tc_seen (the causal diagonal) is visible.
+template <bool kBlockMask>
+__device__ __forceinline__ int next_key_tile(const AttentionProblem& p, TileRange rows, int j,
+                                             int Tc_seen, int Bc) {
+    if constexpr (kBlockMask)
+        return int(next_visible_tile(p, TileAxis::keys, rows, j, Tc_seen, Bc));
+    return j;
+}
+
+}  // namespace flashattn::mma

@@ -1,0 +1,165 @@
+// cuda/tc/backend.cu — the cuda-tc Backend, on the upload path every CUDA backend shares
+// (cuda/host/prepared.hpp, cuda/host/prepared_backward.hpp): Q, K, V (and dO) as 16-bit values, poisoned
+// outputs, fetch() copies them back. The forward is cuda/tc/forward.cu, the backward
+// cuda/tc/backward.cu.
+#include "cuda/tc/backend.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/tiling.hpp"
+#include <cuda_runtime.h>
+
+#include "cuda/host/check.hpp"
+#include "cuda/host/prepared.hpp"
+#include "cuda/host/prepared_backward.hpp"
+#include "cuda/tc/backward.hpp"
+#include "cuda/host/variants.hpp"
+
+namespace flashattn::tc {
+
+namespace {
+
+// prepare() (PreparedCuda's constructor) rounds Q, K, V to 16 bits and uploads them with the block
+// mask, and poisons O and LSE; execute() launches the kernel and waits.
+class PreparedTc final : public cuda::PreparedCuda {
+public:
+    PreparedTc(const AttentionProblem& p, const float* Q, const float* K, const float* V,
+               DType dtype, const TcTileShape& tile)
+        : PreparedCuda("cuda-tc", p, Q, K, V, dtype, cuda::InputForm::bits16), tile_(tile) {}
+
+    void execute() override {
+        TcDeviceArgs args;
+        args.problem = problem_;
+        args.dtype = dtype_;
+        args.Q = Q16_.data(), args.K = K16_.data(), args.V = V16_.data();
+        args.O = O_.data(), args.lse = lse_.data();
+        tc_forward(args, tile_);
+        synchronize();
+    }
+    // The kernel keeps everything in registers and shared memory: no working memory in HBM.
+    std::string tiles() const override { return "tile shape " + tile_.name(); }
+
+private:
+    TcTileShape tile_;
+};
+
+// The default tile shape for (d, dtype) is the first of tc_tile_shapes; FLASHATTN_VARIANT
+// (cuda/host/variants.hpp) may name another by TcTileShape::name().
+TcTileShape choose_tile(std::int64_t dim, DType dtype) {
+    const std::vector<TcTileShape> shapes = tc_tile_shapes(dim, dtype);
+    const std::string wanted = cuda::requested_variant("cuda-tc");
+    std::vector<std::string> names;
+    for (const TcTileShape& s : shapes) names.push_back(s.name());
+    cuda::require_known_variant("cuda-tc", wanted, names);
+    for (const TcTileShape& s : shapes)
+        if (s.name() == wanted) return s;
+    return shapes.front();
+}
+
+// The backward's shape: the first of tc_backward_shapes, or FLASHATTN_VARIANT=cuda-tc-backward=<name>.
+TcBackwardShape choose_backward_shape(std::int64_t dim, DType dtype) {
+    const std::vector<TcBackwardShape> shapes = tc_backward_shapes(dim, dtype);
+    const std::string wanted = cuda::requested_variant("cuda-tc-backward");
+    std::vector<std::string> names;
+    for (const TcBackwardShape& s : shapes) names.push_back(s.name());
+    cuda::require_known_variant("cuda-tc-backward", wanted, names);
+    for (const TcBackwardShape& s : shapes)
+        if (s.name() == wanted) return s;
+    return shapes.front();
+}
+
+// prepare_backward rounds Q (times q_sign), K, V and dO to 16 bits and uploads them with the
+// forward's O and LSE (float); execute() runs the D pass and the kernel, and waits. Working
+// memory: D (B H N_q floats) and, in the deterministic mode, one counter per query tile and head.
+class PreparedTcBackward final : public cuda::PreparedCudaBackward {
+public:
+    PreparedTcBackward(const AttentionProblem& p, const BackwardInputs& in, DType dtype)
+        : PreparedCudaBackward("cuda-tc", p, in, dtype, cuda::InputForm::bits16),
+          shape_(choose_backward_shape(p.dim, dtype)),
+          deterministic_(cuda::deterministic_requested()) {
+        D_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
+        if (deterministic_) turns_ = workspace<int>(tc_backward_turn_count(p, shape_));
+    }
+
+    void execute() override {
+        TcBackwardArgs args;
+        args.problem = problem_;
+        args.dtype = dtype_;
+        args.Q = Q16_.data(), args.K = K16_.data(), args.V = V16_.data(), args.dO = dO16_.data();
+        args.O = O_.data(), args.lse = lse_.data();
+        args.D = D_.data(), args.dq_turns = turns_.data();
+        args.dQ = dQ_.data(), args.dK = dK_.data(), args.dV = dV_.data();
+        tc_backward(args, shape_, deterministic_);
+        cuda::synchronize_device();
+    }
+
+private:
+    TcBackwardShape shape_;
+    bool deterministic_;
+    cuda::DeviceBuffer<float> D_;
+    cuda::DeviceBuffer<int> turns_;
+};
+
+}  // namespace
+
+Backend tc_backend() {
+    Backend b;
+    b.name = "cuda-tc";
+    b.device = "cuda";
+    b.summary =
+        "FlashAttention-2 on tensor cores: fp16/bf16 mma.sync, ldmatrix, cp.async ring, fp32 "
+        "softmax and output; d in {32, 64, 96, 128, 256}";
+    b.dtypes = {DType::f16, DType::bf16};
+    b.tile_sizes = TileSizes::own;
+    b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
+                   DType dtype) -> std::unique_ptr<PreparedAttention> {
+        tc_check_problem(p, dtype);
+        require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
+        const TcTileShape tile = choose_tile(p.dim, dtype);
+        return std::make_unique<PreparedTc>(p, Q, K, V, dtype, tile);
+    };
+    b.prepare_backward = [](const AttentionProblem& p, const BackwardInputs& in,
+                            DType dtype) -> std::unique_ptr<PreparedBackward> {
+        tc_check_backward_problem(p, dtype);
+        return std::make_unique<PreparedTcBackward>(p, in, dtype);
+    };
+    // The device entries: the same kernels on the caller's 16-bit arrays, no copies. Like
+    // cuda-fa2's, they wait for the caller's stream, launch, and wait for the result.
+    b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
+        tc_check_problem(problem, a.dtype);
+        require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
+        require_array(a.O, "O"), require_array(a.lse, "LSE");
+        FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
+        TcDeviceArgs args;
+        args.problem = problem;
+        const cuda::DeviceBuffer<std::uint8_t> mask = cuda::upload_block_mask(args.problem);
+        args.dtype = a.dtype;
+        args.Q = a.Q, args.K = a.K, args.V = a.V, args.O = a.O, args.lse = a.lse;
+        tc_forward(args, choose_tile(problem.dim, a.dtype));
+        cuda::synchronize_device();
+    };
+    b.run_backward_device = [](const AttentionProblem& problem, const DeviceBackward& a) {
+        tc_check_backward_problem(problem, a.dtype);
+        const TcBackwardShape shape = choose_backward_shape(problem.dim, a.dtype);
+        const bool deterministic = cuda::deterministic_requested();
+        const auto stream = static_cast<cudaStream_t>(a.stream);
+        TcBackwardArgs args;
+        args.problem = problem;
+        const cuda::DeviceBuffer<std::uint8_t> mask = cuda::upload_block_mask(args.problem);
+        cuda::DeviceBuffer<float> D(static_cast<std::size_t>(problem.lse_elements()));
+        cuda::DeviceBuffer<int> turns(deterministic ? tc_backward_turn_count(problem, shape) : 0);
+        args.dtype = a.dtype;
+        args.Q = a.Q, args.K = a.K, args.V = a.V, args.dO = a.dO, args.O = a.O, args.lse = a.lse;
+        args.D = D.data(), args.dq_turns = turns.data();
+        args.dQ = a.dQ, args.dK = a.dK, args.dV = a.dV;
+        args.stream = a.stream;
+        tc_backward(args, shape, deterministic);  // queued behind the caller's work on `stream`
+        FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        cuda::synchronize_device();
+    };
+    return b;
+}
+
+}  // namespace flashattn::tc

@@ -1,0 +1,203 @@
+// cuda/tc/backward.cu — picks a compiled tile shape for a problem and launches cuda-tc's backward
+// (cuda/stages/flash_backward.cuh with the 16-bit stages of cuda/tc/backward_ops.cuh) after the D
+// pass; see cuda/tc/backward.hpp.
+#include "cuda/tc/backward.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <type_traits>
+
+#include "common/tiling.hpp"
+#include "cuda/stages/backward_prepass.cuh"
+#include "cuda/host/check.hpp"
+#include "cuda/tc/backward_ops.cuh"
+#include "cuda/host/tensor_core_eligibility.hpp"
+
+namespace flashattn::tc {
+
+using cuda::mma_grid_limits;
+
+std::string TcBackwardShape::name() const {
+    return "Bc" + std::to_string(Bc()) + "w" + std::to_string(warps) + "-Br" + std::to_string(Br) +
+           (kv_in_registers ? "-kvreg" : "-kvsmem");
+}
+
+namespace {
+
+// ---- the compiled tile shapes ------------------------------------------------------------------
+// Measured on an H100 (docs/cuda_backward.md, "cuda-tc"; fp16, B = 4, N = 4096, not causal): at
+// d = 64, 8 warps (Bc = 128) with Br = 64 ran at 209 TFLOP/s against 203 for 4 warps with K_j and
+// V_j in registers and 162 for Br = 128; at d = 128, 8 warps with Br = 32 ran at 212 against 167
+// for 4 warps with Br = 64 (which spills ~280 bytes: S^T, dP^T, dK_j, dV_j take 192 registers)
+// and 201 for 8 warps with Br = 64. A larger Bc halves how often Q_i and dO_i stream past per key,
+// and the dQ atomics per tile pair are shared by more keys. The alternatives (fp16 only) stay
+// compiled to be compared on the device (FLASHATTN_VARIANT=cuda-tc-backward=<name>).
+struct CompiledShape {
+    std::int64_t dim;
+    TcBackwardShape shape;
+    bool f16_only;  // a tuning alternative
+};
+
+const std::vector<CompiledShape>& compiled_shapes() {
+    static const std::vector<CompiledShape> shapes = {
+        {32, {4, 64, true}, false},
+        {64, {8, 64, false}, false},
+        {64, {4, 64, true}, true},
+        {64, {4, 128, false}, true},
+        {96, {4, 64, false}, false},
+        {128, {8, 32, false}, false},
+        {128, {4, 64, false}, true},
+        {128, {4, 32, false}, true},
+        {128, {8, 64, false}, true},
+    };
+    return shapes;
+}
+
+template <class Cfg, bool kBlockMask, bool kDeterministic>
+void launch_kernel(const BackwardParams& params, cudaStream_t stream) {
+    const AttentionProblem& p = params.problem;
+    const auto kernel = cuda::backward_kernel<TcBackwardOps<Cfg>, kBlockMask, kDeterministic>;
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg::kSmemBytes));
+    const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
+                    static_cast<unsigned>(p.batch * p.heads_kv));
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+    FA_CUDA_CHECK_LAUNCH();
+}
+
+// One compiled shape. kTuning: an alternative, without the block-mask and deterministic kernels.
+template <class Cfg, bool kTuning>
+void launch(const BackwardParams& params, bool deterministic, cudaStream_t stream) {
+    const AttentionProblem& p = params.problem;
+    int device = 0, smem_optin = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (Cfg::kSmemBytes > smem_optin)
+        throw std::runtime_error("cuda-tc backward: tile Bc" + std::to_string(Cfg::Bc) + "-Br" +
+                                 std::to_string(Cfg::Br) + " at d = " + std::to_string(Cfg::D) +
+                                 " needs " + std::to_string(Cfg::kSmemBytes) +
+                                 " bytes of shared memory per block; this device allows " +
+                                 std::to_string(smem_optin));
+    if constexpr (kTuning) {
+        if (p.block_mask.active() || deterministic)
+            throw std::invalid_argument("tile: the tuning shapes of cuda-tc's backward have no "
+                                        "block-mask or deterministic kernel; use the default");
+        launch_kernel<Cfg, false, false>(params, stream);
+    } else {
+        if (p.block_mask.active())
+            deterministic ? launch_kernel<Cfg, true, true>(params, stream)
+                          : launch_kernel<Cfg, true, false>(params, stream);
+        else
+            deterministic ? launch_kernel<Cfg, false, true>(params, stream)
+                          : launch_kernel<Cfg, false, false>(params, stream);
+    }
+}
+
+template <class T, int D, int W, int Br, bool kReg, bool kTuning = false>
+bool launch_if(const TcBackwardShape& want, const BackwardParams& params, bool deterministic,
+               cudaStream_t stream) {
+    if (!(want == TcBackwardShape{W, Br, kReg})) return false;
+    launch<BackwardTile<T, D, W, Br, kReg>, kTuning>(params, deterministic, stream);
+    return true;
+}
+
+// One launch_if per entry of compiled_shapes().
+template <class T>
+bool dispatch(std::int64_t dim, const TcBackwardShape& s, const BackwardParams& params,
+              bool det, cudaStream_t stream) {
+    constexpr bool f16 = std::is_same_v<T, __half>;
+    constexpr bool kTuning = true;
+    switch (dim) {
+        case 32: return launch_if<T, 32, 4, 64, true>(s, params, det, stream);
+        case 64:
+            if (launch_if<T, 64, 8, 64, false>(s, params, det, stream)) return true;
+            if constexpr (f16)
+                return launch_if<T, 64, 4, 64, true, kTuning>(s, params, det, stream) ||
+                       launch_if<T, 64, 4, 128, false, kTuning>(s, params, det, stream);
+            return false;
+        case 96: return launch_if<T, 96, 4, 64, false>(s, params, det, stream);
+        case 128:
+            if (launch_if<T, 128, 8, 32, false>(s, params, det, stream)) return true;
+            if constexpr (f16)
+                return launch_if<T, 128, 4, 64, false, kTuning>(s, params, det, stream) ||
+                       launch_if<T, 128, 4, 32, false, kTuning>(s, params, det, stream) ||
+                       launch_if<T, 128, 8, 64, false, kTuning>(s, params, det, stream);
+            return false;
+        default: return false;
+    }
+}
+
+}  // namespace
+
+const std::vector<std::int64_t>& tc_backward_head_dims() {
+    static const std::vector<std::int64_t> dims = {32, 64, 96, 128};
+    return dims;
+}
+
+std::vector<TcBackwardShape> tc_backward_shapes(std::int64_t dim, DType dtype) {
+    std::vector<TcBackwardShape> shapes;
+    for (const CompiledShape& s : compiled_shapes())
+        if (s.dim == dim && (!s.f16_only || dtype == DType::f16)) shapes.push_back(s.shape);
+    return shapes;
+}
+
+void tc_check_backward_problem(const AttentionProblem& p, DType dtype) {
+    validate(p);
+    if (dtype != DType::f16 && dtype != DType::bf16)
+        throw std::invalid_argument("dtype = " + to_string(dtype) +
+                                    ": cuda-tc computes in f16 or bf16 (tensor cores)");
+    const auto& dims = tc_backward_head_dims();
+    if (std::find(dims.begin(), dims.end(), p.dim) == dims.end())
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
+                                    ": cuda-tc's backward supports head dims 32, 64, 96, 128 (at "
+                                    "d = 256 a warp's dK_j and dV_j would not fit its registers)");
+    const std::string outside = mma_grid_limits(p);
+    if (!outside.empty()) throw std::invalid_argument(outside);
+    if (p.batch * p.heads_kv > 65535)
+        throw std::invalid_argument("batch*heads_kv = " + std::to_string(p.batch * p.heads_kv) +
+                                    ": cuda-tc's backward grid allows at most 65535");
+}
+
+std::size_t tc_backward_turn_count(const AttentionProblem& p, const TcBackwardShape& shape) {
+    return static_cast<std::size_t>(p.batch * p.heads * tile_count(p.seq_q, shape.Br));
+}
+
+void tc_backward(const TcBackwardArgs& args, const TcBackwardShape& shape, bool deterministic) {
+    const AttentionProblem& p = args.problem;
+    tc_check_backward_problem(p, args.dtype);
+    require_array(args.Q, "Q"), require_array(args.K, "K"), require_array(args.V, "V");
+    require_array(args.dO, "dO"), require_array(args.O, "O"), require_array(args.lse, "LSE");
+    require_array(args.D, "D"), require_array(args.dQ, "dQ"), require_array(args.dK, "dK");
+    require_array(args.dV, "dV");
+    if (deterministic) require_array(args.dq_turns, "dq_turns");
+    const auto stream = static_cast<cudaStream_t>(args.stream);
+    const std::int64_t rows = p.batch * p.heads * p.seq_q;
+    const int d = static_cast<int>(p.dim);
+    // L4: D = rowsum(dO o O), in the dO the products read (rounded to 16 bits).
+    if (args.dtype == DType::f16)
+        cuda::launch_delta(static_cast<const __half*>(args.dO), args.O, args.D, rows, d, stream);
+    else
+        cuda::launch_delta(static_cast<const __nv_bfloat16*>(args.dO), args.O, args.D, rows, d,
+                           stream);
+    FA_CUDA_CHECK(cudaMemsetAsync(args.dQ, 0, sizeof(float) * std::size_t(p.q_elements()), stream));
+    if (deterministic)
+        FA_CUDA_CHECK(cudaMemsetAsync(args.dq_turns, 0,
+                                      sizeof(int) * tc_backward_turn_count(p, shape), stream));
+    const BackwardParams params = cuda::make_backward_params(
+        p, args.Q, args.K, args.V, args.dO, args.lse, args.D, args.dQ, args.dK, args.dV,
+        args.dq_turns);
+    const bool launched =
+        args.dtype == DType::f16
+            ? dispatch<__half>(p.dim, shape, params, deterministic, stream)
+            : dispatch<__nv_bfloat16>(p.dim, shape, params, deterministic, stream);
+    if (!launched)
+        throw std::invalid_argument("tile = " + shape.name() + ": not compiled for d = " +
+                                    std::to_string(p.dim) + ", dtype " + to_string(args.dtype) +
+                                    " (see tc_backward_shapes)");
+}
+
+}  // namespace flashattn::tc

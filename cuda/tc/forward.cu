@@ -1,0 +1,180 @@
+// cuda/tc/forward.cu — picks a compiled tile shape for a problem and launches the cuda-tc
+// kernel (cuda/tc/kernel.cuh); see cuda/tc/forward.hpp.
+#include "cuda/tc/forward.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <type_traits>
+
+#include "common/tiling.hpp"
+#include "cuda/host/check.hpp"
+#include "cuda/host/device_buffer.hpp"
+#include "cuda/tc/kernel.cuh"
+#include "cuda/host/tensor_core_eligibility.hpp"
+
+namespace flashattn::tc {
+
+using cuda::mma_grid_limits;
+
+std::string TcTileShape::name() const {
+    return "Br" + std::to_string(Br()) + "w" + std::to_string(warps) + "-Bc" + std::to_string(Bc) +
+           "-s" + std::to_string(stages);
+}
+
+namespace {
+
+// ---- the compiled tile shapes ------------------------------------------------------------------
+// Why these defaults (measurements: docs/cuda_tc.md, section "cuda/tc/forward.cu"):
+//   * Br = 128 everywhere: every CTA streams all of K and V of its head through L2 once, so the
+//     L2 traffic is 4 N_kv d bytes per Br query rows; Br = 64 would double it.
+//   * d <= 64: 4 warps of 2 row tiles (32 rows) each, as FlashAttention-2 does: every K/V fragment
+//     read from shared memory feeds two mma's, and Q_i (d/2 registers) still fits in registers.
+//   * d = 96, 128: 8 warps of one row tile. Two row tiles would need O_i (2 x d/2 registers) + S
+//     (2 x Bc/2) beside each other, which spills at d = 128; one row tile fits in ~250 registers
+//     with Q_i in registers.
+//   * Bc = 64, 2 stages: a third stage bought nothing (the copy of tile j+1 already hides behind the
+//     math of tile j); Bc = 32 or 128 were slower or spilled.
+//   * d = 256: O_i alone takes 128 registers for one row tile, so Bc = 32 and Q_i stays in shared
+//     memory.
+// The alternative shapes (fp16, d = 64 and 128) are compiled so that they can be compared on the
+// device (FLASHATTN_VARIANT=cuda-tc=<name>); they are used only when asked for.
+struct CompiledTile {
+    std::int64_t dim;
+    TcTileShape shape;
+    bool f16_only;  // a tuning alternative
+};
+
+const std::vector<CompiledTile>& compiled_tiles() {
+    static const std::vector<CompiledTile> tiles = {
+        {32, {4, 2, 64, 2}, false},
+        {64, {4, 2, 64, 2}, false},
+        {64, {4, 2, 64, 3}, true},
+        {64, {8, 1, 64, 2}, true},
+        {64, {8, 2, 64, 2}, true},
+        {96, {8, 1, 64, 2}, false},
+        {128, {8, 1, 64, 2}, false},
+        {128, {8, 1, 64, 3}, true},
+        {128, {8, 1, 32, 2}, true},
+        {128, {4, 2, 64, 2}, true},
+        {256, {8, 1, 32, 2}, false},
+    };
+    return tiles;
+}
+
+// Launches one compiled shape. kTuning: a tuning alternative, compiled without the block-mask
+// kernel (block-sparse problems run with the default shapes).
+template <class Cfg, bool kTuning>
+void launch(const KernelParams& params) {
+    const AttentionProblem& p = params.problem;
+    int device = 0, smem_optin = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (Cfg::kSmemBytes > smem_optin)
+        throw std::runtime_error("cuda-tc: tile Br" + std::to_string(Cfg::Br) + "-Bc" +
+                                 std::to_string(Cfg::Bc) + " at d = " + std::to_string(Cfg::D) +
+                                 " needs " + std::to_string(Cfg::kSmemBytes) +
+                                 " bytes of shared memory per block; this device allows " +
+                                 std::to_string(smem_optin));
+    auto kernel = tc_forward_kernel<Cfg, false>;
+    if (p.block_mask.active()) {
+        if constexpr (kTuning)
+            throw std::invalid_argument("block mask: tuning tile shapes have no block-mask kernel; "
+                                        "use the default tile");
+        else
+            kernel = tc_forward_kernel<Cfg, true>;
+    }
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  Cfg::kSmemBytes));
+    const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Cfg::Br)),
+                    static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(params);
+    FA_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T, int D, int W, int M, int Bc, int S, bool kTuning = false>
+bool launch_if(const TcTileShape& want, const KernelParams& params) {
+    if (want != TcTileShape{W, M, Bc, S}) return false;
+    launch<TcTile<T, D, W, M, Bc, S>, kTuning>(params);
+    return true;
+}
+
+// One launch_if per entry of compiled_tiles(): the template instantiations behind the table.
+template <class T>
+bool dispatch(std::int64_t dim, const TcTileShape& s, const KernelParams& params) {
+    constexpr bool f16 = std::is_same_v<T, __half>;
+    constexpr bool kTuning = true;
+    switch (dim) {
+        case 32: return launch_if<T, 32, 4, 2, 64, 2>(s, params);
+        case 64:
+            if (launch_if<T, 64, 4, 2, 64, 2>(s, params)) return true;
+            if constexpr (f16)
+                return launch_if<T, 64, 4, 2, 64, 3, kTuning>(s, params) ||
+                       launch_if<T, 64, 8, 1, 64, 2, kTuning>(s, params) ||
+                       launch_if<T, 64, 8, 2, 64, 2, kTuning>(s, params);
+            return false;
+        case 96: return launch_if<T, 96, 8, 1, 64, 2>(s, params);
+        case 128:
+            if (launch_if<T, 128, 8, 1, 64, 2>(s, params)) return true;
+            if constexpr (f16)
+                return launch_if<T, 128, 8, 1, 64, 3, kTuning>(s, params) ||
+                       launch_if<T, 128, 8, 1, 32, 2, kTuning>(s, params) ||
+                       launch_if<T, 128, 4, 2, 64, 2, kTuning>(s, params);
+            return false;
+        case 256: return launch_if<T, 256, 8, 1, 32, 2>(s, params);
+        default: return false;
+    }
+}
+
+std::string list(const std::vector<std::int64_t>& values) {
+    std::string s;
+    for (std::int64_t v : values) s += (s.empty() ? "" : ", ") + std::to_string(v);
+    return s;
+}
+
+}  // namespace
+
+const std::vector<std::int64_t>& tc_head_dims() {
+    static const std::vector<std::int64_t> dims = {32, 64, 96, 128, 256};
+    return dims;
+}
+
+std::vector<TcTileShape> tc_tile_shapes(std::int64_t dim, DType dtype) {
+    std::vector<TcTileShape> shapes;
+    for (const CompiledTile& t : compiled_tiles())
+        if (t.dim == dim && (!t.f16_only || dtype == DType::f16)) shapes.push_back(t.shape);
+    return shapes;
+}
+
+void tc_check_problem(const AttentionProblem& p, DType dtype) {
+    validate(p);
+    if (dtype != DType::f16 && dtype != DType::bf16)
+        throw std::invalid_argument("dtype = " + to_string(dtype) +
+                                    ": cuda-tc computes in f16 or bf16 (tensor cores)");
+    const auto& dims = tc_head_dims();
+    if (std::find(dims.begin(), dims.end(), p.dim) == dims.end())
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
+                                    ": cuda-tc supports head dims " + list(dims));
+    const std::string outside = mma_grid_limits(p);
+    if (!outside.empty()) throw std::invalid_argument(outside);
+}
+
+void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
+    const AttentionProblem& p = args.problem;
+    tc_check_problem(p, args.dtype);
+    const KernelParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
+    const bool launched = args.dtype == DType::f16
+                              ? dispatch<__half>(p.dim, tile, params)
+                              : dispatch<__nv_bfloat16>(p.dim, tile, params);
+    if (!launched)
+        throw std::invalid_argument("tile = " + tile.name() + ": not compiled for d = " +
+                                    std::to_string(p.dim) + ", dtype " + to_string(args.dtype) +
+                                    " (see tc_tile_shapes)");
+}
+
+}  // namespace flashattn::tc

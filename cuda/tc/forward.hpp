@@ -1,0 +1,63 @@
+// cuda/tc/forward.hpp — host interface of the cuda-tc kernel (cuda/tc/kernel.cuh): which
+// problems and tile shapes it has, and the launch on device arrays. No CUDA types here, so plain
+// C++ (the tests, the backend registry) can include it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/problem.hpp"
+#include "common/backend.hpp"
+#include "cuda/host/half_bits.hpp"
+
+namespace flashattn::tc {
+
+// One CTA's work: `warps` warps, each owning `m_tiles` row tiles of 16 query rows (Br = 16 warps
+// m_tiles), key tiles of Bc rows, and a ring of `stages` K_j/V_j buffers.
+struct TcTileShape {
+    int warps = 4;
+    int m_tiles = 2;
+    int Bc = 64;
+    int stages = 2;
+
+    std::int64_t Br() const { return 16 * std::int64_t{warps} * m_tiles; }
+    std::string name() const;  // e.g. "Br128w4-Bc64-s2"
+    bool operator==(const TcTileShape& o) const {
+        return warps == o.warps && m_tiles == o.m_tiles && Bc == o.Bc && stages == o.stages;
+    }
+    bool operator!=(const TcTileShape& o) const { return !(*this == o); }
+};
+
+// The head dimensions cuda-tc is compiled for.
+const std::vector<std::int64_t>& tc_head_dims();
+
+// The tile shapes compiled for (dim, dtype); the first one is the default, the others are there
+// to be compared (FLASHATTN_VARIANT=cuda-tc=<name>, cuda/tools/compare_tc.py --tiles). Empty for an unsupported dim.
+std::vector<TcTileShape> tc_tile_shapes(std::int64_t dim, DType dtype);
+
+// Throws std::invalid_argument naming the field and value for a problem (or dtype) cuda-tc cannot
+// run: validate()'s checks, then dim outside tc_head_dims(), dtype f32, grid limits.
+void tc_check_problem(const AttentionProblem& p, DType dtype);
+
+// Q (B, H, N_q, d), K and V (B, H_kv, N_kv, d) as 16-bit values of `dtype`; O and LSE as float.
+// Q must hold q_sign(problem) * Q: the kernel folds a negative scale into Q (negating a 16-bit
+// value is exact) so that its row maxima are maxima of |scale| s.
+struct TcDeviceArgs {
+    AttentionProblem problem;  // block_mask.data, if set, must point to device memory
+    DType dtype = DType::f16;
+    const void* Q = nullptr;
+    const void* K = nullptr;
+    const void* V = nullptr;
+    float* O = nullptr;
+    float* lse = nullptr;
+};
+
+using cuda::q_sign;  // cuda/host/half_bits.hpp
+
+// Launches the kernel on the default stream (asynchronous). Throws std::invalid_argument for an
+// unsupported problem or tile shape, std::runtime_error for a CUDA failure (e.g. a device with too
+// little shared memory per block for this tile).
+void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile);
+
+}  // namespace flashattn::tc

@@ -1,0 +1,359 @@
+// cuda/tc/kernel.cuh — cuda-tc: FlashAttention-2 forward on tensor cores (fp16 / bf16 Q, K, V;
+// fp32 accumulation, softmax, O and LSE). The kernel and its fp16-specific stages (the stages it
+// shares with the fp32 tensor-core kernels are cuda/stages/mma_stages.cuh); the host side that picks a
+// tile shape and launches it is cuda/tc/forward.cu.
+//
+// FlashAttention-2, Algorithm 1 (forward; Dao 2023, arXiv 2307.08691), and where each line lives.
+//
+//   L3   for 1 <= i <= Tr                          one CTA per (i, b, h)
+//   L4     load Q_i to SRAM                        load_tile, load_q_fragments
+//   L5     O_i = 0, l_i = 0, m_i = -inf            registers, in the kernel
+//   L6     for 1 <= j <= Tc                        the main loop
+//   L7       load K_j, V_j to SRAM                 load_tile (cp.async ring)
+//   L8       S_ij = Q_i K_j^T                      compute_scores (+ mask_scores)
+//   L9       m_new = max(m_i, rowmax(S_ij))        online_softmax
+//            P~_ij = exp(S_ij - m_new)
+//            l_i = e^(m_i - m_new) l_i + rowsum
+//   L10      O_i = e^(m_i - m_new) O_i + P~ V_j    online_softmax (rescale), accumulate_pv (+ P~ V_j)
+//   L12    O_i = O_i / l_i                         write_output
+//   L13    L_i = m_i + log(l_i)                    write_output
+//   L14-15 write O_i, L_i to HBM                   write_output
+//
+// What changed from a plain FlashAttention-2 kernel (one thread per query row, fp32 dot products,
+// e.g. cuda-fa2), and why:
+//
+//  * Who owns what. A CTA of kWarps warps owns Br query rows; each warp owns kMTiles row tiles of
+//    16 rows (one row of m16n8k16 tiles each). Its O_i, m_i and l_i live in that warp's registers,
+//    spread over the lanes in the C-fragment layout (see cuda/ptx/mma_sync.cuh): lane (g, t) holds rows g and
+//    g + 8, columns 2t, 2t+1 of every 8-column block. So a row's values are shared by the 4 lanes
+//    of a "quad", and a row reduction (max, sum) is 2 shuffles, not a loop over d. With 2 row
+//    tiles per warp (as in FlashAttention-2; the default at d <= 64, where it fits the registers)
+//    every K_j / V_j fragment a warp reads from shared memory feeds two mma's, which halves the
+//    shared-memory traffic per FLOP.
+//  * Both products on tensor cores. S = Q_i K_j^T and P~ V_j are sums of mma.sync m16n8k16
+//    products (16-bit inputs, fp32 accumulators). The operands come from shared memory through
+//    ldmatrix, which delivers them already in fragment order (.trans for V, which is stored
+//    row-major but is the "col" operand of P V).
+//  * P~ never touches shared memory: the fp32 S accumulators of two neighbouring 8-column tiles
+//    are exactly one A fragment of P~ once rounded to 16 bits (cuda/ptx/mma_sync.cuh draws why), so
+//    online_softmax overwrites S with P~ in place and accumulate_pv packs it and multiplies.
+//  * Q_i is read from shared memory once and kept in registers (as A fragments) for the whole
+//    j loop when it fits (d kMTiles <= 128); otherwise its fragments are re-read per tile.
+//  * Copies overlap the math: K_j, V_j arrive through cp.async (global -> shared without passing
+//    through registers) into a ring of kStages buffers; tile j + kStages - 1 is in flight while
+//    tile j is multiplied. Ragged tails are zero-filled by the copy itself.
+//  * No bank conflicts: every tile row is d 16-bit values = d/8 chunks of 16 bytes, and chunk c of
+//    row r is stored at chunk c ^ f(r) (swizzled_chunk). ldmatrix reads one chunk column of 8
+//    consecutive rows per 8x8 block; the XOR spreads those 8 chunks over all 32 banks.
+//  * exp via exp2: the scale is not applied to S; exp(scale (s - m)) = 2^(s c - m c) with
+//    c = scale log2(e), one FMA and one MUFU.EX2 per score (exp2_shifted, common/online_softmax.hpp).
+//  * l_i is kept per lane (a partial row sum over the lane's columns) and summed over the quad only
+//    once, in write_output: the rescale factor is the same for the whole row, so partial sums
+//    rescale independently.
+//  * Masks cost nothing where they cannot apply: classify_causal / classify_tile (common/tiling.hpp)
+//    tell, per warp and key tile, whether the tile is fully visible (no per-element test), partly
+//    visible (mask_scores writes -inf), or invisible (skipped: with causal masking the j loop stops
+//    at the diagonal; with a block mask invisible tiles are neither loaded nor multiplied). Block
+//    masks get their own kernel instance (kBlockMask), so the others carry none of that code.
+//  * Reductions as trees: a lane's row maximum and row sum over its Bc/4 entries take log2(Bc/4)
+//    dependent steps instead of a chain of Bc/4 (measured +3-8% at d = 64, docs/cuda_tc.md).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/online_softmax.hpp"
+#include "common/problem.hpp"
+#include "common/tiling.hpp"
+#include "cuda/stages/mma_stages.cuh"
+#include "cuda/ptx/mma_sync.cuh"
+
+namespace flashattn::tc {
+
+using mma::KernelParams;
+using mma::make_params;
+
+// The compile-time shape of one CTA's work.
+template <class T_, int D_, int kWarps_, int kMTiles_, int Bc_, int kStages_>
+struct TcTile {
+    using T = T_;                             // __half or __nv_bfloat16
+    static constexpr int D = D_;              // head dimension d
+    static constexpr int kWarps = kWarps_;
+    static constexpr int kMTiles = kMTiles_;  // m16 row tiles per warp: 16 kMTiles query rows
+    static constexpr int kWarpRows = 16 * kMTiles_;
+    static constexpr int Br = kWarpRows * kWarps_;  // query rows per CTA
+    static constexpr int Bc = Bc_;                  // key rows per tile K_j, V_j
+    static constexpr int kStages = kStages_;        // K_j, V_j buffers in the cp.async ring
+    static constexpr int kThreads = 32 * kWarps_;
+    static constexpr int kChunks = D_ / 8;  // 16-byte chunks per tile row
+    // Q_i's A fragments take D kMTiles / 4 registers per thread; beside O_i (D kMTiles / 2) and
+    // S (Bc kMTiles / 2) they fit up to D kMTiles = 128. Beyond, Q_i is re-read from shared memory.
+    static constexpr bool kQInRegisters = D_ * kMTiles_ <= 128;
+    static constexpr int kSmemBytes = (Br + 2 * kStages_ * Bc_) * D_ * int(sizeof(T_));
+
+    static_assert(D_ % 32 == 0 && D_ <= 256, "d must be a multiple of 32 up to 256");
+    static_assert(Bc_ % 16 == 0, "Bc must be a multiple of the mma k = 16");
+    static_assert(kStages_ >= 2, "the ring needs at least a tile in use and one in flight");
+};
+
+// ---- shared-memory layout ----------------------------------------------------------------------
+
+// Index (in 16-byte chunks) of chunk c of row r in a swizzled tile of kChunks chunks per row.
+// ldmatrix reads chunk c of 8 consecutive rows at once; XOR-ing c with a function of r that takes
+// 8 different values over those rows puts the 8 chunks in 8 different 16-byte bank groups.
+//   * kChunks a multiple of 8 (d = 64, 128, 256): a row spans whole 128-byte lines, f(r) = r % 8.
+//   * kChunks = 4 or 12 (d = 32, 96): two rows share a 128-byte line (row r starts 64 bytes into
+//     it when r is odd), so f(r) = (r / 2) % 4 on the low two bits, and the line half does the rest.
+template <int kChunks>
+__device__ __forceinline__ int swizzled_chunk(int r, int c) {
+    static_assert(kChunks % 8 == 0 || kChunks % 8 == 4, "d/8 must be a multiple of 4");
+    if constexpr (kChunks % 8 == 0)
+        return r * kChunks + (c ^ (r & 7));
+    else
+        return r * kChunks + (c ^ ((r >> 1) & 3));
+}
+
+// FA2 L4 / L7: copy rows [row0, row0 + kRows) of one head's (n x D) matrix into a swizzled tile,
+// 16 bytes per cp.async; rows at or past n (the ragged last tile) are zero-filled.
+template <class Cfg, int kRows>
+__device__ __forceinline__ void load_tile(typename Cfg::T* tile, const typename Cfg::T* src,
+                                          int row0, int n) {
+    constexpr int kCopies = kRows * Cfg::kChunks;
+#pragma unroll
+    for (int k = 0; k < (kCopies + Cfg::kThreads - 1) / Cfg::kThreads; ++k) {
+        const int idx = int(threadIdx.x) + k * Cfg::kThreads;
+        if (kCopies % Cfg::kThreads == 0 || idx < kCopies) {
+            const int r = idx / Cfg::kChunks;
+            const int c = idx % Cfg::kChunks;
+            const bool valid = row0 + r < n;
+            const typename Cfg::T* from =
+                valid ? src + std::int64_t(row0 + r) * Cfg::D + 8 * c : src;
+            cp_async_16(tile + swizzled_chunk<Cfg::kChunks>(r, c) * 8, from, valid);
+        }
+    }
+}
+
+// ---- the two products ------------------------------------------------------------------------
+
+// The A fragment of one 16 x 16 block of Q_i: row tile mt of this warp, columns 16 kk .. +15.
+// Lane l points at row l % 16 of the block, chunk 2 kk + l / 16, so the 8x8 blocks
+// (rows 0-7 | 8-15) x (cols 0-7 | 8-15) arrive as a0, a1, a2, a3.
+template <class Cfg>
+__device__ __forceinline__ void load_q_fragment(std::uint32_t (&a)[4], const typename Cfg::T* sQ,
+                                                int warp, int mt, int kk, int lane) {
+    const int row = warp * Cfg::kWarpRows + 16 * mt + lane % 16;
+    ldmatrix_x4(a, sQ + swizzled_chunk<Cfg::kChunks>(row, 2 * kk + lane / 16) * 8);
+}
+
+// FA2 L4 (end): Q_i from shared memory into registers, once, for the whole j loop.
+template <class Cfg>
+__device__ __forceinline__ void load_q_fragments(
+    std::uint32_t (&q)[Cfg::kMTiles][Cfg::D / 16][4], const typename Cfg::T* sQ, int warp,
+    int lane) {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < Cfg::D / 16; ++kk)
+            load_q_fragment<Cfg>(q[mt][kk], sQ, warp, mt, kk, lane);
+}
+
+// FA2 L8: S_ij = Q_i K_j^T for this warp's rows: per row tile, Bc/8 accumulator tiles of 16 x 8.
+// K_j is stored row-major (key, d), which is already the "col" layout B wants (k = d contiguous),
+// so plain ldmatrix gives B fragments. One ldmatrix.x4 covers 16 keys x 16 dims: lane l points at
+// key 16 nn + l % 8 + 8 (l / 16), chunk 2 kk + (l / 8) % 2, giving (b0, b1) of key tile 2 nn and
+// (b0, b1) of key tile 2 nn + 1. Each B fragment serves all kMTiles row tiles of the warp.
+template <class Cfg>
+__device__ __forceinline__ void compute_scores(
+    float (&S)[Cfg::kMTiles][Cfg::Bc / 8][4], const std::uint32_t (&q)[Cfg::kMTiles][Cfg::D / 16][4],
+    const typename Cfg::T* sQ, const typename Cfg::T* sK, int warp, int lane) {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < Cfg::Bc / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[mt][nt][e] = 0.0f;
+    // With Q_i in registers the kk loop must unroll fully (q is indexed by kk). Re-read from shared
+    // memory, a loop unrolled twice keeps the compiler from hoisting every fragment of Q_i and K_j
+    // at once, which would spill registers at d = 128 (measured: 372 -> 72 bytes of spills).
+    constexpr int kUnrollK = Cfg::kQInRegisters ? Cfg::D / 16 : 2;
+#pragma unroll kUnrollK
+    for (int kk = 0; kk < Cfg::D / 16; ++kk) {
+        std::uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+            if constexpr (Cfg::kQInRegisters) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) a[mt][e] = q[mt][kk][e];
+            } else {
+                load_q_fragment<Cfg>(a[mt], sQ, warp, mt, kk, lane);
+            }
+        }
+#pragma unroll
+        for (int nn = 0; nn < Cfg::Bc / 16; ++nn) {
+            std::uint32_t b[4];
+            const int key = 16 * nn + lane % 8 + 8 * (lane / 16);
+            ldmatrix_x4(b, sK + swizzled_chunk<Cfg::kChunks>(key, 2 * kk + (lane / 8) % 2) * 8);
+#pragma unroll
+            for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+                mma_m16n8k16<typename Cfg::T>(S[mt][2 * nn], a[mt], b[0], b[1]);
+                mma_m16n8k16<typename Cfg::T>(S[mt][2 * nn + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// FA2 L10 (second half): O_i += P~_ij V_j. P~ (fp32, in S's registers) is rounded to T and packed
+// into A fragments: the accumulator tiles 2 kk and 2 kk + 1 (keys 16 kk .. 16 kk + 15) are
+// (a0, a1) and (a2, a3). V_j is stored row-major (key, d), but in P V the key is the k index, so
+// B needs V's columns: ldmatrix .trans. Lane l points at key 16 kk + l % 8 + 8 ((l / 8) % 2),
+// chunk 2 dn + l / 16, giving (b0, b1) of output columns 16 dn .. +7 and of 16 dn + 8 .. +15.
+template <class Cfg>
+__device__ __forceinline__ void accumulate_pv(float (&O)[Cfg::kMTiles][Cfg::D / 8][4],
+                                              const float (&P)[Cfg::kMTiles][Cfg::Bc / 8][4],
+                                              const typename Cfg::T* sV, int lane) {
+    using T = typename Cfg::T;
+#pragma unroll
+    for (int kk = 0; kk < Cfg::Bc / 16; ++kk) {
+        std::uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+            a[mt][0] = pack2<T>(P[mt][2 * kk][0], P[mt][2 * kk][1]);
+            a[mt][1] = pack2<T>(P[mt][2 * kk][2], P[mt][2 * kk][3]);
+            a[mt][2] = pack2<T>(P[mt][2 * kk + 1][0], P[mt][2 * kk + 1][1]);
+            a[mt][3] = pack2<T>(P[mt][2 * kk + 1][2], P[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dn = 0; dn < Cfg::D / 16; ++dn) {
+            std::uint32_t b[4];
+            const int key = 16 * kk + lane % 8 + 8 * ((lane / 8) % 2);
+            ldmatrix_x4_trans(b, sV + swizzled_chunk<Cfg::kChunks>(key, 2 * dn + lane / 16) * 8);
+#pragma unroll
+            for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+                mma_m16n8k16<T>(O[mt][2 * dn], a[mt], b[0], b[1]);
+                mma_m16n8k16<T>(O[mt][2 * dn + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+// kBlockMask: whether params.problem has a block mask (a separate instantiation, so that kernels
+// without one carry none of its code). Grid: (Tr, heads, batch). Block: Cfg::kThreads. Dynamic shared memory: Cfg::kSmemBytes, laid
+// out as Q_i (Br x D), then kStages K_j tiles (Bc x D), then kStages V_j tiles. The host checks
+// that seq_q and seq_kv fit in int (tc_check_problem); element offsets are 64-bit.
+template <class Cfg, bool kBlockMask>
+__global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const KernelParams params) {
+    using T = typename Cfg::T;
+    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D, kStages = Cfg::kStages;
+    constexpr int kM = Cfg::kMTiles;
+    extern __shared__ uint4 smem[];  // uint4: 16-byte aligned, as cp.async and ldmatrix need
+    T* sQ = reinterpret_cast<T*>(smem);
+    T* sK = sQ + Br * D;
+    T* sV = sK + kStages * Bc * D;
+
+    const AttentionProblem& p = params.problem;
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int seq_q = int(p.seq_q), seq_kv = int(p.seq_kv);
+
+    // FA2 L3: this CTA is iteration i of the outer loop, for head h of batch b. Under a causal
+    // mask later query tiles see more keys: start those first, so the short ones fill the tail.
+    const int Tr = int(gridDim.x);
+    const int i = p.causal ? Tr - 1 - int(blockIdx.x) : int(blockIdx.x);
+    const std::int64_t h = blockIdx.y, b = blockIdx.z;
+    const int row_begin = i * Br, row_end = min(row_begin + Br, seq_q);
+    const TileRange rows = {row_begin, row_end};
+    const int warp_begin = min(row_begin + warp * Cfg::kWarpRows, row_end);
+    const TileRange warp_rows = {warp_begin, min(warp_begin + Cfg::kWarpRows, row_end)};
+    const T* Q_head = static_cast<const T*>(params.Q) + p.q_offset(b, h);
+    const T* K_head = static_cast<const T*>(params.K) + p.kv_offset(b, h);  // GQA: head h / group
+    const T* V_head = static_cast<const T*>(params.V) + p.kv_offset(b, h);
+
+    // FA2 L6's range: causal masking hides every key tile past the last row's diagonal.
+    int Tc_seen = int(tile_count(seq_kv, Bc));
+    if (p.causal) {
+        const std::int64_t last_key = row_end - 1 + p.causal_offset();
+        Tc_seen = last_key < 0 ? 0 : int(min(std::int64_t(Tc_seen), last_key / Bc + 1));
+    }
+
+    // FA2 L4 (issued): Q_i -> shared memory, cp.async group 0.
+    load_tile<Cfg, Br>(sQ, Q_head, row_begin, seq_q);
+    cp_async_commit();
+    // FA2 L7 (issued ahead): the first kStages - 1 visible tiles K_j, V_j, one group each. Every
+    // thread commits a group per slot even when there is nothing left to load, so that "wait
+    // until at most N groups are pending" always means the same tile.
+    int j_load = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (j_load < Tc_seen) {
+            load_tile<Cfg, Bc>(sK + s * Bc * D, K_head, j_load * Bc, seq_kv);
+            load_tile<Cfg, Bc>(sV + s * Bc * D, V_head, j_load * Bc, seq_kv);
+            j_load = mma::next_key_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
+        }
+        cp_async_commit();
+    }
+
+    // FA2 L4 (completed): wait for Q_i alone; for d kMTiles <= 128 keep it in registers.
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    std::uint32_t q[kM][D / 16][4];
+    if constexpr (Cfg::kQInRegisters) load_q_fragments<Cfg>(q, sQ, warp, lane);
+
+    // FA2 L5: O_i = 0, l_i = 0, m_i = -inf, for the warp's rows, in registers.
+    float O[kM][D / 8][4];
+    float m[kM][2], l[kM][2];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) O[mt][dt][e] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+
+    int stage = 0;  // ring slot of tile j
+    // FA2 L6: for each key tile j that the CTA can see.
+    for (int j = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc); j < Tc_seen;
+         j = mma::next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc)) {
+        // FA2 L7: tile j has landed (at most kStages - 2 younger groups still in flight), and the
+        // barrier makes it visible to all warps -- and tells us every warp is done with the slot
+        // used in the previous iteration, which the next copy may now overwrite.
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+        const int slot = (stage + kStages - 1) % kStages;
+        if (j_load < Tc_seen) {
+            load_tile<Cfg, Bc>(sK + slot * Bc * D, K_head, j_load * Bc, seq_kv);
+            load_tile<Cfg, Bc>(sV + slot * Bc * D, V_head, j_load * Bc, seq_kv);
+            j_load = mma::next_key_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
+        }
+        cp_async_commit();
+
+        // The warp's own rows may see less of the tile than the CTA's (the causal diagonal).
+        const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
+        const TileVisibility seen = warp_rows.size() > 0
+                                        ? mma::visibility<kBlockMask>(p, warp_rows, TileRange{col_begin, col_end})
+                                        : TileVisibility::none;
+        if (seen != TileVisibility::none) {
+            float S[kM][Bc / 8][4];
+            compute_scores<Cfg>(S, q, sQ, sK + stage * Bc * D, warp, lane);  // FA2 L8
+            if (seen == TileVisibility::partial || col_end - col_begin < Bc) {
+#pragma unroll
+                for (int mt = 0; mt < kM; ++mt)
+                    mma::mask_scores<Cfg, kBlockMask>(S[mt], p, warp_begin + 16 * mt, col_begin, lane);
+            }
+#pragma unroll
+            for (int mt = 0; mt < kM; ++mt)  // FA2 L9, L10 (rescale)
+                mma::online_softmax<Cfg>(S[mt], m[mt], l[mt], O[mt], params.scale_log2);
+            accumulate_pv<Cfg>(O, S, sV + stage * Bc * D, lane);  // FA2 L10 (+ P~ V_j)
+        }
+        stage = (stage + 1) % kStages;
+    }
+
+    // FA2 L12-L15.
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+        if (warp_begin + 16 * mt < row_end)
+            mma::write_output<Cfg>(O[mt], m[mt], l[mt], params, warp_begin + 16 * mt, b, h, lane);
+}
+
+}  // namespace flashattn::tc
