@@ -1,5 +1,6 @@
-// cuda/backends.cu — registers the CUDA backends, one file per kernel: cuda/standard/backend.cu, cuda/minimal/backend.cu,
-// cuda/fa1/backend.cu, cuda/fa2/backend.cu, cuda/tc/backend.cu, cuda/fa3/backend.cu.
+// cuda/backends.cu — registers the CUDA backends, one file per kernel: cuda/standard/backend.cu,
+// cuda/minimal/backend.cu, cuda/fa1/backend.cu, cuda/fa2/backend.cu, cuda/tc/backend.cu,
+// cuda/fa3/backend.cu.
 #include "cuda/backends.hpp"
 
 #include <cuda_runtime.h>

@@ -1,8 +1,8 @@
-// cuda/fa1/backend.cu — cuda-fa1: Algorithm 1 of FlashAttention (Dao et al. 2022, arXiv 2205.14135), the
-// host side: line 1's block sizes from this device's shared memory (fa1_plan), which kernel runs
-// a problem, and the backend. The kernels: cuda/fa1/kernel_ffma.cuh (FFMA, v3; its header maps each
-// line of Algorithm 1) and cuda/fa1/kernel_tf32.cuh (lines 9 and 12 on tensor cores, v5). How each
-// version was measured: docs/cuda_fp32_notes.md.
+// cuda/fa1/backend.cu — cuda-fa1: Algorithm 1 of FlashAttention (Dao et al. 2022, arXiv
+// 2205.14135), the host side: line 1's block sizes from this device's shared memory (fa1_plan),
+// which kernel runs a problem, and the backend. The kernels: cuda/fa1/kernel_ffma.cuh (FFMA, v3;
+// its header maps each line of Algorithm 1) and cuda/fa1/kernel_tf32.cuh (lines 9 and 12 on tensor
+// cores, v5). How each version was measured: docs/cuda_fp32_notes.md.
 //
 // Weaknesses: v5 is only just faster than cuda-standard's cuBLAS at d = 128; v3, which runs where
 // v5 cannot (line 1's Bc > 256 at d < 57, d > 128, inputs with inf/NaN), is slower than
@@ -97,8 +97,8 @@ Fa1Plan fa1_plan(const AttentionProblem& p, std::size_t smem_per_block_bytes, in
 
 namespace {
 
-// v5, the tensor-core kernel (cuda/fa1/kernel_tf32.cuh): D = 64 for Bc <= 256, D = 128 for Bc <= 128 (S_ij's
-// 16 x Bc scores per warp in registers), 8 warps.
+// v5, the tensor-core kernel (cuda/fa1/kernel_tf32.cuh): D = 64 for Bc <= 256, D = 128 for Bc <=
+// 128 (S_ij's 16 x Bc scores per warp in registers), 8 warps.
 using Fa1Tf32D64 = Fa1Tf32Tile<64, 32, 8, 8, false, 1>;
 using Fa1Tf32D128 = Fa1Tf32Tile<128, 16, 8, 4, true, 4>;
 

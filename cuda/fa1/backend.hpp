@@ -1,4 +1,5 @@
-// cuda/fa1/backend.hpp — cuda-fa1, Algorithm 1 of FlashAttention as the paper ran it (see cuda/fa1/backend.cu).
+// cuda/fa1/backend.hpp — cuda-fa1, Algorithm 1 of FlashAttention as the paper ran it (see
+// cuda/fa1/backend.cu).
 #pragma once
 
 #include <cstddef>

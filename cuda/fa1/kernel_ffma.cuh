@@ -1,7 +1,7 @@
 // cuda/fa1/kernel_ffma.cuh — cuda-fa1's FFMA kernel (v3): Algorithm 1 of FlashAttention (Dao et al.
 // 2022, arXiv 2205.14135) as the paper ran it, in float32 on CUDA cores. The host side (line 1's
-// plan, the choice between this kernel and the tensor-core one of cuda/fa1/kernel_tf32.cuh, the backend)
-// is cuda/fa1/backend.cu.
+// plan, the choice between this kernel and the tensor-core one of cuda/fa1/kernel_tf32.cuh, the
+// backend) is cuda/fa1/backend.cu.
 //
 //   line 1   Br, Bc from M (common/tiling.hpp block_sizes_from_sram), M = this device's shared
 //            memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin); p.sram_floats or
@@ -19,10 +19,10 @@
 // Lines 10-12 call common/online_softmax.hpp (nan_max, exp_shifted, merge_softmax,
 // fa1_output_update); cpu/scalar.cpp is the same algorithm in plain loops, tagged line by line.
 //
-// What changed from cuda-standard (cuda/standard/backend.cu) and why: S and P never leave the chip. The
-// price, which FlashAttention-2 removes (cuda/fa2/backend.cu), is that O, l and m go to HBM and back at
-// every (j, i) step: Theorem 2's Theta(N^2 d^2 / M) accesses, visible in `flashattn bench` and
-// ncu as traffic that falls when M (the block size) grows.
+// What changed from cuda-standard (cuda/standard/backend.cu) and why: S and P never leave the chip.
+// The price, which FlashAttention-2 removes (cuda/fa2/backend.cu), is that O, l and m go to HBM and
+// back at every (j, i) step: Theorem 2's Theta(N^2 d^2 / M) accesses, visible in `flashattn bench`
+// and ncu as traffic that falls when M (the block size) grows.
 //
 // GPU mapping: the j loop must stay outside the i loop, so the query blocks cannot be spread over
 // the grid the way FlashAttention-2 does. Instead each (batch, head) gets `row_groups` thread
@@ -226,7 +226,8 @@ __device__ __forceinline__ void update_output(const Fa1Layout& L, const float* P
             }
             // P~ V_j summed kChunk keys at a time into a fresh accumulator, then added: one fp32
             // chain over a whole key block (Bc = 14528 at d = 1) failed the 2x rule at d = 1,
-            // N_kv = 1023 (1.03x, H100), the error cuda-fa2's FFMA kernel had (cuda/fa2/backend.cu).
+            // N_kv = 1023 (1.03x, H100), the error cuda-fa2's FFMA kernel had
+            // (cuda/fa2/backend.cu).
             for (int c0 = 0; c0 < bc4; c0 += kChunk) {
                 float4 chunk[4];
 #pragma unroll

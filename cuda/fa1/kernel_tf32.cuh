@@ -1,5 +1,6 @@
-// cuda/fa1/kernel_tf32.cuh — cuda-fa1 v5: Algorithm 1 of FlashAttention with lines 9 and 12 on tensor
-// cores (3xTF32, cuda/ptx/tf32_mma.cuh), the loop order and the HBM round trips of O, l, m unchanged.
+// cuda/fa1/kernel_tf32.cuh — cuda-fa1 v5: Algorithm 1 of FlashAttention with lines 9 and 12 on
+// tensor cores (3xTF32, cuda/ptx/tf32_mma.cuh), the loop order and the HBM round trips of O, l, m
+// unchanged.
 //
 // Algorithm 1 (FlashAttention, Dao et al. 2022) and where each line is here:
 //   line 1   Br, Bc from M                               host (fa1_plan in cuda/fa1/backend.cu)
@@ -13,8 +14,9 @@
 //   line 11      m_new, l_new = merge_softmax(...)        merge_softmax, per row
 //   line 12      O_i = diag(l_new)^-1 (...) -> HBM        fa1_tf32_update_output (fa1_output_update)
 //   line 13      l_i, m_i -> HBM                          after line 12
-// The rule (exp2_of_difference, merge_softmax, fa1_output_update, log_sum_exp) is common/online_softmax.hpp's,
-// called per element as in the scalar form (cpu/scalar.cpp) and in v3 (cuda/fa1/backend.cu).
+// The rule (exp2_of_difference, merge_softmax, fa1_output_update, log_sum_exp) is
+// common/online_softmax.hpp's, called per element as in the scalar form (cpu/scalar.cpp) and in v3
+// (cuda/fa1/backend.cu).
 //
 // Why v5 is built like cuda-fa2's tensor-core kernel: 3xTF32 products are as accurate as v3's
 // fp32 FMAs and faster per FLOP, but only with long, independent mma chains per warp; a first
@@ -116,9 +118,9 @@ struct Fa1Tf32Params {
 
 // Line 9 (the product): S = Q_i K_j^T, unscaled, for the warp's 16 rows and the groups of key
 // tiles below bc. The k renumbering of cuda/ptx/tf32_mma.cuh: k-step 2 qd + step takes head dims
-// 16 qd + 4t + 2 step and + 1 for lane t, one 8-byte load per row and step (cuda/fa2/kernel_tf32.cuh's
-// tf32_scores loads 16 bytes for two steps; here that would keep 16 more registers live beside
-// S_ij's up to 128). One fresh accumulator per k-step, added in fp32.
+// 16 qd + 4t + 2 step and + 1 for lane t, one 8-byte load per row and step
+// (cuda/fa2/kernel_tf32.cuh's tf32_scores loads 16 bytes for two steps; here that would keep 16
+// more registers live beside S_ij's up to 128). One fresh accumulator per k-step, added in fp32.
 template <class Cfg>
 __device__ __forceinline__ void fa1_tf32_scores(float (&S)[Cfg::kMaxNT][4], const float* sQ_w,
                                                 const float* sK, int bc, int lane) {
@@ -242,7 +244,8 @@ __device__ __forceinline__ float2 fa1_read_o_pair(const float* O_slice, int row,
 
 // Line 12: O_i = diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j), read
 // from and written to HBM, kDN x 8 columns per pass. P~ tile nt is the A fragment (c0, c2, c1,
-// c3) under cuda/ptx/tf32_mma.cuh's key renumbering; V_j rows 8 nt + 2t and 8 nt + 2t + 1 give b0, b1.
+// c3) under cuda/ptx/tf32_mma.cuh's key renumbering; V_j rows 8 nt + 2t and 8 nt + 2t + 1 give b0,
+// b1.
 template <class Cfg>
 __device__ __forceinline__ void fa1_tf32_update_output(const float (&P)[Cfg::kMaxNT][4],
                                                        const float* sV, int bc,

@@ -1,16 +1,17 @@
-// cuda/fa2/backend.cu — cuda-fa2: FlashAttention-2 (Dao 2023, arXiv 2307.08691, Algorithm 1) in float32,
-// the host side: which kernel and tile configuration runs a problem, and the backend.
-// The kernels: cuda/fa2/kernel_ffma.cuh (FFMA, v3) and cuda/fa2/kernel_tf32.cuh (tensor cores, v4); how each
-// version was measured: docs/cuda_fp32_notes.md.
+// cuda/fa2/backend.cu — cuda-fa2: FlashAttention-2 (Dao 2023, arXiv 2307.08691, Algorithm 1) in
+// float32, the host side: which kernel and tile configuration runs a problem, and the backend.
+// The kernels: cuda/fa2/kernel_ffma.cuh (FFMA, v3) and cuda/fa2/kernel_tf32.cuh (tensor cores, v4);
+// how each version was measured: docs/cuda_fp32_notes.md.
 //
 // Two kernels, chosen once per call on the host (PreparedFa2):
 //   * v4, the default for 16 <= d <= 128 with finite inputs: both products on tensor cores in
-//     3xTF32 (cuda/fa2/kernel_tf32.cuh; cuda/ptx/tf32_mma.cuh explains why that is fp32-accurate), with
-//     the register-level softmax of cuda/stages/mma_stages.cuh. d is padded to D = 64 or 128. Each
-//     k-step's mma result is added to S and O with an fp32 add: the tensor core truncates the
+//     3xTF32 (cuda/fa2/kernel_tf32.cuh; cuda/ptx/tf32_mma.cuh explains why that is fp32-accurate),
+//     with the register-level softmax of cuda/stages/mma_stages.cuh. d is padded to D = 64 or 128.
+//     Each k-step's mma result is added to S and O with an fp32 add: the tensor core truncates the
 //     sums it forms, and longer mma chains broke the tests' 2x rule.
 //   * v3, the FFMA kernel (cuda/fa2/kernel_ffma.cuh): wherever tf32_tensor_cores_allowed
-//     (cuda/host/tensor_core_eligibility.hpp) says no, and d > 128. d is padded to D = 64, 128 or 256.
+//     (cuda/host/tensor_core_eligibility.hpp) says no, and d > 128. d is padded to D = 64, 128 or
+//     256.
 //   FLASHATTN_VARIANT=cuda-fa2=ffma forces v3, =tf32 v4, =<name> one configuration (kVariants).
 // Any N >= 1 on both.
 // Tiles, the fastest of the compiled configurations as measured (kVariants below; the timings

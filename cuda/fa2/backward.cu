@@ -1,7 +1,8 @@
 // cuda/fa2/backward.cu — cuda-fa2's backward pass, host side. Two kernels, as for the forward:
 //   * tensor cores (3xTF32): cuda/stages/flash_backward.cuh with the fp32 stages of
-//     cuda/fa2/backward_tf32.cuh, for 16 <= d <= 128 and finite inputs (cuda/host/tensor_core_eligibility.hpp says
-//     why); dQ by fp32 atomics, or in a fixed order with FLASHATTN_DETERMINISTIC=1;
+//     cuda/fa2/backward_tf32.cuh, for 16 <= d <= 128 and finite inputs
+//     (cuda/host/tensor_core_eligibility.hpp says why); dQ by fp32 atomics, or in a fixed order
+//     with FLASHATTN_DETERMINISTIC=1;
 //   * FFMA (cuda/fa2/backward_ffma.cuh, deterministic, no atomics) for every other problem, or when
 //     FLASHATTN_VARIANT=cuda-fa2-backward=ffma asks for it.
 //

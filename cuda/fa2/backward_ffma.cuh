@@ -9,8 +9,9 @@
 //      query heads streams past (lines 6-15 without the dQ update).
 //   3. query_gradient_kernel one block per (query tile i, batch, head): Q_i, dO_i and the dQ_i
 //      accumulator stay while every visible K/V tile streams past; it recomputes S_ij and dP_ij
-//      (two more products per tile pair) instead of adding dQ_i with atomics, which FlashAttention-2
-//      does and which would make the sums' order, and so the bits, change from run to run.
+//      (two more products per tile pair) instead of adding dQ_i with atomics, which
+//      FlashAttention-2 does and which would make the sums' order, and so the bits, change from run
+//      to run.
 // In both, one step computes P_ij and dS_ij into shared memory (tile_scores), then each thread
 // adds the products for the output elements it owns, in a fixed order. A masked pair is absent
 // from every sum: P and dS are 0 there and, on a partly visible tile, skipped in the products

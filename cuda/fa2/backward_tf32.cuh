@@ -1,21 +1,21 @@
 // cuda/fa2/backward_tf32.cuh — cuda-fa2's backward on tensor cores: the operand stages of
-// FlashAttention-2's backward in float32 as 3xTF32 products (cuda/ptx/tf32_mma.cuh says why three tf32
-// products are as accurate as fp32 FMAs). The loop, the masks, P and dS, the dQ order and the
-// writes are cuda/stages/flash_backward.cuh's, shared with cuda-tc (its header maps Algorithm 2 line by
-// line); this file says how the fp32 tiles are stored and multiplied. Host side:
+// FlashAttention-2's backward in float32 as 3xTF32 products (cuda/ptx/tf32_mma.cuh says why three
+// tf32 products are as accurate as fp32 FMAs). The loop, the masks, P and dS, the dQ order and the
+// writes are cuda/stages/flash_backward.cuh's, shared with cuda-tc (its header maps Algorithm 2
+// line by line); this file says how the fp32 tiles are stored and multiplied. Host side:
 // cuda/fa2/backward.cu, which runs this kernel for 16 <= d <= 128 and finite inputs and the FFMA
 // kernels (cuda/fa2/backward_ffma.cuh) otherwise.
 //
 //  * Tiles are fp32 in shared memory, rows padded to D + 4 floats (D = 64 or 128, the columns past
 //    d zero-filled by the copy), and split into big + small tf32 values as they are read.
-//  * S^T = K_j Q_i^T and dP^T = V_j dO_i^T are the forward's tf32_scores (cuda/fa2/kernel_tf32.cuh) with a
-//    warp's 16 keys as its rows; the scale's sign is applied to K_j's values as they are read, so
-//    that S^T has the sign of the scaled scores (dK then takes the signed scale).
+//  * S^T = K_j Q_i^T and dP^T = V_j dO_i^T are the forward's tf32_scores (cuda/fa2/kernel_tf32.cuh)
+//    with a warp's 16 keys as its rows; the scale's sign is applied to K_j's values as they are
+//    read, so that S^T has the sign of the scaled scores (dK then takes the signed scale).
 //  * dV_j += P^T dO_i and dK_j += dS^T Q_i are the forward's tf32_accumulate_pv: the fp32
 //    accumulators of P^T and dS^T are A fragments under its renumbering of k.
 //  * Each k-step's three products go into a fresh accumulator that is then added in fp32, as in
-//    the forward (a tensor core truncates its sums; see cuda/fa2/kernel_tf32.cuh, "Accuracy"). dQ_i = dS K_j
-//    does the same, reading dS^T back from shared memory.
+//    the forward (a tensor core truncates its sums; see cuda/fa2/kernel_tf32.cuh, "Accuracy"). dQ_i
+//    = dS K_j does the same, reading dS^T back from shared memory.
 //  * P = exp(|scale| s - L) with expf, not the exp2 shortcut: the fp32 kernel is held to fp32
 //    standard attention's accuracy.
 #pragma once
@@ -152,8 +152,9 @@ struct Tf32BackwardOps {
     }
 
     // L15: dQ_i += scale dS K_j in 16-row x 64-column pieces shared out over the warps. Per key
-    // k-step of 8, keys 2t and 2t + 1 play k = t and k = t + 4 (cuda/ptx/tf32_mma.cuh's renumbering):
-    // A = dS^T rows 2t, 2t + 1 at queries g, g + 8; B = K_j rows 2t, 2t + 1 at column g.
+    // k-step of 8, keys 2t and 2t + 1 play k = t and k = t + 4 (cuda/ptx/tf32_mma.cuh's
+    // renumbering): A = dS^T rows 2t, 2t + 1 at queries g, g + 8; B = K_j rows 2t, 2t + 1 at column
+    // g.
     static __device__ void accumulate_dq(const BackwardParams& params, float* dQ_head,
                                          const Shared& sh, int row0, int warp, int lane) {
         constexpr int kNT = Cfg::kDqCols / 8;

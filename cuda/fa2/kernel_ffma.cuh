@@ -1,6 +1,6 @@
-// cuda/fa2/kernel_ffma.cuh — cuda-fa2's FFMA kernel (v3): FlashAttention-2 (Dao 2023, arXiv 2307.08691,
-// Algorithm 1) in float32 on CUDA cores, and its launcher. The host side that chooses between it
-// and the 3xTF32 tensor-core kernel (cuda/fa2/kernel_tf32.cuh) is cuda/fa2/backend.cu.
+// cuda/fa2/kernel_ffma.cuh — cuda-fa2's FFMA kernel (v3): FlashAttention-2 (Dao 2023, arXiv
+// 2307.08691, Algorithm 1) in float32 on CUDA cores, and its launcher. The host side that chooses
+// between it and the 3xTF32 tensor-core kernel (cuda/fa2/kernel_tf32.cuh) is cuda/fa2/backend.cu.
 //
 // What changed from cuda-fa1 (Algorithm 1 of FlashAttention, cuda/fa1/backend.cu) and why:
 //   * loop order: the query-block loop is now the outer one and each query block is independent,

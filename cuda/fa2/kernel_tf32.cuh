@@ -26,7 +26,8 @@
 //    k-step (8 columns of d for S, 8 keys for O) takes a fresh accumulator -- its three mma's,
 //    small products first, truncate only a sum of 8 products -- and is added to S_ij or O_i with
 //    an ordinary fp32 add (round to nearest), as Ootomo and Yokota's single-precision
-//    tensor-core GEMM does (errors and cost: docs/cuda_fp32_notes.md, section "cuda/fa2/kernel_tf32.cuh").
+//    tensor-core GEMM does (errors and cost: docs/cuda_fp32_notes.md, section
+//    "cuda/fa2/kernel_tf32.cuh").
 //  * Exponents as 2^((s - m) c), not 2^(s c - m c) (exp2_of_difference): at large logits the
 //    second form moved weights by ~0.1% (measured: O error 2.4e-4 on the tests' |s| ~ 1e4 case).
 //  * Inputs must be finite (the split turns inf into NaN, and a masked key's P = 0 times a NaN V is

@@ -1,6 +1,6 @@
-// cuda/fa3/backend.cu — the cuda-fa3 backend: checks, the tensor maps TMA copies through, launch, and the
-// upload path every CUDA backend shares (cuda/host/prepared.hpp: 16-bit Q, K, V with Q times q_sign,
-// poisoned O and LSE).
+// cuda/fa3/backend.cu — the cuda-fa3 backend: checks, the tensor maps TMA copies through, launch,
+// and the upload path every CUDA backend shares (cuda/host/prepared.hpp: 16-bit Q, K, V with Q
+// times q_sign, poisoned O and LSE).
 #include "cuda/fa3/backend.hpp"
 
 #include <cuda.h>

@@ -32,8 +32,8 @@
 // Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
 // chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked
 // by cuda/tools/wgmma_probe.cu); d = 128 is two panels. The accumulators are m16n8's C layout warp
-// by warp (cuda/ptx/hopper.cuh), so masking, the online softmax (FA2 Algorithm 1 lines 9-10) and the
-// epilogue (lines 12-15) are the shared cuda/stages/mma_stages.cuh, as in cuda-tc.
+// by warp (cuda/ptx/hopper.cuh), so masking, the online softmax (FA2 Algorithm 1 lines 9-10) and
+// the epilogue (lines 12-15) are the shared cuda/stages/mma_stages.cuh, as in cuda-tc.
 //
 // FA2 Algorithm 1 lines: L3 work tiles (i, h, b), taken in turn by persistent CTAs | L4 Q_i ->
 // shared memory (TMA, producer) | L5 O, l, m = 0, 0, -inf | L6 loop over key tiles j | L7 K_j,
@@ -105,8 +105,9 @@ constexpr int smem_bytes() {
            int(sizeof(Fa3Barriers<Cfg::kStages>)) + 1024;
 }
 
-// What the kernel reads: cuda-tc's parameters and the three tensor maps (built by cuda/fa3/backend.cu:
-// 3-D, (d, rows, batch x heads) innermost first, boxes of 64 columns x Br or Bc rows).
+// What the kernel reads: cuda-tc's parameters and the three tensor maps (built by
+// cuda/fa3/backend.cu: 3-D, (d, rows, batch x heads) innermost first, boxes of 64 columns x Br or
+// Bc rows).
 struct Fa3Params {
     KernelParams base;
     CUtensorMap q, k, v;

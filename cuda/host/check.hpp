@@ -1,8 +1,9 @@
 // cuda/host/check.hpp — CUDA and cuBLAS failures become C++ exceptions.
 //
-// docs/design.md, Shapes and errors: nothing aborts. A failed CUDA call (out of memory, a bad launch, an illegal address)
-// throws std::runtime_error carrying the call, the file:line and the library's own error string,
-// so the CLI prints "error: ..." and exits 2 and a test reports which call failed.
+// docs/design.md, Shapes and errors: nothing aborts. A failed CUDA call (out of memory, a bad
+// launch, an illegal address) throws std::runtime_error carrying the call, the file:line and the
+// library's own error string, so the CLI prints "error: ..." and exits 2 and a test reports which
+// call failed.
 //
 //   FA_CUDA_CHECK(cudaMalloc(&p, bytes));
 //   my_kernel<<<grid, block>>>(...);

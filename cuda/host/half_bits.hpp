@@ -1,5 +1,5 @@
-// cuda/host/half_bits.hpp — the 16-bit values the tensor-core kernels read (f16 / bf16 bit patterns),
-// without the CUDA headers, so host code and tests can name them.
+// cuda/host/half_bits.hpp — the 16-bit values the tensor-core kernels read (f16 / bf16 bit
+// patterns), without the CUDA headers, so host code and tests can name them.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// cuda/host/prepared.cu — uploads, poisoned outputs, synchronization and downloads shared by the CUDA
-// backends; see cuda/host/prepared.hpp.
+// cuda/host/prepared.cu — uploads, poisoned outputs, synchronization and downloads shared by the
+// CUDA backends; see cuda/host/prepared.hpp.
 #include "cuda/host/prepared.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// cuda/host/prepared.hpp — what every CUDA backend does around its kernels: upload the inputs, hold the
-// outputs and working memory on the device, synchronize, download.
+// cuda/host/prepared.hpp — what every CUDA backend does around its kernels: upload the inputs, hold
+// the outputs and working memory on the device, synchronize, download.
 //
 // prepare() (the constructor) copies Q, K, V and the block mask to the device and allocates O and
 // LSE *poisoned* (every byte 0xFF, a NaN), so an element a kernel forgets to write is seen by the
@@ -38,7 +38,8 @@ enum class InputForm { f32, bits16 };
 
 // n floats in a new device array.
 DeviceBuffer<float> upload_floats(const float* x, std::int64_t n);
-// n floats times `sign` (exact), rounded to 16 bits of `dtype` (f16 or bf16), in a new device array.
+// n floats times `sign` (exact), rounded to 16 bits of `dtype` (f16 or bf16), in a new device
+// array.
 DeviceBuffer<std::uint16_t> upload_bits(const float* x, std::int64_t n, DType dtype, float sign);
 // The problem's block mask (if any) in a new device array; problem.block_mask.data then points to
 // it, so host code must not read through it.

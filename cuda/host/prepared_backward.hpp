@@ -1,8 +1,8 @@
-// cuda/host/prepared_backward.hpp — what every CUDA backward does around its kernels (the backward's
-// counterpart of cuda/host/prepared.hpp): upload Q, K, V, O, LSE and dO, hold dQ, dK, dV *poisoned* (NaN) on
-// the device, synchronize, download. The inputs arrive as float32 arrays; Q, K, V and dO are kept
-// as float32 (InputForm::f32) or rounded to the 16 bits of the dtype (InputForm::bits16, cuda-tc;
-// Q times q_sign, as the forward's), O and LSE always as float32.
+// cuda/host/prepared_backward.hpp — what every CUDA backward does around its kernels (the
+// backward's counterpart of cuda/host/prepared.hpp): upload Q, K, V, O, LSE and dO, hold dQ, dK, dV
+// *poisoned* (NaN) on the device, synchronize, download. The inputs arrive as float32 arrays; Q, K,
+// V and dO are kept as float32 (InputForm::f32) or rounded to the 16 bits of the dtype
+// (InputForm::bits16, cuda-tc; Q times q_sign, as the forward's), O and LSE always as float32.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
-// cuda/host/tensor_core_eligibility.hpp — may a tensor-core kernel run this problem? Decided here, once, for every
-// CUDA backend: cuda-tc (which has no other kernel: a problem outside its limits is refused) and
-// the fp32 backends cuda-fa1 and cuda-fa2 (which fall back to their FFMA kernels).
+// cuda/host/tensor_core_eligibility.hpp — may a tensor-core kernel run this problem? Decided here,
+// once, for every CUDA backend: cuda-tc (which has no other kernel: a problem outside its limits is
+// refused) and the fp32 backends cuda-fa1 and cuda-fa2 (which fall back to their FFMA kernels).
 #pragma once
 
 #include <string>

@@ -1,5 +1,5 @@
-// cuda/minimal/backend.cu — cuda-minimal: FlashAttention's Algorithm 1 (Dao et al. 2022, arXiv 2205.14135)
-// with one GPU thread per query row; the first GPU step of the learning path
+// cuda/minimal/backend.cu — cuda-minimal: FlashAttention's Algorithm 1 (Dao et al. 2022, arXiv
+// 2205.14135) with one GPU thread per query row; the first GPU step of the learning path
 // (docs/cuda_minimal.md). The kernel is the first screen below; the host part after it only checks
 // shared memory and launches.
 //

@@ -5,8 +5,9 @@
 //   * mbarrier: shared-memory barriers that count arrivals and bytes of asynchronous copies, with
 //     a phase bit a waiter tests (FlashAttention-3's producer/consumer ring, Section 3.1);
 //   * TMA (the tensor memory accelerator, cp.async.bulk.tensor): one thread asks for a whole tile,
-//     described by a CUtensorMap built on the host (cuda/fa3/backend.cu), and the copy engine writes it
-//     into shared memory in wgmma's 128-byte swizzle, zero-filling rows past the tensor's end;
+//     described by a CUtensorMap built on the host (cuda/fa3/backend.cu), and the copy engine
+//     writes it into shared memory in wgmma's 128-byte swizzle, zero-filling rows past the tensor's
+//     end;
 //   * setmaxnreg (sm_90a): a warpgroup gives registers back or takes more (warp specialization);
 //   * named barriers (bar.sync / bar.arrive): warpgroups taking turns.
 // PTX ISA references: "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions",

@@ -1,7 +1,7 @@
-// cuda/ptx/mma_sync.cuh — the four tensor-core-era instructions cuda-tc is built from, as thin inline-PTX
-// wrappers (sm_80+): cp.async (global -> shared copies that bypass registers), ldmatrix (shared ->
-// registers, already in fragment order), mma.sync m16n8k16 (one warp-wide 16x8x16 matrix product
-// with fp32 accumulators), and a two-float -> two-half pack.
+// cuda/ptx/mma_sync.cuh — the four tensor-core-era instructions cuda-tc is built from, as thin
+// inline-PTX wrappers (sm_80+): cp.async (global -> shared copies that bypass registers), ldmatrix
+// (shared -> registers, already in fragment order), mma.sync m16n8k16 (one warp-wide 16x8x16 matrix
+// product with fp32 accumulators), and a two-float -> two-half pack.
 //
 // ---------------------------------------------------------------------------------------------
 // Fragment layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16").

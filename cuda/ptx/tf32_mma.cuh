@@ -24,8 +24,8 @@
 //     a2 = (g,     t + 4)                                                 c2 = (g + 8, 2t)
 //     a3 = (g + 8, t + 4)                                                 c3 = (g + 8, 2t + 1)
 //
-// C's layout is the same as that of m16n8k16 (cuda/ptx/mma_sync.cuh), so the softmax code that works on
-// cuda-tc's accumulators works on these unchanged.
+// C's layout is the same as that of m16n8k16 (cuda/ptx/mma_sync.cuh), so the softmax code that
+// works on cuda-tc's accumulators works on these unchanged.
 //
 // The k index of a product is summed over, so it may be *renumbered* freely, as long as A and B
 // use the same renumbering. The kernels use this twice:

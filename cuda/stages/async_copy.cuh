@@ -1,5 +1,5 @@
-// cuda/stages/async_copy.cuh — tiles from global to shared memory with cp.async (sm_80+), zero-filled
-// outside the matrix.
+// cuda/stages/async_copy.cuh — tiles from global to shared memory with cp.async (sm_80+),
+// zero-filled outside the matrix.
 //
 // Algorithm 1 line 6 / line 8 ("load K_j, V_j / Q_i from HBM to on-chip SRAM") on the GPU. cp.async
 // copies without passing through registers and lets the copy of the next tile run while the

@@ -1,4 +1,5 @@
-// cuda/stages/flash_backward.cuh — FlashAttention-2's backward on tensor cores, written once for both
+// cuda/stages/flash_backward.cuh — FlashAttention-2's backward on tensor cores, written once for
+// both
 // precisions: the loop, the masks, P and dS, the dQ order and the final writes. What differs by
 // precision (how tiles are stored and multiplied) is an `Ops` type:
 //   * cuda-tc (fp16 / bf16 on mma.sync m16n8k16): TcBackwardOps, cuda/tc/backward_ops.cuh;

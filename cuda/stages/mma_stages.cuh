@@ -1,13 +1,14 @@
-// cuda/stages/mma_stages.cuh — the warp-level stages every tensor-core flash kernel shares: masking a
-// tile of scores, the online softmax of FlashAttention-2's Algorithm 1 lines 9-10 on registers,
+// cuda/stages/mma_stages.cuh — the warp-level stages every tensor-core flash kernel shares: masking
+// a tile of scores, the online softmax of FlashAttention-2's Algorithm 1 lines 9-10 on registers,
 // and the epilogue (lines 12-15: O_i / l_i, L_i = m_i + log l_i, one write each).
 //
-// Used by cuda-tc (fp16/bf16, cuda/tc/kernel.cuh), cuda-fa2's 3xTF32 kernel (cuda/fa2/kernel_tf32.cuh)
-// and cuda-fa1's (cuda/fa1/kernel_tf32.cuh). What they share is the accumulator layout of the mma.sync
-// instructions, not the input type: an m16n8 C fragment (fp32) gives lane (g, t) = (lane / 4,
-// lane % 4) rows g and g + 8, columns 2t and 2t + 1 of every 8-column block, for m16n8k16 (16-bit
-// inputs) and m16n8k8 (tf32) alike (cuda/ptx/mma_sync.cuh draws it). So a row's values are spread over
-// the 4 lanes of a quad, and a row reduction is two shuffles.
+// Used by cuda-tc (fp16/bf16, cuda/tc/kernel.cuh), cuda-fa2's 3xTF32 kernel
+// (cuda/fa2/kernel_tf32.cuh) and cuda-fa1's (cuda/fa1/kernel_tf32.cuh). What they share is the
+// accumulator layout of the mma.sync instructions, not the input type: an m16n8 C fragment (fp32)
+// gives lane (g, t) = (lane / 4, lane % 4) rows g and g + 8, columns 2t and 2t + 1 of every
+// 8-column block, for m16n8k16 (16-bit inputs) and m16n8k8 (tf32) alike (cuda/ptx/mma_sync.cuh
+// draws it). So a row's values are spread over the 4 lanes of a quad, and a row reduction is two
+// shuffles.
 //
 // `Cfg` is a kernel's compile-time tile shape; these stages read Cfg::Bc (keys per tile), Cfg::D
 // (padded head dim) and Cfg::kMTiles (16-row tiles per warp). The rule itself (nan_max,

@@ -1,5 +1,5 @@
-// cuda/stages/warp_softmax.cuh — the GPU side of the online-softmax rule: reductions across the lanes
-// that share a row, and how a masked key is told apart in P.
+// cuda/stages/warp_softmax.cuh — the GPU side of the online-softmax rule: reductions across the
+// lanes that share a row, and how a masked key is told apart in P.
 //
 // The rule itself (nan_max, exp_shifted, merge_softmax, ...) lives in common/online_softmax.hpp
 // and is only *called* here: a warp shuffle is just another way to combine partial results, and

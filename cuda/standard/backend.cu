@@ -1,5 +1,5 @@
-// cuda/standard/backend.cu — cuda-standard: the paper's Algorithm 0 (standard attention) on the GPU, the
-// baseline FlashAttention is measured against.
+// cuda/standard/backend.cu — cuda-standard: the paper's Algorithm 0 (standard attention) on the
+// GPU, the baseline FlashAttention is measured against.
 //
 //   line 1: S = Q K^T            cuBLAS SGEMM (strided-batched), written to HBM   (N_q x N_kv)
 //   line 2: P = softmax(S)       one warp per row, read S from HBM, write P over it
@@ -27,10 +27,10 @@
 //
 // Masked keys and non-finite V: the P V GEMM multiplies a masked key by P = 0, and 0 * NaN (or
 // 0 * inf) is NaN, so a NaN in a V row would leak into query rows that mask that key (PyTorch's
-// MATH backend does this). docs/design.md's NaN rule (Numerics) is that only rows that attend key j see V_j, so when
-// a mask is active and V holds a non-finite value (checked once in prepare()), line 3 runs
-// masked_pv_kernel instead, which leaves masked keys out of the sum as the flash kernels do. The
-// GEMM stays the path for every finite input.
+// MATH backend does this). docs/design.md's NaN rule (Numerics) is that only rows that attend key j
+// see V_j, so when a mask is active and V holds a non-finite value (checked once in prepare()),
+// line 3 runs masked_pv_kernel instead, which leaves masked keys out of the sum as the flash
+// kernels do. The GEMM stays the path for every finite input.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -119,7 +119,8 @@ public:
         // ~sqrt(N_kv) ulps, more than the 2x rule allows against a blocked CPU GEMM when O is a
         // mean of ~1000 tiny values (test_variants, "long sums over keys": 1.23x at d = 3,
         // N_kv = 1023 in one run). Each chunk re-reads and re-writes O, which costs nothing at
-        // such d; at larger d the bound is not near its eps and one GEMM keeps the baseline's speed.
+        // such d; at larger d the bound is not near its eps and one GEMM keeps the baseline's
+        // speed.
         const int chunk = d < 16 ? kKeyChunk : n_kv;
         for (int c0 = 0; c0 < n_kv; c0 += chunk) {
             const int keys = std::min(chunk, n_kv - c0);

@@ -1,4 +1,5 @@
-// cuda/standard/backend.hpp — cuda-standard, Algorithm 0 with cuBLAS (see cuda/standard/backend.cu).
+// cuda/standard/backend.hpp — cuda-standard, Algorithm 0 with cuBLAS (see
+// cuda/standard/backend.cu).
 #pragma once
 
 #include "common/backend.hpp"

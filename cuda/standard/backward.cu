@@ -10,8 +10,8 @@
 //
 // P and dP (then dS) are materialized: 2 B H N_q N_kv floats, reported by extra_bytes(). P is
 // recomputed rather than read (the interface keeps nothing between the passes). Layout and GQA as
-// in cuda/standard/backend.cu: a K/V head's g query heads form one (g N_q) x d matrix, so the GEMMs over it
-// (k = g N_q for dK and dV) sum the group's contributions; row-major (r x c) is cuBLAS's
+// in cuda/standard/backend.cu: a K/V head's g query heads form one (g N_q) x d matrix, so the GEMMs
+// over it (k = g N_q for dK and dV) sum the group's contributions; row-major (r x c) is cuBLAS's
 // column-major (c x r).
 //
 // Masked pairs are absent from every sum: dS is set to 0 there (line 3 never reads their dP, which

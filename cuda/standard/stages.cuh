@@ -1,6 +1,7 @@
-// cuda/standard/stages.cuh — the pieces cuda-standard's forward (cuda/standard/backend.cu) and backward
-// (cuda/standard/backward.cu) share: the softmax of Algorithm 0 line 2 (one warp per row of S, P
-// written over it, and LSE), a cuBLAS handle in FP32 mode, and the int check of cuBLAS sizes.
+// cuda/standard/stages.cuh — the pieces cuda-standard's forward (cuda/standard/backend.cu) and
+// backward (cuda/standard/backward.cu) share: the softmax of Algorithm 0 line 2 (one warp per row
+// of S, P written over it, and LSE), a cuBLAS handle in FP32 mode, and the int check of cuBLAS
+// sizes.
 #pragma once
 
 #include <cublas_v2.h>

@@ -1,6 +1,6 @@
 // cuda/tc/backend.cu — the cuda-tc Backend, on the upload path every CUDA backend shares
-// (cuda/host/prepared.hpp, cuda/host/prepared_backward.hpp): Q, K, V (and dO) as 16-bit values, poisoned
-// outputs, fetch() copies them back. The forward is cuda/tc/forward.cu, the backward
+// (cuda/host/prepared.hpp, cuda/host/prepared_backward.hpp): Q, K, V (and dO) as 16-bit values,
+// poisoned outputs, fetch() copies them back. The forward is cuda/tc/forward.cu, the backward
 // cuda/tc/backward.cu.
 #include "cuda/tc/backend.hpp"
 
@@ -58,7 +58,8 @@ TcTileShape choose_tile(std::int64_t dim, DType dtype) {
     return shapes.front();
 }
 
-// The backward's shape: the first of tc_backward_shapes, or FLASHATTN_VARIANT=cuda-tc-backward=<name>.
+// The backward's shape: the first of tc_backward_shapes, or
+// FLASHATTN_VARIANT=cuda-tc-backward=<name>.
 TcBackwardShape choose_backward_shape(std::int64_t dim, DType dtype) {
     const std::vector<TcBackwardShape> shapes = tc_backward_shapes(dim, dtype);
     const std::string wanted = cuda::requested_variant("cuda-tc-backward");

@@ -1,7 +1,7 @@
 // cuda/tc/backward_ops.cuh — cuda-tc's backward: the operand stages of FlashAttention-2's
 // backward on fp16 / bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation). The loop, the
-// masks, P and dS, the dQ order and the writes are cuda/stages/flash_backward.cuh's, written once for
-// both precisions (its header maps Algorithm 2 line by line); this file says how cuda-tc stores
+// masks, P and dS, the dQ order and the writes are cuda/stages/flash_backward.cuh's, written once
+// for both precisions (its header maps Algorithm 2 line by line); this file says how cuda-tc stores
 // and multiplies the tiles. Host side: cuda/tc/backward.cu.
 //
 //  * Tiles of Q_i, K_j, V_j, dO_i are 16-bit, in the forward's swizzled layout (cuda/tc/kernel.cuh:

@@ -38,8 +38,8 @@ namespace {
 //   * d = 96, 128: 8 warps of one row tile. Two row tiles would need O_i (2 x d/2 registers) + S
 //     (2 x Bc/2) beside each other, which spills at d = 128; one row tile fits in ~250 registers
 //     with Q_i in registers.
-//   * Bc = 64, 2 stages: a third stage bought nothing (the copy of tile j+1 already hides behind the
-//     math of tile j); Bc = 32 or 128 were slower or spilled.
+//   * Bc = 64, 2 stages: a third stage bought nothing (the copy of tile j+1 already hides behind
+//     the math of tile j); Bc = 32 or 128 were slower or spilled.
 //   * d = 256: O_i alone takes 128 registers for one row tile, so Bc = 32 and Q_i stays in shared
 //     memory.
 // The alternative shapes (fp16, d = 64 and 128) are compiled so that they can be compared on the

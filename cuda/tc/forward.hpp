@@ -33,7 +33,8 @@ struct TcTileShape {
 const std::vector<std::int64_t>& tc_head_dims();
 
 // The tile shapes compiled for (dim, dtype); the first one is the default, the others are there
-// to be compared (FLASHATTN_VARIANT=cuda-tc=<name>, cuda/tools/compare_tc.py --tiles). Empty for an unsupported dim.
+// to be compared (FLASHATTN_VARIANT=cuda-tc=<name>, cuda/tools/compare_tc.py --tiles). Empty for an
+// unsupported dim.
 std::vector<TcTileShape> tc_tile_shapes(std::int64_t dim, DType dtype);
 
 // Throws std::invalid_argument naming the field and value for a problem (or dtype) cuda-tc cannot

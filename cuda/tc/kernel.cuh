@@ -1,7 +1,7 @@
 // cuda/tc/kernel.cuh — cuda-tc: FlashAttention-2 forward on tensor cores (fp16 / bf16 Q, K, V;
 // fp32 accumulation, softmax, O and LSE). The kernel and its fp16-specific stages (the stages it
-// shares with the fp32 tensor-core kernels are cuda/stages/mma_stages.cuh); the host side that picks a
-// tile shape and launches it is cuda/tc/forward.cu.
+// shares with the fp32 tensor-core kernels are cuda/stages/mma_stages.cuh); the host side that
+// picks a tile shape and launches it is cuda/tc/forward.cu.
 //
 // FlashAttention-2, Algorithm 1 (forward; Dao 2023, arXiv 2307.08691), and where each line lives.
 //
@@ -24,12 +24,12 @@
 //
 //  * Who owns what. A CTA of kWarps warps owns Br query rows; each warp owns kMTiles row tiles of
 //    16 rows (one row of m16n8k16 tiles each). Its O_i, m_i and l_i live in that warp's registers,
-//    spread over the lanes in the C-fragment layout (see cuda/ptx/mma_sync.cuh): lane (g, t) holds rows g and
-//    g + 8, columns 2t, 2t+1 of every 8-column block. So a row's values are shared by the 4 lanes
-//    of a "quad", and a row reduction (max, sum) is 2 shuffles, not a loop over d. With 2 row
-//    tiles per warp (as in FlashAttention-2; the default at d <= 64, where it fits the registers)
-//    every K_j / V_j fragment a warp reads from shared memory feeds two mma's, which halves the
-//    shared-memory traffic per FLOP.
+//    spread over the lanes in the C-fragment layout (see cuda/ptx/mma_sync.cuh): lane (g, t) holds
+//    rows g and g + 8, columns 2t, 2t+1 of every 8-column block. So a row's values are shared by
+//    the 4 lanes of a "quad", and a row reduction (max, sum) is 2 shuffles, not a loop over d. With
+//    2 row tiles per warp (as in FlashAttention-2; the default at d <= 64, where it fits the
+//    registers) every K_j / V_j fragment a warp reads from shared memory feeds two mma's, which
+//    halves the shared-memory traffic per FLOP.
 //  * Both products on tensor cores. S = Q_i K_j^T and P~ V_j are sums of mma.sync m16n8k16
 //    products (16-bit inputs, fp32 accumulators). The operands come from shared memory through
 //    ldmatrix, which delivers them already in fragment order (.trans for V, which is stored
@@ -46,15 +46,17 @@
 //    row r is stored at chunk c ^ f(r) (swizzled_chunk). ldmatrix reads one chunk column of 8
 //    consecutive rows per 8x8 block; the XOR spreads those 8 chunks over all 32 banks.
 //  * exp via exp2: the scale is not applied to S; exp(scale (s - m)) = 2^(s c - m c) with
-//    c = scale log2(e), one FMA and one MUFU.EX2 per score (exp2_shifted, common/online_softmax.hpp).
+//    c = scale log2(e), one FMA and one MUFU.EX2 per score (exp2_shifted,
+//    common/online_softmax.hpp).
 //  * l_i is kept per lane (a partial row sum over the lane's columns) and summed over the quad only
 //    once, in write_output: the rescale factor is the same for the whole row, so partial sums
 //    rescale independently.
-//  * Masks cost nothing where they cannot apply: classify_causal / classify_tile (common/tiling.hpp)
-//    tell, per warp and key tile, whether the tile is fully visible (no per-element test), partly
-//    visible (mask_scores writes -inf), or invisible (skipped: with causal masking the j loop stops
-//    at the diagonal; with a block mask invisible tiles are neither loaded nor multiplied). Block
-//    masks get their own kernel instance (kBlockMask), so the others carry none of that code.
+//  * Masks cost nothing where they cannot apply: classify_causal / classify_tile
+//    (common/tiling.hpp) tell, per warp and key tile, whether the tile is fully visible (no
+//    per-element test), partly visible (mask_scores writes -inf), or invisible (skipped: with
+//    causal masking the j loop stops at the diagonal; with a block mask invisible tiles are neither
+//    loaded nor multiplied). Block masks get their own kernel instance (kBlockMask), so the others
+//    carry none of that code.
 //  * Reductions as trees: a lane's row maximum and row sum over its Bc/4 entries take log2(Bc/4)
 //    dependent steps instead of a chain of Bc/4 (measured +3-8% at d = 64, docs/cuda_tc.md).
 #pragma once
@@ -103,7 +105,8 @@ struct TcTile {
 // 8 different values over those rows puts the 8 chunks in 8 different 16-byte bank groups.
 //   * kChunks a multiple of 8 (d = 64, 128, 256): a row spans whole 128-byte lines, f(r) = r % 8.
 //   * kChunks = 4 or 12 (d = 32, 96): two rows share a 128-byte line (row r starts 64 bytes into
-//     it when r is odd), so f(r) = (r / 2) % 4 on the low two bits, and the line half does the rest.
+//     it when r is odd), so f(r) = (r / 2) % 4 on the low two bits, and the line half does the
+//     rest.
 template <int kChunks>
 __device__ __forceinline__ int swizzled_chunk(int r, int c) {
     static_assert(kChunks % 8 == 0 || kChunks % 8 == 4, "d/8 must be a multiple of 4");
@@ -238,9 +241,10 @@ __device__ __forceinline__ void accumulate_pv(float (&O)[Cfg::kMTiles][Cfg::D / 
 
 // ---- the kernel ------------------------------------------------------------------------------
 // kBlockMask: whether params.problem has a block mask (a separate instantiation, so that kernels
-// without one carry none of its code). Grid: (Tr, heads, batch). Block: Cfg::kThreads. Dynamic shared memory: Cfg::kSmemBytes, laid
-// out as Q_i (Br x D), then kStages K_j tiles (Bc x D), then kStages V_j tiles. The host checks
-// that seq_q and seq_kv fit in int (tc_check_problem); element offsets are 64-bit.
+// without one carry none of its code). Grid: (Tr, heads, batch). Block: Cfg::kThreads. Dynamic
+// shared memory: Cfg::kSmemBytes, laid out as Q_i (Br x D), then kStages K_j tiles (Bc x D), then
+// kStages V_j tiles. The host checks that seq_q and seq_kv fit in int (tc_check_problem); element
+// offsets are 64-bit.
 template <class Cfg, bool kBlockMask>
 __global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const KernelParams params) {
     using T = typename Cfg::T;

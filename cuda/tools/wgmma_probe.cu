@@ -5,7 +5,8 @@
 // with Q, K, V stored as cuda-tc stores them (rows of 64 halves = 128 bytes, 16-byte chunk c of row
 // r at chunk c ^ (r % 8): the 128-byte swizzle), for several candidate descriptor settings, and
 // prints which ones give the right product. Not part of the build:
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a cuda/tools/wgmma_probe.cu -o probe && ./probe
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a cuda/tools/wgmma_probe.cu -o probe &&
+//   ./probe
 #include <cuda_fp16.h>
 
 #include <cmath>
