@@ -6,7 +6,7 @@
 //                            cuda/stages/backward_prepass.cuh, shared with cuda-tc).
 //   2. key_gradients_kernel  one block per (K/V tile j, batch, K/V head): K_j, V_j stay in shared
 //      memory with the dK_j, dV_j accumulators while every visible query tile of the group's
-//      query heads streams past (lines 6-15 without the dQ update).
+//      query heads streams past (lines 6-18 without line 15's dQ update).
 //   3. query_gradient_kernel one block per (query tile i, batch, head): Q_i, dO_i and the dQ_i
 //      accumulator stay while every visible K/V tile streams past; it recomputes S_ij and dP_ij
 //      (two more products per tile pair) instead of adding dQ_i with atomics, which

@@ -22,7 +22,7 @@
 //   L14       dS_ij = P_ij o (dP_ij - D_i)     probabilities_and_score_gradients
 //   L15       dQ_i += dS_ij K_j                Ops::accumulate_dq, added to HBM with atomics
 //   L16       dK_j += dS_ij^T Q_i              Ops::accumulate_dk
-//   L19   write dK_j, dV_j                     write_key_gradients
+//   L18   write dK_j, dV_j                     write_key_gradients
 //
 // How the work is laid out, and why:
 //
@@ -188,7 +188,7 @@ __device__ __forceinline__ void add_dq_piece(const BackwardParams& params, float
     }
 }
 
-// Algorithm 2 L19: dK_j = dk_scale sum dS^T Q, dV_j; rows past N_kv and columns past d are not
+// Algorithm 2 L18: dK_j = dk_scale sum dS^T Q, dV_j; rows past N_kv and columns past d are not
 // written.
 template <int D>
 __device__ __forceinline__ void write_key_gradients(const BackwardParams& params,
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardP
     }
     cp_async_wait_all();  // a CTA with no step still has K_j, V_j in flight
 
-    // L19. dK's scale: |scale| where Q was read times q_sign (so S^T had the right sign), else the
+    // L18. dK's scale: |scale| where Q was read times q_sign (so S^T had the right sign), else the
     // signed scale.
     write_key_gradients<D>(params, dK, dV, Ops::kQSignFolded ? params.abs_scale : params.scale,
                            kv_off, key0, lane);
