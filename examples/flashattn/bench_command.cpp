@@ -14,24 +14,30 @@
 // and LSE of one untimed forward run and a random dO; --pass both gives each backend a forward
 // row and a backward row. A backward row counts 2.5x the forward's FLOPs, FlashAttention's
 // convention (the backward's five GEMMs against the forward's two).
+//
+// Every phase that runs longer than --progress seconds (default 1) is reported on stderr: each
+// backend's preparation and untimed forward, each warm-up run and each timed round (progress.hpp).
 #include <omp.h>
-#include <unistd.h>
 
 #include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <ctime>
 #include <deque>
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 
 #include "commands.hpp"
 #include "common/tiling.hpp"
@@ -40,6 +46,8 @@
 #include "format.hpp"
 #include "gemm_ceiling.hpp"
 #include "cpu/reference.hpp"
+#include "number_options.hpp"
+#include "progress.hpp"
 #include "tile_options.hpp"
 
 namespace flashattn::cli {
@@ -58,6 +66,7 @@ struct BenchOptions {
     std::uint64_t seed = 2022;
     TileOptions tiles;
     std::optional<double> block_density;
+    double progress_after = 1;  // seconds a phase runs before it is reported
 };
 
 using Clock = std::chrono::steady_clock;
@@ -123,28 +132,54 @@ std::string utc_now() {
     return buf;
 }
 
-// Progress on stderr once a run has taken a few seconds: one updating line on a terminal, a line
-// every 10 s otherwise (logs).
-class Progress {
-public:
-    void update(const std::string& what) {
-        const double s = ms_since(start_) / 1000;
-        if (s < 3 || s - last_ < (tty_ ? 0.5 : 10)) return;
-        last_ = s;
-        std::fprintf(stderr, tty_ ? "\rbench: %s, %.0f s   " : "bench: %s, %.0f s\n", what.c_str(),
-                     s);
-        printed_ = true;
-    }
-    ~Progress() {
-        if (printed_ && tty_) std::fprintf(stderr, "\n");
-    }
+// The most threads bench runs with: 4x the processors OpenMP sees. Past the processors, more
+// threads only take turns on the same cores, so a benchmark learns nothing more from them; a
+// bound also keeps a huge count away from libgomp, which cannot report a thread it failed to
+// create except by ending the process (status 1, its own message) instead of our "error:", 2.
+int max_threads() { return 4 * std::max(1, omp_get_num_procs()); }
 
-private:
-    Clock::time_point start_ = Clock::now();
-    double last_ = 0;
-    bool tty_ = isatty(2) != 0;
-    bool printed_ = false;
-};
+// Whether `count` threads can run at once in this process (ulimit -u or ulimit -v may say no):
+// they are started and kept waiting until all have started, then joined. libgomp's threads have
+// the same default stack size as these, so where these start, its team starts too.
+void check_threads_start(int count, const std::string& source) {
+    std::mutex mutex;
+    std::condition_variable go;
+    bool started = false;
+    std::vector<std::thread> threads;
+    std::string failure;
+    try {
+        for (int i = 1; i < count; ++i)  // the calling thread is the team's first
+            threads.emplace_back([&] {
+                std::unique_lock<std::mutex> lock(mutex);
+                go.wait(lock, [&] { return started; });
+            });
+    } catch (const std::system_error& e) {
+        failure = e.what();
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        started = true;
+    }
+    go.notify_all();
+    for (std::thread& t : threads) t.join();
+    if (!failure.empty())
+        throw std::invalid_argument(source + " = " + std::to_string(count) + ": only " +
+                                    std::to_string(threads.size() + 1) +
+                                    " threads could be started here (" + failure + ")");
+}
+
+// The thread count of every CPU backend: --threads, or OpenMP's default (OMP_NUM_THREADS, else
+// one per processor), within max_threads() and startable here.
+int thread_count(const BenchOptions& o) {
+    const std::string source = o.threads ? "--threads" : "OMP_NUM_THREADS";
+    const int threads = o.threads.value_or(omp_get_max_threads());
+    if (threads > max_threads())
+        throw std::invalid_argument(source + " = " + std::to_string(threads) + ": at most " +
+                                    std::to_string(max_threads()) +
+                                    " (4x the processors here) are used");
+    check_threads_start(threads, source);
+    return threads;
+}
 
 void check_options(const BenchOptions& o) {
     const auto positive = [](const char* name, std::int64_t v) {
@@ -161,14 +196,11 @@ void check_options(const BenchOptions& o) {
     if (o.seq_kv) positive("--seq-kv", *o.seq_kv);
     if (o.threads) positive("--threads", *o.threads);
     if (o.tiles.sram_bytes) positive("--sram-bytes", *o.tiles.sram_bytes);
-    if (o.block_density) {
-        if (!(*o.block_density > 0.0 && *o.block_density <= 1.0))
-            throw std::invalid_argument("--block-density = " + std::to_string(*o.block_density) +
-                                        ": must be in (0, 1]");
-    }
     if (o.warmup < 0)
         throw std::invalid_argument("--warmup = " + std::to_string(o.warmup) +
                                     ": must not be negative");
+    if (!(o.progress_after >= 0))
+        throw std::invalid_argument("--progress: must be a number of seconds, at least 0");
 }
 
 int bench(const BenchOptions& o) {
@@ -196,7 +228,7 @@ int bench(const BenchOptions& o) {
     const bool time_forward = o.pass != "backward", time_backward = o.pass != "forward";
 
     // One thread count for every CPU backend: OpenMP's, and Eigen's (standard's GEMMs, SGEMM).
-    const int threads = o.threads.value_or(omp_get_max_threads());
+    const int threads = thread_count(o);
     omp_set_num_threads(threads);
     Eigen::setNbThreads(threads);
 
@@ -226,6 +258,8 @@ int bench(const BenchOptions& o) {
     require_memory(sizeof(float) * (q + 2 * kv + (time_backward ? q : 0) +
                                     double(backends.size()) * per_backend),
                    "bench's inputs and outputs");
+    Progress progress(o.progress_after);
+    progress.phase("making the random inputs");
     const ProblemData data = random_problem_data(p, o.seed);
     // dO from the same seed as the inputs (random_problem_data uses seed, seed + 1, seed + 2).
     const std::vector<float> dO =
@@ -236,6 +270,7 @@ int bench(const BenchOptions& o) {
     std::vector<Contender> contenders;
     for (const Backend* b : backends) {
         std::unique_ptr<PreparedAttention> forward;
+        progress.phase("preparing " + b->name);
         try {
             forward = b->prepare(p, data.Q.data(), data.K.data(), data.V.data(), dtype);
         } catch (const std::invalid_argument& e) {
@@ -255,10 +290,12 @@ int bench(const BenchOptions& o) {
             f.O.resize(static_cast<std::size_t>(p.q_elements()));
             f.lse.resize(static_cast<std::size_t>(p.lse_elements()));
             try {
+                progress.phase(b->name + "'s untimed forward (the backward reads its O and LSE)");
                 run->execute();
                 run->fetch(f.O.data(), f.lse.data());
                 const BackwardInputs in{data.Q.data(), data.K.data(), data.V.data(),
                                         f.O.data(),    f.lse.data(),  dO.data()};
+                progress.phase("preparing " + b->name + "'s backward");
                 prepared_backward.push_back(b->prepare_backward(p, in, dtype));
             } catch (const std::invalid_argument& e) {
                 throw std::invalid_argument("backend " + b->name +
@@ -277,6 +314,7 @@ int bench(const BenchOptions& o) {
     }
     std::unique_ptr<SgemmCeiling> sgemm;
     if (o.gemm_ceiling) {
+        progress.phase("preparing the SGEMM ceiling");
         sgemm = std::make_unique<SgemmCeiling>();
         contenders.push_back({"eigen-sgemm", "cpu", device_name("cpu"), "",
                               [g = sgemm.get()] { g->run(); }, {}, SgemmCeiling::flops(), {}});
@@ -284,15 +322,15 @@ int bench(const BenchOptions& o) {
 
     // Warm-up rounds, then timed rounds; round-robin over the contenders in each.
     {
-        Progress progress;
         const int rounds = o.warmup + o.repeat;
         for (int round = 0; round < rounds; ++round)
             for (Contender& c : contenders) {
                 const std::string what = c.pass == "backward" ? c.name + " backward" : c.name;
-                progress.update(round < o.warmup
-                                    ? "warm-up, " + what
-                                    : "round " + std::to_string(round - o.warmup + 1) + "/" +
-                                          std::to_string(o.repeat) + ", " + what);
+                progress.phase(round < o.warmup
+                                   ? "warm-up " + std::to_string(round + 1) + "/" +
+                                         std::to_string(o.warmup) + ", " + what
+                                   : "timed round " + std::to_string(round - o.warmup + 1) + "/" +
+                                         std::to_string(o.repeat) + ", " + what);
                 const auto start = Clock::now();
                 try {
                     c.run();
@@ -301,6 +339,7 @@ int bench(const BenchOptions& o) {
                 }
                 if (round >= o.warmup) c.ms.push_back(ms_since(start));
             }
+        progress.done();
     }
 
     const std::string date = utc_now();
@@ -412,12 +451,15 @@ Command add_bench_command(CLI::App& app) {
     auto o = std::make_shared<BenchOptions>();
     cmd->add_option("--backends", o->backends, "Comma-separated backend names, e.g. standard,omp")
         ->required();
-    cmd->add_option("--batch", o->batch, "Batch size B")->required();
-    cmd->add_option("--heads", o->heads, "Query heads H")->required();
-    cmd->add_option("--heads-kv", o->heads_kv, "Key/value heads H_kv (default H; H % H_kv == 0)");
-    cmd->add_option("--seq", o->seq, "Query sequence length N_q")->required();
-    cmd->add_option("--seq-kv", o->seq_kv, "Key/value sequence length N_kv (default N_q)");
-    cmd->add_option("--dim", o->dim, "Head dimension d")->required();
+    const CLI::Validator int64 = whole_number<std::int64_t>(), int32 = whole_number<int>();
+    cmd->add_option("--batch", o->batch, "Batch size B")->required()->transform(int64);
+    cmd->add_option("--heads", o->heads, "Query heads H")->required()->transform(int64);
+    cmd->add_option("--heads-kv", o->heads_kv, "Key/value heads H_kv (default H; H % H_kv == 0)")
+        ->transform(int64);
+    cmd->add_option("--seq", o->seq, "Query sequence length N_q")->required()->transform(int64);
+    cmd->add_option("--seq-kv", o->seq_kv, "Key/value sequence length N_kv (default N_q)")
+        ->transform(int64);
+    cmd->add_option("--dim", o->dim, "Head dimension d")->required()->transform(int64);
     cmd->add_flag("--causal", o->causal, "Causal mask (bottom-right aligned)");
     cmd->add_option("--dtype", o->dtype, "Precision: f32, f16 or bf16")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}))
@@ -428,19 +470,31 @@ Command add_bench_command(CLI::App& app) {
                     "backend)")
         ->check(CLI::IsMember({"forward", "backward", "both"}))
         ->capture_default_str();
-    cmd->add_option("--repeat", o->repeat, "Timed runs per backend")->capture_default_str();
-    cmd->add_option("--warmup", o->warmup, "Untimed runs per backend first")->capture_default_str();
-    cmd->add_option(
-        "--threads", o->threads,
-        "Threads of every CPU backend (OpenMP and Eigen; default OMP_NUM_THREADS or all)");
+    cmd->add_option("--repeat", o->repeat, "Timed runs per backend")
+        ->transform(int32)
+        ->capture_default_str();
+    cmd->add_option("--warmup", o->warmup, "Untimed runs per backend first")
+        ->transform(int32)
+        ->capture_default_str();
+    cmd->add_option("--threads", o->threads,
+                    "Threads of every CPU backend (OpenMP and Eigen; default OMP_NUM_THREADS or\n"
+                    "all), at most 4x the processors here (" + std::to_string(max_threads()) + ")")
+        ->transform(int32);
     cmd->add_flag("--json", o->json, "One JSON object per measured row instead of the table");
     cmd->add_flag("--gemm-ceiling", o->gemm_ceiling,
                   "Also time Eigen SGEMM 2048^3 with the same threads (the machine's GEMM rate)");
-    cmd->add_option("--seed", o->seed, "Random seed of the inputs")->capture_default_str();
+    cmd->add_option("--seed", o->seed, "Random seed of the inputs")
+        ->transform(whole_number<std::uint64_t>())
+        ->capture_default_str();
+    cmd->add_option("--progress", o->progress_after,
+                    "Report on stderr each phase (preparation, untimed forward, warm-up, timed\n"
+                    "round) running longer than this many seconds, then every 10 s (0: each one)")
+        ->capture_default_str();
     add_tile_options(cmd, o->tiles);
     cmd->add_option("--block-density", o->block_density,
                     "Block-sparse run: a random mask over --mask-block-q x --mask-block-kv blocks\n"
-                    "keeping this fraction (0, 1]; FLOPs and GFLOP/s stay the dense problem's");
+                    "keeping this fraction (0, 1]; FLOPs and GFLOP/s stay the dense problem's")
+        ->check(fraction());
     return {cmd, [o] { return bench(*o); }};
 }
 

@@ -5,6 +5,7 @@
 // Exit status: 0 on success, 2 on any bad input or failure, with a message starting "error:".
 #include <exception>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "commands.hpp"
@@ -20,6 +21,20 @@ int main(int argc, char** argv) {
     const std::vector<Command> commands = {add_backends_command(app), add_run_command(app),
                                            add_bench_command(app), add_demo_command(app)};
 
+    // An unknown command is named (CLI11 would say only that an argument was not expected).
+    if (argc > 1 && argv[1][0] != '-') {
+        std::string known;
+        bool found = false;
+        for (const Command& c : commands) {
+            known += (known.empty() ? "" : ", ") + c.app->get_name();
+            found = found || c.app->get_name() == argv[1];
+        }
+        if (!found) {
+            std::cerr << "error: unknown command '" << argv[1] << "' (commands: " << known
+                      << "; see flashattn --help)\n";
+            return 2;
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

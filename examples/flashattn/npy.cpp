@@ -5,12 +5,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <sys/stat.h>
-#include <unistd.h>
 
 namespace flashattn::npy {
 namespace {
@@ -295,90 +293,6 @@ std::string serialize_float32(const std::vector<std::int64_t>& shape, const floa
     for (std::int64_t d : shape) count *= d;
     out.append(reinterpret_cast<const char*>(values), static_cast<std::size_t>(count) * 4);
     return out;
-}
-
-void AtomicWriter::add(const std::string& path, std::string contents) {
-    files_.emplace_back(path, std::move(contents));
-}
-
-// Everything that would make a rename fail, or make one output replace another, checked before
-// any file is written: the renames run one after the other, and a failure in the middle would
-// leave the earlier targets replaced.
-void AtomicWriter::check_targets() const {
-    namespace fs = std::filesystem;
-    std::vector<fs::path> seen;
-    for (const auto& file : files_) {
-        const std::string& path = file.first;
-        if (path.empty()) throw std::invalid_argument("output path is empty");
-        struct stat info {};
-        if (::lstat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISLNK(info.st_mode))
-            throw std::invalid_argument(path + ": exists and is not a regular file (a directory or "
-                                               "a device is never replaced)");
-        // "o.npy", "./o.npy" and a symbolic link to it are one file.
-        std::error_code ec;
-        const fs::path canonical = fs::weakly_canonical(fs::absolute(path), ec);
-        if (ec) continue;  // an unreachable directory: mkstemp reports it below
-        for (const fs::path& other : seen)
-            if (canonical == other)
-                throw std::invalid_argument(path + ": given for two outputs; each needs its own file");
-        seen.push_back(canonical);
-    }
-}
-
-void AtomicWriter::probe(const std::vector<std::string>& paths) {
-    AtomicWriter dry;
-    for (const std::string& p : paths) dry.add(p, {});
-    dry.check_targets();
-    for (const std::string& path : paths) {
-        std::string tmpl = path + ".tmp.XXXXXX";
-        const int fd = mkstemp(tmpl.data());
-        if (fd < 0)
-            throw std::invalid_argument(path + ": cannot be written (" + std::strerror(errno) +
-                                        ")");
-        ::close(fd);
-        std::remove(tmpl.c_str());
-    }
-}
-
-void AtomicWriter::commit() {
-    check_targets();
-    std::vector<std::string> temps;
-    const auto cleanup = [&] {
-        for (const std::string& t : temps) std::remove(t.c_str());
-    };
-    for (const auto& [path, contents] : files_) {
-        std::string tmpl = path + ".tmp.XXXXXX";
-        const int fd = mkstemp(tmpl.data());
-        if (fd < 0) {
-            const std::string why = std::strerror(errno);
-            cleanup();
-            throw std::runtime_error(path + ": cannot create the output file (" + why + ")");
-        }
-        temps.push_back(tmpl);
-        const mode_t mask = ::umask(0);  // mkstemp creates 0600; give the usual 0666 & ~umask
-        ::umask(mask);
-        ::fchmod(fd, 0666 & ~mask);
-        std::size_t written = 0;
-        while (written < contents.size()) {
-            const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-            if (n <= 0) break;
-            written += static_cast<std::size_t>(n);
-        }
-        const bool ok = written == contents.size() && ::fsync(fd) == 0;
-        ::close(fd);
-        if (!ok) {
-            cleanup();
-            throw std::runtime_error(path + ": writing the output failed (disk full?)");
-        }
-    }
-    for (std::size_t i = 0; i < files_.size(); ++i) {
-        if (std::rename(temps[i].c_str(), files_[i].first.c_str()) != 0) {
-            const std::string why = std::strerror(errno);
-            cleanup();
-            throw std::runtime_error(files_[i].first + ": cannot replace the output file (" + why + ")");
-        }
-    }
-    files_.clear();
 }
 
 }  // namespace flashattn::npy

@@ -1,12 +1,13 @@
 // examples/flashattn/run_command.cpp — `flashattn run`: one backend on .npy inputs.
 //
 // Everything is read and checked, and the result computed, before any output is written; the
-// outputs are then written atomically (npy::AtomicWriter), so a failure leaves no partial file.
+// outputs are then written atomically (output_files.hpp), so a failure leaves no partial file.
+// An output that is the same file as an input (however spelled, linked or hard-linked), or as
+// another output, is refused before any work.
 //
 // With --dout/--dq/--dk/--dv the backward pass (paper Section 3.1, Algorithm 4) runs after the
 // forward, on the forward's own O and LSE (the statistics it saves instead of P), and the three
 // gradients join O and LSE in the one atomic write: all five files appear, or none changes.
-#include <cmath>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -15,6 +16,8 @@
 #include "common/tiling.hpp"
 #include "common/registry.hpp"
 #include "npy.hpp"
+#include "number_options.hpp"
+#include "output_files.hpp"
 #include "tile_options.hpp"
 
 namespace flashattn::cli {
@@ -23,7 +26,7 @@ namespace {
 struct RunOptions {
     std::string backend, q, k, v, out, lse, block_mask, dtype = "f32";
     std::string dout, dq, dk, dv;  // the backward's input dO and its outputs: all four or none
-    std::optional<double> scale;
+    std::optional<std::string> scale;  // as given: read as float32 by parse_float32
     bool causal = false;
     TileOptions tiles;
 };
@@ -34,7 +37,7 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
     return r + ")";
 }
 
-// (N, d) means B = H = 1; otherwise (B, H, N, d).
+// (N, d) means B = H = 1; otherwise (B, H, N, d). `what` names the option ("--q") in errors.
 void read_shape(const npy::Array& a, const std::string& what, std::int64_t& B, std::int64_t& H,
                 std::int64_t& N, std::int64_t& d) {
     if (a.shape.size() == 2) {
@@ -66,13 +69,26 @@ bool wants_backward(const RunOptions& o) {
                                 "missing" + missing);
 }
 
+// The files `run` reads, and those it writes, as the options named them.
+std::vector<FileArgument> input_files(const RunOptions& o, bool backward) {
+    std::vector<FileArgument> inputs = {{"--q", o.q}, {"--k", o.k}, {"--v", o.v}};
+    if (!o.block_mask.empty()) inputs.push_back({"--block-mask", o.block_mask});
+    if (backward) inputs.push_back({"--dout", o.dout});
+    return inputs;
+}
+std::vector<FileArgument> output_files(const RunOptions& o, bool backward) {
+    std::vector<FileArgument> outputs = {{"--out", o.out}};
+    if (!o.lse.empty()) outputs.push_back({"--lse", o.lse});
+    if (backward) outputs.insert(outputs.end(), {{"--dq", o.dq}, {"--dk", o.dk}, {"--dv", o.dv}});
+    return outputs;
+}
+
 int run(const RunOptions& o) {
     const bool backward = wants_backward(o);
-    // An output that cannot be written is found before anything is read or computed.
-    std::vector<std::string> outputs = {o.out};
-    if (!o.lse.empty()) outputs.push_back(o.lse);
-    if (backward) outputs.insert(outputs.end(), {o.dq, o.dk, o.dv});
-    npy::AtomicWriter::probe(outputs);
+    // An output that names an input or another output, or cannot be written, is found before
+    // anything is read or computed.
+    const std::vector<FileArgument> inputs = input_files(o, backward);
+    check_outputs(inputs, output_files(o, backward));
     const Backend& backend = find_backend(o.backend);
     if (backward) require_backward(backend);
     const DType dtype = parse_dtype(o.dtype);
@@ -83,25 +99,24 @@ int run(const RunOptions& o) {
     const npy::Array q = npy::load_float32(o.q, "--q");
     const npy::Array k = npy::load_float32(o.k, "--k");
     const npy::Array v = npy::load_float32(o.v, "--v");
-    if (q.shape.size() != k.shape.size() || k.shape != v.shape)
-        throw std::invalid_argument("shapes Q " + shape_str(q.shape) + ", K " + shape_str(k.shape) +
-                                    ", V " + shape_str(v.shape) +
-                                    ": K and V must have equal shapes, of the same rank as Q");
+    // Each array's own rank first, so that the message blames the array that is wrong.
     AttentionProblem p;
     std::int64_t Bk = 0, dk = 0;
     read_shape(q, "--q", p.batch, p.heads, p.seq_q, p.dim);
     read_shape(k, "--k", Bk, p.heads_kv, p.seq_kv, dk);
+    if (k.shape.size() != q.shape.size())
+        throw std::invalid_argument("--k shape " + shape_str(k.shape) + ": must have the rank of Q " +
+                                    shape_str(q.shape) + ", (B, H, N, d) or (N, d) for both");
+    if (v.shape != k.shape)
+        throw std::invalid_argument("--v shape " + shape_str(v.shape) +
+                                    ": must equal the shape of K " + shape_str(k.shape));
     if (Bk != p.batch)
         throw std::invalid_argument("batch of K/V = " + std::to_string(Bk) +
                                     ": must equal batch of Q = " + std::to_string(p.batch));
     if (dk != p.dim)
         throw std::invalid_argument("head dim of K/V = " + std::to_string(dk) +
                                     ": must equal head dim of Q = " + std::to_string(p.dim));
-    if (o.scale) {
-        if (!std::isfinite(*o.scale))
-            throw std::invalid_argument("--scale = " + std::to_string(*o.scale) + ": must be finite");
-        p.scale = static_cast<float>(*o.scale);
-    }
+    if (o.scale) p.scale = parse_float32("--scale", *o.scale);
     p.causal = o.causal;
     const BlockSizes mask_blocks =
         apply_tile_options(o.tiles, o.block_mask.empty() ? "" : "--block-mask", p);
@@ -150,15 +165,16 @@ int run(const RunOptions& o) {
         run_backward(backend, p, in, dQ.data(), dK.data(), dV.data(), dtype);
     }
 
-    npy::AtomicWriter writer;
+    AtomicWriter writer(inputs);
     std::vector<std::int64_t> lse_shape = q.shape;
     lse_shape.pop_back();
-    writer.add(o.out, npy::serialize_float32(q.shape, O.data()));
-    if (!o.lse.empty()) writer.add(o.lse, npy::serialize_float32(lse_shape, lse.data()));
+    writer.add({"--out", o.out}, npy::serialize_float32(q.shape, O.data()));
+    if (!o.lse.empty())
+        writer.add({"--lse", o.lse}, npy::serialize_float32(lse_shape, lse.data()));
     if (backward) {
-        writer.add(o.dq, npy::serialize_float32(q.shape, dQ.data()));
-        writer.add(o.dk, npy::serialize_float32(k.shape, dK.data()));
-        writer.add(o.dv, npy::serialize_float32(v.shape, dV.data()));
+        writer.add({"--dq", o.dq}, npy::serialize_float32(q.shape, dQ.data()));
+        writer.add({"--dk", o.dk}, npy::serialize_float32(k.shape, dK.data()));
+        writer.add({"--dv", o.dv}, npy::serialize_float32(v.shape, dV.data()));
     }
     writer.commit();
 
@@ -184,9 +200,13 @@ Command add_run_command(CLI::App& app) {
     cmd->add_option("--q", o->q, "Query .npy, float32 (B, H, N_q, d) or (N_q, d)")->required();
     cmd->add_option("--k", o->k, "Key .npy, float32 (B, H_kv, N_kv, d) or (N_kv, d)")->required();
     cmd->add_option("--v", o->v, "Value .npy, same shape as --k")->required();
-    cmd->add_option("--out", o->out, "Output O .npy (float32, shape of Q)")->required();
+    cmd->add_option("--out", o->out,
+                    "Output O .npy (float32, shape of Q). Each output replaces its file whole\n"
+                    "(keeping its permissions; a symbolic link is written through) and is\n"
+                    "refused when it is an input or another output")
+        ->required();
     cmd->add_option("--lse", o->lse, "Also write the log-sum-exp of each row (B, H, N_q), natural log");
-    cmd->add_option("--scale", o->scale, "Softmax scale (default 1/sqrt(d))");
+    cmd->add_option("--scale", o->scale, "Softmax scale (default 1/sqrt(d)), a finite float32");
     cmd->add_flag("--causal", o->causal,
                   "Causal mask, bottom-right aligned: row i attends key j iff j <= i + N_kv - N_q");
     add_tile_options(cmd, o->tiles);

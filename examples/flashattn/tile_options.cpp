@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 
+#include "number_options.hpp"
+
 namespace flashattn::cli {
 namespace {
 
@@ -18,18 +20,24 @@ void require_pair(const std::optional<std::int64_t>& a, const std::optional<std:
 }  // namespace
 
 void add_tile_options(CLI::App* cmd, TileOptions& o) {
+    const CLI::Validator int64 = whole_number<std::int64_t>();
     auto* bq = cmd->add_option("--block-q", o.block_q,
                                "Query tile size Br of the forms that take tiles: scalar, omp,\n"
-                               "cuda-fa1 (with --block-kv); refused by forms with their own tiles");
-    auto* bkv = cmd->add_option("--block-kv", o.block_kv, "Key/value tile size Bc (with --block-q)");
+                               "cuda-fa1 (with --block-kv); refused by forms with their own tiles")
+                  ->transform(int64);
+    auto* bkv = cmd->add_option("--block-kv", o.block_kv, "Key/value tile size Bc (with --block-q)")
+                    ->transform(int64);
     auto* sram = cmd->add_option("--sram-bytes", o.sram_bytes,
-                                 "SRAM size M in bytes; Algorithm 1 line 1 derives Br and Bc from it");
+                                 "SRAM size M in bytes; Algorithm 1 line 1 derives Br and Bc from it")
+                     ->transform(int64);
     sram->excludes(bq)->excludes(bkv);
     cmd->add_option("--mask-block-q", o.mask_block_q,
-                    "Query rows per block of the block mask (with --mask-block-kv)");
+                    "Query rows per block of the block mask (with --mask-block-kv)")
+        ->transform(int64);
     cmd->add_option("--mask-block-kv", o.mask_block_kv,
                     "Keys per block of the block mask (with --mask-block-q). Without them, a\n"
-                    "mask's blocks are --block-q x --block-kv (then not tile sizes)");
+                    "mask's blocks are --block-q x --block-kv (then not tile sizes)")
+        ->transform(int64);
 }
 
 BlockSizes apply_tile_options(const TileOptions& o, const std::string& mask_option,
