@@ -1,6 +1,9 @@
 // tests/test_cli.cpp — the command-line contract of docs/design.md: `run` writes correct outputs, and
 // any bad input gives exit status 2, a message starting "error:", and no output created or changed
-// (a long list of bad inputs, hostile files, and output paths that cannot be written).
+// (a long list of bad inputs, hostile files, and output paths that cannot be written). Output files
+// (docs/design.md, Output files): an output that names an input, however spelled or linked, is
+// refused and the input stays byte-identical; a replaced file keeps its mode; symbolic links are
+// written through; names up to 255 bytes work.
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,10 +31,12 @@ struct Result {
     std::string err;
 };
 
-Result flashattn_cli(const std::string& args, const fs::path& dir) {
+// Runs `flashattn ARGS` (in directory `cwd` when one is given, for relative paths).
+Result flashattn_cli(const std::string& args, const fs::path& dir, const fs::path& cwd = {}) {
     const fs::path err_file = dir / "stderr.txt";
-    const std::string cmd =
-        std::string(FLASHATTN_EXE) + " " + args + " 2> " + err_file.string() + " > /dev/null";
+    const std::string cmd = (cwd.empty() ? "" : "cd " + cwd.string() + " && ") +
+                            std::string(FLASHATTN_EXE) + " " + args + " 2> " + err_file.string() +
+                            " > /dev/null";
     const int raw = std::system(cmd.c_str());
     const std::string err = read_file(err_file);
     fs::remove(err_file);
@@ -53,10 +58,15 @@ struct TempDir {
     }
 };
 
-// What a refused command must leave behind: no temporary file anywhere in `dir`.
+// What a refused command must leave behind: no temporary file anywhere in `dir` (".fa-XXXXXX",
+// or ".tmp." as older versions named them).
 void check_no_temporaries(const fs::path& dir) {
-    for (const auto& entry : fs::recursive_directory_iterator(dir))
-        CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
+    for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+        const std::string name = entry.path().filename().string();
+        INFO("left behind: " << entry.path());
+        CHECK(name.find(".tmp.") == std::string::npos);
+        CHECK(name.rfind(".fa-", 0) != 0);
+    }
 }
 
 // A refused command exits 2 and says why on a line starting "error:". For `run` that is the first
@@ -403,23 +413,39 @@ TEST_CASE("flashattn run: outputs that cannot be written are refused and change 
     check_no_temporaries(dir);
 }
 
-TEST_CASE("flashattn run: a successful run replaces existing outputs whole, with the usual mode") {
+namespace {
+
+fs::perms mode_of(const fs::path& p) { return fs::status(p).permissions() & fs::perms::all; }
+
+}  // namespace
+
+TEST_CASE("flashattn run: a successful run replaces existing outputs whole, keeping their mode") {
     const Inputs in;
     const fs::path out = in.tmp.path / "o.npy", lse = in.tmp.path / "l.npy";
+    const fs::path fresh = in.tmp.path / "fresh.npy";
     write_file(out, std::string(100000, 'x'));  // longer than the new file: no stale tail
     write_file(lse, "old");
-    const mode_t old_mask = ::umask(022);
-    const Result r = flashattn_cli(
-        "run --backend scalar" + in.io + " --out " + out.string() + " --lse " + lse.string(),
-        in.tmp.path);
+    const fs::perms owner_only = fs::perms::owner_read | fs::perms::owner_write;
+    const fs::perms odd = fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                          fs::perms::others_exec;  // 0641: nobody's default
+    fs::permissions(out, owner_only);
+    fs::permissions(lse, odd);
+    const mode_t old_mask = ::umask(027);
+    const Result r = flashattn_cli("run --backend scalar" + in.io + " --out " + out.string() +
+                                       " --lse " + lse.string() + " --dout " +
+                                       in.array("do.npy", {2, 3, 5, 8}) + " --dq " +
+                                       fresh.string() + " --dk " + in.file("dk.npy") + " --dv " +
+                                       in.file("dv.npy"),
+                                   in.tmp.path);
     ::umask(old_mask);
     INFO(r.err);
     REQUIRE(r.status == 0);
     CHECK(npy::load(out.string()).shape == std::vector<std::int64_t>{2, 3, 5, 8});
     CHECK(npy::load(lse.string()).shape == std::vector<std::int64_t>{2, 3, 5});
-    CHECK((fs::status(out).permissions() & fs::perms::all) ==
-          (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
-           fs::perms::others_read));
+    // Replaced files keep their mode (0600 stays 0600); a new one gets 0666 & ~umask.
+    CHECK(mode_of(out) == owner_only);
+    CHECK(mode_of(lse) == odd);
+    CHECK(mode_of(fresh) == (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read));
     check_no_temporaries(in.tmp.path);
     // Block sizes far beyond N are one tile, not an error.
     const Result huge = flashattn_cli("run --backend scalar" + in.io + " --out " + out.string() +
@@ -654,4 +680,341 @@ TEST_CASE("flashattn run: gradient outputs that cannot be written are refused be
     check_refused(r);
     CHECK(r.err.find("no_such_dir") != std::string::npos);
     check_no_temporaries(dir);
+}
+
+// --- Output files: an output never replaces an input; links; long names; modes ------------------
+
+namespace {
+
+// Every input and output option of a backward run with a block mask: q (2,3,5,8), k = v
+// (2,1,7,8), dO (2,3,5,8), a (3,3) mask over blocks of 2 x 3. `outputs` maps each output option
+// to its path; the missing ones get fresh names in `dir`.
+struct FullRun {
+    const Inputs& in;
+    std::string mask, dout, v;
+    explicit FullRun(const Inputs& inputs) : in(inputs) {
+        mask = in.raw("mask.npy", npy_file(npy_dict("|u1", "(3, 3)"), 1, 0) + std::string(9, '\x01'));
+        dout = in.array("dout.npy", {2, 3, 5, 8});
+        v = in.array("v.npy", {2, 1, 7, 8});
+    }
+    // The inputs, option -> path.
+    std::vector<std::pair<std::string, std::string>> inputs() const {
+        return {{"--q", in.q}, {"--k", in.k}, {"--v", v}, {"--dout", dout}, {"--block-mask", mask}};
+    }
+    std::string command(const std::string& option, const std::string& path) const {
+        std::string c = "run --backend standard --block-q 2 --block-kv 3";
+        for (const auto& [o, p] : inputs()) c += " " + o + " " + p;
+        for (const std::string& o : kAllOutputs)
+            c += " " + o + " " + (o == option ? path : in.file("fresh_" + o.substr(2) + ".npy"));
+        return c;
+    }
+};
+
+// Refused, with both options named, every input byte-identical and no output created.
+void check_output_is_input(const FullRun& run, const std::string& output, const std::string& path,
+                           const std::string& input, const fs::path& cwd = {}) {
+    std::vector<std::string> before;
+    for (const auto& [o, p] : run.inputs()) before.push_back(read_file(p));
+    const std::string command = run.command(output, path);
+    const Result r = flashattn_cli(command, run.in.tmp.path, cwd);
+    INFO("flashattn " << command << "\n(in " << cwd << ")\nstderr: " << r.err);
+    check_refused(r);
+    CHECK(r.err.find(output + " ") != std::string::npos);
+    CHECK(r.err.find(input + " ") != std::string::npos);
+    CHECK(r.err.find("same file") != std::string::npos);
+    std::size_t i = 0;
+    for (const auto& [o, p] : run.inputs()) {
+        INFO("input " << o);
+        CHECK(read_file(p) == before[i++]);
+    }
+    for (const std::string& o : kAllOutputs)
+        CHECK_FALSE(fs::exists(run.in.file("fresh_" + o.substr(2) + ".npy")));
+    check_no_temporaries(run.in.tmp.path);
+}
+
+}  // namespace
+
+TEST_CASE("flashattn run: an output that names an input is refused, however it is spelled") {
+    const Inputs in;
+    const FullRun run(in);
+    const fs::path dir = in.tmp.path;
+    fs::create_directories(dir / "sub");
+    fs::create_directory_symlink(dir, dir / "sub" / "up");  // a directory reached by a link
+    // The inputs as written: the run itself must succeed.
+    const Result ok = flashattn_cli(run.command("", ""), dir);
+    INFO("stderr: " << ok.err);
+    REQUIRE(ok.status == 0);
+    for (const std::string& o : kAllOutputs) fs::remove(in.file("fresh_" + o.substr(2) + ".npy"));
+
+    for (const auto& [input, path] : run.inputs()) {
+        const std::string name = fs::path(path).filename().string();
+        // Links made fresh for this input: hard, symbolic, symbolic to a symbolic link, relative.
+        const fs::path hard = dir / ("hard_" + name), sym = dir / ("sym_" + name),
+                       sym2 = dir / ("sym2_" + name), rel = dir / "sub" / ("rel_" + name);
+        for (const fs::path& p : {hard, sym, sym2, rel}) fs::remove(p);
+        fs::create_hard_link(path, hard);
+        fs::create_symlink(path, sym);
+        fs::create_symlink(sym, sym2);
+        fs::create_symlink("../" + name, rel);
+        const std::vector<std::string> spellings = {
+            path,
+            (dir / "." / name).string(),
+            (dir / "sub" / ".." / name).string(),
+            (dir / "sub" / "up" / name).string(),
+            dir.string() + "//" + name,
+            hard.string(),
+            sym.string(),
+            sym2.string(),
+            rel.string(),
+        };
+        for (const std::string& output : kAllOutputs) {
+            for (const std::string& spelling : spellings)
+                check_output_is_input(run, output, spelling, input);
+            // Relative paths, from the inputs' directory and from below it.
+            check_output_is_input(run, output, name, input, dir);
+            check_output_is_input(run, output, "./" + name, input, dir);
+            check_output_is_input(run, output, "../" + name, input, dir / "sub");
+        }
+    }
+}
+
+TEST_CASE("flashattn run: two outputs that are one file are refused, however spelled") {
+    const Inputs in;
+    const fs::path dir = in.tmp.path;
+    const std::string dO = in.array("do.npy", {2, 3, 5, 8});
+    const std::string run = "run --backend standard" + in.io + " --dout " + dO;
+    fs::create_directories(dir / "sub");
+    write_file(dir / "existing.npy", "keep");
+    fs::create_hard_link(dir / "existing.npy", dir / "hard.npy");
+    fs::create_symlink(dir / "existing.npy", dir / "sym.npy");
+    fs::create_symlink(dir / "fresh.npy", dir / "dangling.npy");
+    // (first output, second output): an existing file, and a name not created yet.
+    const std::vector<std::pair<std::string, std::string>> pairs = {
+        {in.file("existing.npy"), in.file("hard.npy")},
+        {in.file("existing.npy"), in.file("sym.npy")},
+        {in.file("sym.npy"), in.file("hard.npy")},
+        {in.file("fresh.npy"), (dir / "sub" / ".." / "fresh.npy").string()},
+        {in.file("fresh.npy"), dir.string() + "/./fresh.npy"},
+    };
+    const std::vector<std::pair<std::string, std::string>> options = {
+        {"--out", "--lse"}, {"--out", "--dv"}, {"--dq", "--dk"}, {"--lse", "--dq"}};
+    for (const auto& [first, second] : pairs)
+        for (const auto& [a, b] : options) {
+            std::string command = run;
+            for (const std::string& o : kAllOutputs)
+                command += " " + o + " " +
+                           (o == a ? first : o == b ? second : in.file("f" + o.substr(2) + ".npy"));
+            const Result r = flashattn_cli(command, dir);
+            INFO("flashattn " << command << "\nstderr: " << r.err);
+            check_refused(r);
+            CHECK(r.err.find(a + " ") != std::string::npos);
+            CHECK(r.err.find(b + " ") != std::string::npos);
+            CHECK(read_file(dir / "existing.npy") == "keep");
+            CHECK_FALSE(fs::exists(dir / "fresh.npy"));
+            for (const std::string& o : kAllOutputs)
+                CHECK_FALSE(fs::exists(in.file("f" + o.substr(2) + ".npy")));
+            check_no_temporaries(dir);
+        }
+}
+
+TEST_CASE("flashattn run: an output that is a symbolic link is written through to its target") {
+    const Inputs in;
+    const fs::path dir = in.tmp.path;
+    fs::create_directories(dir / "elsewhere");
+    const fs::path target = dir / "elsewhere" / "o.npy", link = dir / "o_link.npy";
+    const fs::path link2 = dir / "o_link2.npy";  // a link to the link
+    write_file(target, "old");
+    const fs::perms mode = fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read;
+    fs::permissions(target, mode);
+    fs::create_symlink("elsewhere/o.npy", link);  // relative: resolved from the link's directory
+    fs::create_symlink(link, link2);
+    for (const fs::path& out : {link, link2}) {
+        write_file(target, "old");
+        const Result r = flashattn_cli("run --backend scalar" + in.io + " --out " + out.string(), dir);
+        INFO("--out " << out << "\nstderr: " << r.err);
+        REQUIRE(r.status == 0);
+        CHECK(fs::is_symlink(link));  // the link stays a link...
+        CHECK(fs::read_symlink(link) == "elsewhere/o.npy");
+        CHECK(fs::is_symlink(link2));
+        CHECK(npy::load(target.string()).shape == std::vector<std::int64_t>{2, 3, 5, 8});  // ...
+        CHECK(mode_of(target) == mode);  // and its target is replaced, keeping its mode
+        check_no_temporaries(dir);
+    }
+}
+
+TEST_CASE("flashattn run: links to nothing, to directories and in loops are refused as outputs") {
+    const Inputs in;
+    const fs::path dir = in.tmp.path;
+    fs::create_directories(dir / "a_dir");
+    fs::create_symlink(dir / "missing" / "o.npy", dir / "dangling.npy");
+    fs::create_symlink(dir / "no_such.npy", dir / "dangling_here.npy");
+    fs::create_symlink(dir / "a_dir", dir / "dir_link.npy");
+    fs::create_symlink(dir / "loop_b.npy", dir / "loop_a.npy");
+    fs::create_symlink(dir / "loop_a.npy", dir / "loop_b.npy");
+    fs::create_symlink("/dev/null", dir / "null_link.npy");
+    for (const char* name : {"dangling.npy", "dangling_here.npy", "dir_link.npy", "loop_a.npy",
+                             "null_link.npy", "dir_link.npy/"}) {
+        const Result r =
+            flashattn_cli("run --backend scalar" + in.io + " --out " + in.file(name), dir);
+        INFO("--out " << name << "\nstderr: " << r.err);
+        check_refused(r);
+        CHECK(r.err.find("--out") != std::string::npos);
+        CHECK_FALSE(fs::exists(dir / "no_such.npy"));
+        CHECK_FALSE(fs::exists(dir / "missing"));
+        CHECK(fs::is_empty(dir / "a_dir"));
+        std::string link = name;
+        if (link.back() == '/') link.pop_back();
+        CHECK(fs::is_symlink(dir / link));
+        check_no_temporaries(dir);
+    }
+}
+
+TEST_CASE("flashattn run: output names of up to 255 bytes work, and 256 is a clean refusal") {
+    const Inputs in;
+    const fs::path dir = in.tmp.path;
+    for (std::size_t length : {250, 254, 255}) {
+        const std::string name = std::string(length - 4, 'o') + ".npy";
+        const std::string lse = std::string(length - 4, 'l') + ".npy";
+        write_file(dir / lse, "old");  // one replaced, one created
+        const Result r = flashattn_cli(
+            "run --backend scalar" + in.io + " --out " + in.file(name) + " --lse " + in.file(lse),
+            dir);
+        INFO("length " << length << "\nstderr: " << r.err);
+        REQUIRE(r.status == 0);
+        CHECK(npy::load(in.file(name)).shape == std::vector<std::int64_t>{2, 3, 5, 8});
+        CHECK(npy::load(in.file(lse)).shape == std::vector<std::int64_t>{2, 3, 5});
+        check_no_temporaries(dir);
+    }
+    // One byte too long for the file system (NAME_MAX = 255): refused, nothing written.
+    const std::string too_long = std::string(252, 'x') + ".npy";
+    check_refused_with_outputs("run --backend scalar" + in.io + " --dq " + in.file(too_long),
+                               dir);  // half a backward: refused before the name matters
+    const Result r =
+        flashattn_cli("run --backend scalar" + in.io + " --out " + in.file(too_long), dir);
+    INFO("stderr: " << r.err);
+    check_refused(r);
+    CHECK(r.err.find("--out") != std::string::npos);
+    check_no_temporaries(dir);
+}
+
+TEST_CASE("flashattn run: odd output paths are refused and change nothing") {
+    const Inputs in;
+    const fs::path dir = in.tmp.path;
+    fs::create_directories(dir / "sub");
+    struct Case {
+        std::string out;
+        fs::path cwd;
+        const char* why;
+    };
+    std::vector<Case> cases = {
+        {".", dir, "the current directory"},
+        {"..", dir / "sub", "the parent directory"},
+        {"/", {}, "the root directory"},
+        {"sub/", dir, "a directory, with a slash"},
+        {"fresh.npy/", dir, "a file name with a trailing slash"},
+        {in.file("sub") + "/.", {}, "a directory's '.'"},
+        {"/dev/null", {}, "a device"},
+        {"/dev/full", {}, "a device that is always full"},
+        {"' '", dir, "a name that is one space: fine as a name, but --lse is a directory"},
+        {in.file("k.npy") + "/o.npy", {}, "a file used as a directory"},
+    };
+    for (const Case& c : cases) {
+        std::string args = "run --backend scalar" + in.io + " --out " + c.out;
+        if (c.out == "' '") args += " --lse sub";
+        const Result r = flashattn_cli(args, dir, c.cwd);
+        INFO(c.why << ": flashattn " << args << "\nstderr: " << r.err);
+        check_refused(r);
+        CHECK_FALSE(fs::exists(dir / "fresh.npy"));
+        CHECK_FALSE(fs::exists(dir / " "));
+        CHECK(fs::is_directory(dir / "sub"));
+        check_no_temporaries(dir);
+    }
+}
+
+TEST_CASE("flashattn run: read-only outputs and directories are refused (for users other than root)") {
+    if (::geteuid() == 0) {
+        WARN("running as root: permissions do not stop root, nothing to refuse");
+        return;
+    }
+    const Inputs in;
+    const fs::path dir = in.tmp.path;
+    write_file(dir / "locked.npy", "keep");
+    fs::permissions(dir / "locked.npy", fs::perms::owner_read);
+    fs::create_directories(dir / "readonly");
+    fs::permissions(dir / "readonly", fs::perms::owner_read | fs::perms::owner_exec);
+    for (const std::string& out : {in.file("locked.npy"), in.file("readonly") + "/o.npy"}) {
+        const Result r = flashattn_cli("run --backend scalar" + in.io + " --out " + out, dir);
+        INFO("--out " << out << "\nstderr: " << r.err);
+        check_refused(r);
+        CHECK(read_file(dir / "locked.npy") == "keep");
+        CHECK(fs::is_empty(dir / "readonly"));
+    }
+    fs::permissions(dir / "locked.npy", fs::perms::owner_all);
+}
+
+TEST_CASE("flashattn: messages show the values as given, and name what is wrong") {
+    const Inputs in;
+    const fs::path dir = in.tmp.path;
+    const std::string run = "run --backend scalar" + in.io + " --out " + in.file("o.npy");
+    struct Case {
+        std::string args, says;
+    };
+    const std::vector<Case> cases = {
+        {run + " --scale 1e39", "scale = 1e39"},
+        {run + " --scale -3.5e38", "scale = -3.5e38"},
+        {run + " --scale 1e-50", "scale = 1e-50"},
+        {run + " --scale 1e400", "scale = 1e400"},
+        {run + " --scale 0x1p200", "scale = 0x1p200"},
+        {run + " --block-q 18446744073709551617 --block-kv 2", "18446744073709551617"},
+        {run + " --block-q 9223372036854775808 --block-kv 2", "9223372036854775808"},
+        {run + " --block-q 2 --block-kv -9223372036854775809", "-9223372036854775809"},
+        {run + " --sram-bytes 1e20", "1e20"},
+        {run + " --block-q 0x10 --block-kv 2", "0x10"},
+        {run + " --mask-block-q 1.5 --mask-block-kv 2 --block-mask " + in.q, "1.5"},
+        {"demo --batch 1e20", "1e20"},
+        {"demo --seq 99999999999999999999", "99999999999999999999"},
+        {"demo --seed -1", "-1"},
+        {"demo --repeat 4294967297", "4294967297"},
+        {"bench --backends scalar --batch 1e20 --heads 1 --seq 4 --dim 4", "1e20"},
+        {"nosuchcommand", "'nosuchcommand'"},
+        {"rnu --backend scalar", "'rnu'"},
+    };
+    for (const Case& c : cases) {
+        const Result r = flashattn_cli(c.args, dir);
+        INFO("flashattn " << c.args << "\nstderr: " << r.err);
+        check_refused(r);
+        CHECK(r.err.find(c.says) != std::string::npos);
+        CHECK_FALSE(fs::exists(dir / "o.npy"));
+    }
+    // A Q of the wrong rank is Q's fault, whatever K and V are; a V unlike K is V's.
+    for (const std::vector<std::int64_t>& shape :
+         std::vector<std::vector<std::int64_t>>{{8}, {5, 8, 1, 1, 1}, {3, 5, 8}, {}}) {
+        const std::string q = in.array("q_rank.npy", shape);
+        const Result r = flashattn_cli("run --backend scalar --q " + q + " --k " + in.k + " --v " +
+                                           in.k + " --out " + in.file("o.npy"),
+                                       dir);
+        INFO("Q of rank " << shape.size() << ", stderr: " << r.err);
+        check_refused(r);
+        CHECK(r.err.rfind("error: --q shape", 0) == 0);
+    }
+    const std::string k3 = in.array("k_rank.npy", {2, 7, 8});
+    Result r = flashattn_cli(
+        "run --backend scalar --q " + in.q + " --k " + k3 + " --v " + k3 + " --out " + in.file("o.npy"),
+        dir);
+    INFO("stderr: " << r.err);
+    CHECK(r.err.rfind("error: --k shape", 0) == 0);
+    r = flashattn_cli("run --backend scalar --q " + in.q + " --k " + in.k + " --v " + k3 +
+                          " --out " + in.file("o.npy"),
+                      dir);
+    INFO("stderr: " << r.err);
+    CHECK(r.err.rfind("error: --v shape", 0) == 0);
+    // Values that fit are read as written: a leading zero is decimal, not octal.
+    r = flashattn_cli(run + " --sram-bytes 0400", dir);  // octal 0400 would be 256 bytes
+    INFO("stderr: " << r.err);
+    CHECK(r.status == 0);
+    CHECK(r.err.find("M = 100 floats") != std::string::npos);
+    r = flashattn_cli(run + " --block-q +02 --block-kv 003", dir);
+    INFO("stderr: " << r.err);
+    CHECK(r.status == 0);
+    CHECK(r.err.find("Br = 2, Bc = 3") != std::string::npos);
 }
