@@ -1,10 +1,12 @@
 // tests/test_bench.cpp — `flashattn bench` (docs/design.md, Command-line contract): every listed backend in one
 // run, one JSON object per measured row with the promised fields, the human table, and exit 2 with
-// "error:" for bad options. Timings themselves are not checked (no timing assertions in tests).
+// "error:" for bad options (numbers refused as given, --threads bounded), progress of every long
+// phase on stderr. Timings themselves are not checked (no timing assertions in tests).
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -220,4 +222,118 @@ TEST_CASE("flashattn bench --pass backward|both: a backend without a backward is
         CHECK(r.err.find(backend) != std::string::npos);
         CHECK(r.out.empty());  // refused before any timing
     }
+}
+
+TEST_CASE("flashattn bench --threads: at most 4x the processors, refused with 'error:' and exit 2") {
+    const std::string shape = " --batch 1 --heads 2 --seq 16 --dim 8 --repeat 1";
+    // Far beyond the bound: refused by us (libgomp would end the process with status 1).
+    const Result huge = bench_cli("bench --backends omp" + shape + " --threads 100000");
+    INFO("stderr: " << huge.err);
+    CHECK(huge.status == 2);
+    REQUIRE(huge.err.rfind("error: --threads = 100000: at most ", 0) == 0);
+    const int bound = std::stoi(huge.err.substr(huge.err.find("at most ") + 8));
+    CHECK(bound >= 4);
+    CHECK(huge.out.empty());
+    // The bound itself runs; one more is refused.
+    const Result at_bound =
+        bench_cli("bench --backends omp" + shape + " --threads " + std::to_string(bound));
+    INFO("stderr: " << at_bound.err);
+    CHECK(at_bound.status == 0);
+    const Result over =
+        bench_cli("bench --backends omp" + shape + " --threads " + std::to_string(bound + 1));
+    CHECK(over.status == 2);
+    CHECK(over.err.rfind("error:", 0) == 0);
+    // Beyond int: refused as given, not wrapped or clamped.
+    for (const char* threads : {"2147483648", "99999999999999999999", "1e3", "-2"}) {
+        const Result r = bench_cli("bench --backends omp" + shape + " --threads " + threads);
+        INFO("--threads " << threads << ", stderr: " << r.err);
+        CHECK(r.status == 2);
+        CHECK(r.err.rfind("error:", 0) == 0);
+        CHECK(r.err.find(threads) != std::string::npos);
+    }
+    // The default from OMP_NUM_THREADS has the same bound, and the message names where it came from.
+    ::setenv("OMP_NUM_THREADS", "100000", 1);
+    const Result env = bench_cli("bench --backends omp" + shape);
+    ::unsetenv("OMP_NUM_THREADS");
+    INFO("stderr: " << env.err);
+    CHECK(env.status == 2);
+    CHECK(env.err.rfind("error: OMP_NUM_THREADS = 100000: at most ", 0) == 0);
+    // --help says what the bound is.
+    const Result help = bench_cli("bench --help");
+    CHECK(help.status == 0);
+    CHECK(help.out.find("at most 4x the processors here (" + std::to_string(bound) + ")") !=
+          std::string::npos);
+}
+
+TEST_CASE("flashattn bench: numbers that do not fit are refused with the text as given") {
+    const std::string shape = " --batch 1 --heads 2 --seq 16 --dim 8 --repeat 1";
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"bench --backends omp --batch 1e20 --heads 2 --seq 16 --dim 8", "1e20"},
+        {"bench --backends omp --batch 1 --heads 2 --seq 18446744073709551617 --dim 8",
+         "18446744073709551617"},
+        {"bench --backends omp --batch 1 --heads 2 --seq 16 --dim 0x8", "0x8"},
+        {"bench --backends omp" + shape + " --repeat 4294967297", "4294967297"},
+        {"bench --backends omp" + shape + " --warmup 1.5", "1.5"},
+        {"bench --backends omp" + shape + " --seed -1", "-1"},
+        {"bench --backends omp" + shape + " --seed 18446744073709551616", "18446744073709551616"},
+        {"bench --backends omp" + shape + " --mask-block-q 4 --mask-block-kv 4 --block-density 1e-400",
+         "1e-400"},
+        {"bench --backends omp" + shape + " --mask-block-q 4 --mask-block-kv 4 --block-density 1.5",
+         "1.5"},
+        {"bench --backends omp" + shape + " --mask-block-q 4 --mask-block-kv 4 --block-density nan",
+         "nan"},
+        {"bench --backends omp" + shape + " --progress -1", "--progress"},
+        {"bench --backends omp" + shape + " --progress nan", "--progress"},
+    };
+    for (const auto& [args, says] : bad) {
+        const Result r = bench_cli(args);
+        INFO("flashattn " << args << "\nstderr: " << r.err);
+        CHECK(r.status == 2);
+        CHECK(r.err.rfind("error:", 0) == 0);
+        CHECK(r.err.find(says) != std::string::npos);
+        CHECK(r.out.empty());
+    }
+}
+
+TEST_CASE("flashattn bench: every long phase is reported on stderr, and --json's stdout stays JSON") {
+    // --progress 0 reports every phase as it starts: preparation, the untimed forward a backward
+    // reads, each warm-up run and each timed round.
+    for (const char* pass : {"forward", "backward", "both"}) {
+        const Result r = bench_cli(std::string("bench --backends standard,omp --batch 1 --heads 2 "
+                                               "--seq 16 --dim 8 --repeat 2 --warmup 1 --pass ") +
+                                   pass + " --progress 0 --json");
+        INFO("--pass " << pass << "\nstderr: " << r.err);
+        REQUIRE(r.status == 0);
+        std::vector<std::string> phases = {"bench: preparing standard", "bench: preparing omp",
+                                           "bench: warm-up 1/1, standard",
+                                           "bench: timed round 2/2, omp"};
+        if (std::string(pass) != "forward")
+            phases.insert(phases.end(), {"bench: standard's untimed forward",
+                                         "bench: omp's untimed forward",
+                                         "bench: timed round 1/2, omp backward"});
+        for (const std::string& phase : phases) {
+            INFO("expected: " << phase);
+            CHECK(r.err.find(phase) != std::string::npos);
+        }
+        std::stringstream out(r.out);
+        std::size_t rows = 0;
+        for (std::string line; std::getline(out, line); ++rows) {
+            INFO("stdout line: " << line);
+            CHECK_NOTHROW(nlohmann::json::parse(line));
+        }
+        CHECK(rows == (std::string(pass) == "both" ? 4u : 2u));
+    }
+    // A phase that takes longer than --progress is reported while it runs, from inside one call:
+    // the timed run of scalar (Algorithm 1, one thread) on N = 2048, d = 32.
+    const Result slow = bench_cli("bench --backends scalar --batch 1 --heads 1 --seq 2048 --dim 32 "
+                                  "--repeat 1 --warmup 0 --progress 0.05 --json");
+    INFO("stderr: " << slow.err);
+    REQUIRE(slow.status == 0);
+    CHECK(slow.err.find("bench: timed round 1/1, scalar, ") != std::string::npos);
+    // With the default (1 s), a quick run says nothing.
+    const Result quick = bench_cli("bench --backends omp --batch 1 --heads 2 --seq 16 --dim 8 "
+                                   "--repeat 1 --json");
+    INFO("stderr: " << quick.err);
+    REQUIRE(quick.status == 0);
+    CHECK(quick.err.find("bench:") == std::string::npos);
 }
