@@ -3,8 +3,9 @@
 
 corpus/npy/: well-formed .npy files of every kind the reader accepts (float32 2-D and 4-D, uint8
 and bool masks, format versions 1 to 3, empty and scalar shapes) and a few broken ones, so the
-fuzzer starts from real headers. corpus/backends/: random byte strings; fuzz_backends reads its
-problem (shapes, options, values) from any bytes.
+fuzzer starts from real headers. corpus/backends/ and corpus/paths/: random byte strings;
+fuzz_backends reads its problem (shapes, options, values), fuzz_paths its input and output paths,
+from any bytes.
 """
 import os
 import random
@@ -51,6 +52,12 @@ def main():
     out = os.path.join(HERE, "corpus", "backends")
     os.makedirs(out, exist_ok=True)
     for i, size in enumerate([16, 32, 64, 64, 128, 128, 256, 512]):
+        with open(os.path.join(out, "random_%d" % i), "wb") as f:
+            f.write(bytes(rng.randrange(256) for _ in range(size)))
+    # Drawn after the others, so that their bytes stay what they were.
+    out = os.path.join(HERE, "corpus", "paths")
+    os.makedirs(out, exist_ok=True)
+    for i, size in enumerate([8, 16, 32, 64]):
         with open(os.path.join(out, "random_%d" % i), "wb") as f:
             f.write(bytes(rng.randrange(256) for _ in range(size)))
 

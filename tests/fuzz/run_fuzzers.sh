@@ -17,7 +17,7 @@ cmake --build --preset fuzz
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-for harness in npy backends; do
+for harness in npy backends paths; do
   echo "== fuzz_${harness}: ${seconds} s"
   mkdir -p "$work/$harness"
   # -timeout: one input taking 30 s is a finding (a hang); -rss_limit_mb: so is using 2 GiB.
