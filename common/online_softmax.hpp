@@ -4,7 +4,8 @@
 // m(x2) and block sums l(x) = sum_k exp(x_k - m(x)),
 //     m  = max(m(x1), m(x2))
 //     l  = exp(m(x1) - m) l(x1) + exp(m(x2) - m) l(x2)                          (eqs. 17/18)
-// and softmax(x) = f(x) / l with each block's f rescaled by the same exp(m(xk) - m).
+// and softmax(x) = f(x) / l with each block's f rescaled by the same exp(m(xk) - m). (Equation
+// numbers as in docs/online_softmax.md, after https://zhuanlan.zhihu.com/p/626079753.)
 //
 // Algorithm 1 lines 10–12 apply this with (m_i, l_i) = the rows seen so far and
 // (m_tilde, l_tilde) = the current tile. FlashAttention-2 applies the same rule but shifts the

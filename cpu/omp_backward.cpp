@@ -1,13 +1,21 @@
 // cpu/omp_backward.cpp — FlashAttention-2's backward pass on the CPU; see omp.hpp and docs/omp.md.
 //
-// The rule (common/backward.hpp), per (batch, head) pair, with D_i = rowsum(dO_i o O_i) computed
-// first for every row (FlashAttention-2, Algorithm 2 line 4 and §3.1.2 of arXiv 2307.08691):
+// FlashAttention-2 (arXiv 2307.08691), §3.1.2 and Algorithm 2, with the rule of common/backward.hpp.
+// Each statement that does a line of that Algorithm 2 carries a tag "FA2-Alg2 Ln:", linked from
+// docs/fa2_backward_walkthrough.md and checked by tests/test_docs_drift.py. key_tile_task is the
+// body of the loop over j (lines 6-18), in the paper's order; make_layout does lines 1-2 and
+// omp_backward 3-5, 19, 20. Per (batch, K/V head), with D_i = rowsum(dO_i o O_i) first (line 4):
 //   for each K/V tile j:                         dK_j = 0, dV_j = 0 (on chip)
 //     for each query tile i (of every query head of the K/V head's GQA group):
-//       S_ij  = scale Q_i K_j^T,   P_ij = exp(S_ij - L_i)          (tile_products: scores)
-//       dP_ij = dO_i V_j^T,        dS_ij = P_ij o (dP_ij - D_i)      (tile_products: scores)
-//       dV_j += P_ij^T dO_i,       dK_j += dS_ij^T Q_i,   dQ_i += dS_ij K_j   (add_values)
-//     dK_j = scale dK_j, written once; dQ = scale dQ at the end
+//       S_ij  = scale Q_i K_j^T,   P_ij = exp(S_ij - L_i)            (lines 10, 11)
+//       dV_j += P_ij^T dO_i                                            (line 12)
+//       dP_ij = dO_i V_j^T,        dS_ij = P_ij o (dP_ij - D_i)        (lines 13, 14)
+//       dQ_i += dS_ij K_j,         dK_j += dS_ij^T Q_i                 (lines 15, 16)
+//     dK_j = scale dK_j, written once; dQ = scale dQ at the end        (line 18; the paper's
+//                                                                        Algorithm 2 has no scale)
+// Where this departs from the paper: O_i is never loaded (line 9 lists it, but only line 4's D
+// needed it); the scale multiplies S and then, once, the finished dK_j and dQ; and dQ_i, which
+// the GPU adds with atomics (§3.2), is added here without races, as below.
 //
 // Parallel, without races and with the same bits for any thread count:
 //   * Every dK_j, dV_j is the sum of one task's tiles, in a fixed order (query heads of the group,
@@ -65,7 +73,8 @@ Layout make_layout(const AttentionProblem& p) {
     L.blocks = omp_backward_blocks(p);
     L.blocks.Br = std::min(L.blocks.Br, p.seq_q);
     L.blocks.Bc = std::min(L.blocks.Bc, p.seq_kv);
-    L.Tr = tile_count(p.seq_q, L.blocks.Br);
+    // FA2-Alg2 L1: Q in Tr blocks of Br rows, K and V in Tc blocks of Bc rows (the last may be short)
+    L.Tr = tile_count(p.seq_q, L.blocks.Br);  // FA2-Alg2 L2: dO and L (and line 4's D) in Tr blocks too
     L.Tc = tile_count(p.seq_kv, L.blocks.Bc);
     L.vs = round_up(p.dim, tiles::kLanes);
     L.rs = round_up(L.blocks.Br, kRows);
@@ -154,42 +163,64 @@ void load_key_tile(const AttentionProblem& p, const Layout& L, const HeadArrays&
     t.key_nonfinite = !all_finite(a.K + cols.begin * d, bc * d);
 }
 
-// P_ij and dS_ij of the loaded tiles (and their transposes); masked pairs get exactly 0.
-void tile_gradients(const AttentionProblem& p, const Layout& L, TileRange rows, TileRange cols,
-                    TileVisibility visibility, ThreadBuffers& t) {
+// Algorithm 2 line 10 (the scale folded in): S_ij = scale Q_i K_j^T into t.P, kRows rows at a time.
+void tile_scores(const Layout& L, TileRange rows, TileRange cols, float scale, ThreadBuffers& t) {
+    const std::int64_t keys = round_up(cols.size(), tiles::kBlockCols);
+    for (std::int64_t r0 = 0; r0 < rows.size(); r0 += kRows)
+        tiles::scores(t.Qp + r0 * L.vs, L.vs, t.KT, keys, L.ks, scale, t.P + r0 * L.ks);
+}
+
+// Algorithm 2 line 11: P_ij = exp(S_ij - L_i), in place; masked pairs and padding get exactly 0.
+void tile_probabilities(const AttentionProblem& p, const Layout& L, TileRange rows,
+                        TileRange cols, TileVisibility visibility, ThreadBuffers& t) {
     const std::int64_t br = rows.size(), bc = cols.size();
-    const std::int64_t keys = round_up(bc, tiles::kBlockCols);
-    const float scale = p.softmax_scale();
-    for (std::int64_t r0 = 0; r0 < br; r0 += kRows) {
-        tiles::scores(t.Qp + r0 * L.vs, L.vs, t.KT, keys, L.ks, scale, t.P + r0 * L.ks);  // S_ij
-        tiles::scores(t.dOp + r0 * L.vs, L.vs, t.VT, keys, L.ks, 1.0f, t.dS + r0 * L.ks);  // dP_ij
-    }
     for (std::int64_t r = 0; r < L.rs; ++r) {
         float* P_r = t.P + r * L.ks;
-        float* dS_r = t.dS + r * L.ks;
         if (r >= br) {  // a padding row
             std::fill(P_r, P_r + L.ks, 0.0f);
-            std::fill(dS_r, dS_r + L.ks, 0.0f);
             continue;
         }
         if (visibility == TileVisibility::partial)
             for (std::int64_t c = 0; c < bc; ++c)
                 if (!p.key_visible(rows.begin + r, cols.begin + c)) P_r[c] = -INFINITY;
-        probability_row(P_r, bc, t.L_i[r]);  // P_ij = exp(S_ij - L_i)
+        probability_row(P_r, bc, t.L_i[r]);
+        std::fill(P_r + bc, P_r + L.ks, 0.0f);
+    }
+}
+
+// Algorithm 2 line 13: dP_ij = dO_i V_j^T into t.dS (line 14 turns it into dS_ij in place).
+void tile_output_gradient(const Layout& L, TileRange rows, TileRange cols, ThreadBuffers& t) {
+    const std::int64_t keys = round_up(cols.size(), tiles::kBlockCols);
+    for (std::int64_t r0 = 0; r0 < rows.size(); r0 += kRows)
+        tiles::scores(t.dOp + r0 * L.vs, L.vs, t.VT, keys, L.ks, 1.0f, t.dS + r0 * L.ks);
+}
+
+// Algorithm 2 line 14: dS_ij = P_ij o (dP_ij - D_i), in place; masked pairs and padding get 0.
+void tile_score_gradient(const AttentionProblem& p, const Layout& L, TileRange rows,
+                         TileRange cols, TileVisibility visibility, ThreadBuffers& t) {
+    const std::int64_t br = rows.size(), bc = cols.size();
+    for (std::int64_t r = 0; r < L.rs; ++r) {
+        const float* P_r = t.P + r * L.ks;
+        float* dS_r = t.dS + r * L.ks;
+        if (r >= br) {  // a padding row
+            std::fill(dS_r, dS_r + L.ks, 0.0f);
+            continue;
+        }
         const float D = t.D_i[r];
 #pragma omp simd
         for (std::int64_t c = 0; c < bc; ++c) dS_r[c] = score_gradient(P_r[c], dS_r[c], D);
         if (visibility == TileVisibility::partial)  // dP of a masked pair may be NaN (V's)
             for (std::int64_t c = 0; c < bc; ++c)
                 if (!p.key_visible(rows.begin + r, cols.begin + c)) dS_r[c] = 0.0f;
-        std::fill(P_r + bc, P_r + L.ks, 0.0f);
         std::fill(dS_r + bc, dS_r + L.ks, 0.0f);
     }
+}
+
+// X^T of an rs x ks tile (P_ij or dS_ij) into key_rows x rs, for the products with key rows.
+void transpose_tile(const Layout& L, TileRange cols, const float* X, float* XT) {
+    const std::int64_t bc = cols.size();
     for (std::int64_t c = 0; c < L.key_rows; ++c)
-        for (std::int64_t r = 0; r < L.rs; ++r) {
-            t.PT[c * L.rs + r] = c < bc ? t.P[r * L.ks + c] : 0.0f;
-            t.dST[c * L.rs + r] = c < bc ? t.dS[r * L.ks + c] : 0.0f;
-        }
+        for (std::int64_t r = 0; r < L.rs; ++r) XT[c * L.rs + r] = c < bc ? X[r * L.ks + c] : 0.0f;
 }
 
 // A partly masked tile whose Q_i, dO_i or K_j holds an inf or NaN: 0 (a masked pair's P or dS)
@@ -199,28 +230,43 @@ bool needs_masked_products(TileVisibility visibility, const ThreadBuffers& t) {
     return visibility == TileVisibility::partial && (t.query_nonfinite || t.key_nonfinite);
 }
 
-// dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i (dK_j unscaled: scale is applied once, at the end).
-void accumulate_key_gradients(const AttentionProblem& p, const Layout& L, TileRange rows,
-                              TileRange cols, TileVisibility visibility, ThreadBuffers& t) {
+// Algorithm 2 line 12: dV_j += P_ij^T dO_i.
+void accumulate_value_gradient(const AttentionProblem& p, const Layout& L, TileRange rows,
+                               TileRange cols, TileVisibility visibility, ThreadBuffers& t) {
     const std::int64_t br = rows.size(), bc = cols.size();
     if (needs_masked_products(visibility, t)) {
         for (std::int64_t c = 0; c < bc; ++c)
             for (std::int64_t r = 0; r < br; ++r) {
                 if (!p.key_visible(rows.begin + r, cols.begin + c)) continue;
-                for (std::int64_t k = 0; k < p.dim; ++k) {
+                for (std::int64_t k = 0; k < p.dim; ++k)
                     t.dV[c * L.vs + k] += t.P[r * L.ks + c] * t.dOp[r * L.vs + k];
-                    t.dK[c * L.vs + k] += t.dS[r * L.ks + c] * t.Qp[r * L.vs + k];
-                }
             }
         return;
     }
-    for (std::int64_t c0 = 0; c0 < bc; c0 += kRows) {
+    transpose_tile(L, cols, t.P, t.PT);
+    for (std::int64_t c0 = 0; c0 < bc; c0 += kRows)
         tiles::add_values(t.PT + c0 * L.rs, br, L.rs, t.dOp, L.vs, t.dV + c0 * L.vs);
-        tiles::add_values(t.dST + c0 * L.rs, br, L.rs, t.Qp, L.vs, t.dK + c0 * L.vs);
-    }
 }
 
-// dQ_i += dS_ij K_j into an accumulator of rs rows x vs (dQ_i unscaled).
+// Algorithm 2 line 16: dK_j += dS_ij^T Q_i (unscaled: the scale is applied once, at line 18).
+void accumulate_key_gradient(const AttentionProblem& p, const Layout& L, TileRange rows,
+                             TileRange cols, TileVisibility visibility, ThreadBuffers& t) {
+    const std::int64_t br = rows.size(), bc = cols.size();
+    if (needs_masked_products(visibility, t)) {
+        for (std::int64_t c = 0; c < bc; ++c)
+            for (std::int64_t r = 0; r < br; ++r) {
+                if (!p.key_visible(rows.begin + r, cols.begin + c)) continue;
+                for (std::int64_t k = 0; k < p.dim; ++k)
+                    t.dK[c * L.vs + k] += t.dS[r * L.ks + c] * t.Qp[r * L.vs + k];
+            }
+        return;
+    }
+    transpose_tile(L, cols, t.dS, t.dST);
+    for (std::int64_t c0 = 0; c0 < bc; c0 += kRows)
+        tiles::add_values(t.dST + c0 * L.rs, br, L.rs, t.Qp, L.vs, t.dK + c0 * L.vs);
+}
+
+// Algorithm 2 line 15: dQ_i += dS_ij K_j into an accumulator of rs rows x vs (dQ_i unscaled).
 void accumulate_query_gradient(const AttentionProblem& p, const Layout& L, TileRange rows,
                                TileRange cols, TileVisibility visibility, ThreadBuffers& t,
                                float* dQ_acc) {
@@ -261,33 +307,42 @@ struct Inputs {
     }
 };
 
-// dK_j, dV_j of K/V head g of batch b, summed over the group's query heads and every query tile;
-// with dQ_group set (the one-pass plan), also adds each tile pair's dS_ij K_j to the group's dQ
-// accumulator (heads x N_q rows of vs floats, rows of head h at (h - first head) * N_q).
+// The body of Algorithm 2's loop over j (lines 6-18) for key tile j of K/V head g of batch b:
+// dK_j, dV_j summed over the group's query heads and every query tile; with dQ_group set (the
+// one-pass plan), also adds each tile pair's dS_ij K_j to the group's dQ accumulator (heads x N_q
+// rows of vs floats, rows of head h at (h - first head) * N_q).
 void key_tile_task(const Inputs& x, std::int64_t b, std::int64_t g, std::int64_t j,
                    ThreadBuffers& t, float* dQ_group, float* dK, float* dV) {
     const AttentionProblem& p = x.p;
     const Layout& L = x.L;
     const TileRange cols = tile_range(j, L.blocks.Bc, p.seq_kv);
     const std::int64_t G = p.group_size(), d = p.dim;
+    const float scale = p.softmax_scale();
+    // FA2-Alg2 L6: load K_j, V_j from HBM to on-chip SRAM (as K_j^T, V_j^T and K_j)
     load_key_tile(p, L, x.head(b, g * G), cols, t);
+    // FA2-Alg2 L7: initialize dK_j = 0, dV_j = 0 on chip
     std::fill(t.dK, t.dK + L.key_rows * L.vs, 0.0f);
     std::fill(t.dV, t.dV + L.key_rows * L.vs, 0.0f);
-    for (std::int64_t h = g * G; h < (g + 1) * G; ++h)
-        for (std::int64_t i = 0; i < L.Tr; ++i) {
+    for (std::int64_t h = g * G; h < (g + 1) * G; ++h)  // (GQA: every query head that reads K_j, V_j)
+        for (std::int64_t i = 0; i < L.Tr; ++i) {  // FA2-Alg2 L8: for 1 <= i <= Tr
             const TileRange rows = tile_range(i, L.blocks.Br, p.seq_q);
             const TileVisibility visibility = classify_tile(p, rows, cols);
             if (visibility == TileVisibility::none) continue;  // Algorithm 5: a zero block
+            // FA2-Alg2 L9: load Q_i, dO_i, L_i, D_i (not O_i: D_i replaces it; dQ_i: at line 15)
             load_query_tile(p, L, x.head(b, h), rows, t);
-            tile_gradients(p, L, rows, cols, visibility, t);
-            accumulate_key_gradients(p, L, rows, cols, visibility, t);
-            if (dQ_group)
+            tile_scores(L, rows, cols, scale, t);  // FA2-Alg2 L10: S_ij = scale Q_i K_j^T
+            tile_probabilities(p, L, rows, cols, visibility, t);  // FA2-Alg2 L11: P_ij = exp(S_ij - L_i)
+            accumulate_value_gradient(p, L, rows, cols, visibility, t);  // FA2-Alg2 L12: dV_j += P_ij^T dO_i
+            tile_output_gradient(L, rows, cols, t);  // FA2-Alg2 L13: dP_ij = dO_i V_j^T
+            tile_score_gradient(p, L, rows, cols, visibility, t);  // FA2-Alg2 L14: dS_ij = P_ij o (dP_ij - D_i)
+            if (dQ_group)  // FA2-Alg2 L15: dQ_i += dS_ij K_j (unscaled), in place of an atomic add
                 accumulate_query_gradient(p, L, rows, cols, visibility, t,
                                           dQ_group + ((h - g * G) * p.seq_q + rows.begin) * L.vs);
-        }
-    const float scale = p.softmax_scale();
+            accumulate_key_gradient(p, L, rows, cols, visibility, t);  // FA2-Alg2 L16: dK_j += dS_ij^T Q_i
+        }  // FA2-Alg2 L17: end for (i)
     float* dK_j = dK + p.kv_offset(b, g * G) + cols.begin * d;
     float* dV_j = dV + p.kv_offset(b, g * G) + cols.begin * d;
+    // FA2-Alg2 L18: write dK_j (times the scale, once), dV_j to HBM
     for (std::int64_t c = 0; c < cols.size(); ++c)
         for (std::int64_t k = 0; k < d; ++k) {
             dK_j[c * d + k] = scale * t.dK[c * L.vs + k];
@@ -295,13 +350,16 @@ void key_tile_task(const Inputs& x, std::int64_t b, std::int64_t g, std::int64_t
         }
 }
 
-// The second pass of the two-pass plan: dQ_i of query head h, over every key tile in order.
+// The second pass of the two-pass plan: dQ_i of query head h, over every key tile in order. It
+// repeats Algorithm 2's lines 10, 11, 13 and 14 for each tile pair and does line 15 on chip, so
+// that no two threads add into the same dQ_i (the paper's GPU version uses atomic adds).
 void query_tile_task(const Inputs& x, std::int64_t b, std::int64_t h, std::int64_t i,
                      ThreadBuffers& t, float* dQ) {
     const AttentionProblem& p = x.p;
     const Layout& L = x.L;
     const TileRange rows = tile_range(i, L.blocks.Br, p.seq_q);
     const HeadArrays a = x.head(b, h);
+    const float scale = p.softmax_scale();
     load_query_tile(p, L, a, rows, t);
     std::fill(t.dQ, t.dQ + L.rs * L.vs, 0.0f);
     for (std::int64_t j = 0; j < L.Tc; ++j) {
@@ -309,10 +367,12 @@ void query_tile_task(const Inputs& x, std::int64_t b, std::int64_t h, std::int64
         const TileVisibility visibility = classify_tile(p, rows, cols);
         if (visibility == TileVisibility::none) continue;
         load_key_tile(p, L, a, cols, t);
-        tile_gradients(p, L, rows, cols, visibility, t);
+        tile_scores(L, rows, cols, scale, t);
+        tile_probabilities(p, L, rows, cols, visibility, t);
+        tile_output_gradient(L, rows, cols, t);
+        tile_score_gradient(p, L, rows, cols, visibility, t);
         accumulate_query_gradient(p, L, rows, cols, visibility, t, t.dQ);
     }
-    const float scale = p.softmax_scale();
     float* out = dQ + p.q_offset(b, h) + rows.begin * p.dim;
     for (std::int64_t r = 0; r < rows.size(); ++r)
         for (std::int64_t k = 0; k < p.dim; ++k) out[r * p.dim + k] = scale * t.dQ[r * L.vs + k];
@@ -328,8 +388,9 @@ void omp_backward(const AttentionProblem& p, const BackwardInputs& in, float* dQ
     const Layout L = make_layout(p);
     const std::int64_t d = p.dim, G = p.group_size(), groups = p.batch * p.heads_kv;
 
-    // D_i = rowsum(dO_i o O_i) for every row first (FlashAttention-2's preprocessing step).
+    // D_i = rowsum(dO_i o O_i) for every row first: the only place O is read.
     WorkBuffer<float> D(static_cast<std::size_t>(p.lse_elements()));
+    // FA2-Alg2 L4: D = rowsum(dO o O), written to "HBM" (the D buffer), in Tr blocks like L
     parallel_for(p.batch * p.heads, [&](std::int64_t bh) {
         const std::int64_t off = bh * p.seq_q;
         for (std::int64_t r = 0; r < p.seq_q; ++r)
@@ -353,26 +414,29 @@ void omp_backward(const AttentionProblem& p, const BackwardInputs& in, float* dQ
                 auto& [t, own_dQ] = state;
                 const std::int64_t b = bg / p.heads_kv, g = bg % p.heads_kv;
                 float* acc = in_place ? dQ + p.q_offset(b, g * G) : own_dQ.data();
+                // FA2-Alg2 L3: initialize dQ = 0 (this group's; dK, dV are written whole at line 18)
                 std::fill(acc, acc + G * p.seq_q * L.vs, 0.0f);
-                for (std::int64_t j = 0; j < L.Tc; ++j) key_tile_task(x, b, g, j, t, acc, dK, dV);
+                for (std::int64_t j = 0; j < L.Tc; ++j)  // FA2-Alg2 L5: for 1 <= j <= Tc (in order)
+                    key_tile_task(x, b, g, j, t, acc, dK, dV);  // FA2-Alg2 L19: end for (j)
                 const float scale = p.softmax_scale();
                 float* out = dQ + p.q_offset(b, g * G);
                 for (std::int64_t r = 0; r < G * p.seq_q; ++r)
                     for (std::int64_t k = 0; k < d; ++k) out[r * d + k] = scale * acc[r * L.vs + k];
             });
-        return;
+        return;  // FA2-Alg2 L20: return dQ, dK, dV
     }
     // Two passes, every thread busy: dK, dV over (batch, K/V head, j), the first key tiles (the
     // most query rows under a causal mask) first; then dQ over (batch, head, i), last tiles first.
+    // FA2-Alg2 L5: for 1 <= j <= Tc, every (group, j) a task, as the paper's thread blocks (§3.2)
     parallel_for_with_state(groups * L.Tc, make_buffers, [&](ThreadBuffers& t, std::int64_t item) {
         const std::int64_t bg = item / L.Tc, j = item % L.Tc;
         key_tile_task(x, bg / p.heads_kv, bg % p.heads_kv, j, t, nullptr, dK, dV);
-    });
+    });  // FA2-Alg2 L19: end for (j)
     parallel_for_with_state(p.batch * p.heads * L.Tr, make_buffers,
                             [&](ThreadBuffers& t, std::int64_t item) {
                                 const std::int64_t bh = item / L.Tr, i = L.Tr - 1 - item % L.Tr;
                                 query_tile_task(x, bh / p.heads, bh % p.heads, i, t, dQ);
                             });
-}
+}  // FA2-Alg2 L20: return dQ, dK, dV
 
 }  // namespace flashattn

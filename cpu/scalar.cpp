@@ -62,9 +62,11 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
     for (std::int64_t r = 0; r < N_q; ++r) { l[r] = 0.0f; m[r] = neg_infinity(); }
     io.writes += N_q * d + 2 * N_q;
 
-    // Alg1 L3: Q in Tr blocks of Br rows, K and V in Tc blocks of Bc rows (tile_range)
-    // Alg1 L4: O, l, m in Tr blocks like Q (the same tile_range(i, Br, N_q))
-    for (std::int64_t j = 0; j < plan.Tc; ++j) {  // Alg1 L5: for 1 <= j <= Tc
+    // Alg1 L3: Q in Tr blocks of Br rows, K and V in Tc blocks of Bc rows (the last may be short)
+    const std::int64_t Tr = plan.Tr, Tc = plan.Tc;
+    // Alg1 L4: O, l, m in Tr blocks like Q: block i of each is these rows
+    const auto query_block = [&](std::int64_t i) { return tile_range(i, Br, N_q); };
+    for (std::int64_t j = 0; j < Tc; ++j) {  // Alg1 L5: for 1 <= j <= Tc
         const TileRange cols = tile_range(j, Bc, N_kv);
         const std::int64_t bc = cols.size();
 
@@ -75,8 +77,8 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
         }
         io.reads += 2 * bc * d;
 
-        for (std::int64_t i = 0; i < plan.Tr; ++i) {  // Alg1 L7: for 1 <= i <= Tr
-            const TileRange rows = tile_range(i, Br, N_q);
+        for (std::int64_t i = 0; i < Tr; ++i) {  // Alg1 L7: for 1 <= i <= Tr
+            const TileRange rows = query_block(i);
             const std::int64_t br = rows.size();
             const TileVisibility visibility = classify_tile(p, rows, cols);
             if (visibility == TileVisibility::none) continue;  // Alg5 L8: skip a zero block
@@ -147,10 +149,9 @@ void algorithm1(const AttentionProblem& p, const ScalarPlan& plan, const float* 
             }
             io.writes += br * d + 2 * br;
             if (trace) trace->after_update(step(j, i, rows, cols));
-        }
-    }
-    // Alg1 L16: return O (already in HBM; normalized at every step by line 12)
-}
+        }  // Alg1 L14: end for (i)
+    }  // Alg1 L15: end for (j)
+}  // Alg1 L16: return O (already in HBM; normalized at every step by line 12)
 
 }  // namespace
 

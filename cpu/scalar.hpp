@@ -71,15 +71,16 @@ void scalar_attention(const AttentionProblem& problem, const float* Q, const flo
 // line 1: scalar_plan). K/V blocks outer, Q blocks inner; dQ in "HBM" is read and written at every
 // step (line 21), dK_j and dV_j are accumulated on chip and written once per j (line 24).
 
-// One (j, i) step of Algorithm 4 as an observer sees it, after line 22. Row r of P_ij and dS_ij
-// starts at r * Bc (masked entries 0); row c of dK_j, dV_j (the on-chip accumulators, in double)
+// One (j, i) step of Algorithm 4 as an observer sees it, after line 22 (j, i counted from 0; the
+// paper's j + 1, i + 1). Row r of P_ij, dP_ij and dS_ij starts at r * Bc (masked entries 0); row c of dK_j, dV_j (the on-chip accumulators, in double)
 // at c * d; row r of dQ_i (just written to HBM) at r * d.
 struct ScalarBackwardStep {
     std::int64_t batch = 0, head = 0;
     std::int64_t j = 0, i = 0;
     TileRange rows, cols;
     std::int64_t d = 0, Bc = 0;
-    const float *P_ij = nullptr, *dS_ij = nullptr, *D_i = nullptr;
+    float tau = 0;  // the softmax scale (S = tau Q K^T)
+    const float *P_ij = nullptr, *dP_ij = nullptr, *dS_ij = nullptr, *D_i = nullptr;
     const double *dK_j = nullptr, *dV_j = nullptr, *dQ_i = nullptr;
 };
 using ScalarBackwardTrace = std::function<void(const ScalarBackwardStep&)>;

@@ -2,7 +2,8 @@
 // line by line; see scalar.hpp and docs/algorithm4_walkthrough.md.
 //
 // Each statement that implements a line of Algorithm 4 carries a tag "Alg4 Ln:", checked against
-// the walkthrough by tests/test_docs_drift.py. The rule itself (P rebuilt from S and the saved
+// the walkthrough by tests/test_docs_drift.py. Blocks are numbered from 0 here (j, i) and from 1
+// in the paper: the code's step (j, i) is the paper's (j + 1, i + 1). The rule itself (P rebuilt from S and the saved
 // statistics, dS = P o (dP - D), D = rowsum(dO o O)) is common/backward.hpp's.
 //
 // Two departures from the paper, both about the statistics and the sums, none about the order:
@@ -30,19 +31,25 @@ void algorithm4(const AttentionProblem& p, const ScalarPlan& plan, const float* 
                 double* dK, double* dV, IoCounter& io, const ScalarBackwardTrace& trace,
                 std::int64_t b, std::int64_t h) {
     const std::int64_t N_q = p.seq_q, N_kv = p.seq_kv, d = p.dim;
+    // tau: the softmax scale of the paper's Algorithm 2 (the forward this is the backward of),
+    // S = tau Q K^T; 1/sqrt(d) unless the problem sets another.
     const float tau = p.softmax_scale();
-    // Alg4 L1: (dropout only) set the random generator's state R as the forward left it
+    // Alg4 L1: (dropout only) set the random generator's state R as the forward left it; no dropout here
     const std::int64_t Br = plan.blocks.Br, Bc = plan.blocks.Bc;  // Alg4 L2: Bc = ceil(M/4d), Br = min(ceil(M/4d), d)
 
     // The "SRAM": fixed-size buffers, allocated once; tiles at a ragged tail use a prefix.
     WorkBuffer<float> K_j(Bc * d), V_j(Bc * d), Q_i(Br * d), O_i(Br * d), dO_i(Br * d);
-    WorkBuffer<float> L_i(Br), D_i(Br), P_ij(Br * Bc), dS_ij(Br * Bc);
+    WorkBuffer<float> L_i(Br), D_i(Br), P_ij(Br * Bc), dP_dropped(Br * Bc), dS_ij(Br * Bc);
     WorkBuffer<double> dK_j(Bc * d), dV_j(Bc * d), dQ_i(Br * d);
 
-    // Alg4 L3: Q in Tr blocks of Br rows, K and V in Tc blocks of Bc rows (tile_range)
-    // Alg4 L4: O, dO and the statistics L in Tr blocks like Q
-    // Alg4 L5: dQ = 0, dK = 0, dV = 0 in HBM (done by the caller, once per K/V head for dK, dV)
-    for (std::int64_t j = 0; j < plan.Tc; ++j) {  // Alg4 L6: for 1 <= j <= Tc
+    // Alg4 L3: Q in Tr blocks of Br rows, K and V in Tc blocks of Bc rows (the last may be short)
+    const std::int64_t Tr = plan.Tr, Tc = plan.Tc;
+    // Alg4 L4: O, dO and the statistics L in Tr blocks like Q: block i of each is these rows
+    const auto query_block = [&](std::int64_t i) { return tile_range(i, Br, N_q); };
+    // Alg4 L5: dQ = 0 in HBM (this head's; dK = dV = 0 by the caller, once for a GQA group)
+    std::fill(dQ, dQ + N_q * d, 0.0);
+    io.writes += N_q * d;
+    for (std::int64_t j = 0; j < Tc; ++j) {  // Alg4 L6: for 1 <= j <= Tc
         const TileRange cols = tile_range(j, Bc, N_kv);
         const std::int64_t bc = cols.size();
 
@@ -56,8 +63,8 @@ void algorithm4(const AttentionProblem& p, const ScalarPlan& plan, const float* 
         std::fill(dK_j.begin(), dK_j.end(), 0.0);
         std::fill(dV_j.begin(), dV_j.end(), 0.0);
 
-        for (std::int64_t i = 0; i < plan.Tr; ++i) {  // Alg4 L9: for 1 <= i <= Tr
-            const TileRange rows = tile_range(i, Br, N_q);
+        for (std::int64_t i = 0; i < Tr; ++i) {  // Alg4 L9: for 1 <= i <= Tr
+            const TileRange rows = query_block(i);
             const std::int64_t br = rows.size();
             const TileVisibility visibility = classify_tile(p, rows, cols);
             if (visibility == TileVisibility::none) continue;  // Alg5: skip a zero block
@@ -76,51 +83,53 @@ void algorithm4(const AttentionProblem& p, const ScalarPlan& plan, const float* 
             for (std::int64_t r = 0; r < br; ++r) L_i[r] = L[rows.begin + r];
             io.reads += 4 * br * d + br;
 
+            // Alg4 L11: S_ij = tau Q_i K_j^T (into the P_ij buffer, which line 13 turns into P_ij)
             for (std::int64_t r = 0; r < br; ++r)
                 for (std::int64_t c = 0; c < bc; ++c) {
-                    // Alg4 L11: S_ij = tau Q_i K_j^T
-                    // Alg4 L12: S_ij^masked = MASK(S_ij): a masked pair takes no part below
-                    if (!visible(r, c)) {
-                        P_ij[r * Bc + c] = 0.0f;
-                        continue;
-                    }
                     // The same float sum as the forward's line 9, so that S_ij is the forward's
                     // bit for bit and exp(S_ij - L_i) cancels what L_i took from it.
                     float s = 0.0f;
                     for (std::int64_t k = 0; k < d; ++k) s += Q_i[r * d + k] * K_j[c * d + k];
-                    // Alg4 L13: P_ij = diag(l_i)^-1 exp(S_ij^masked - m_i) = exp(S_ij - L_i)
-                    P_ij[r * Bc + c] = recomputed_probability(tau * s, L_i[r]);
+                    P_ij[r * Bc + c] = tau * s;
                 }
-            // Alg4 L14: (dropout only) draw the mask Z_ij, entries 1/(1 - p_drop) or 0
-            // Alg4 L15: (dropout only) P_ij^dropped = P_ij o Z_ij; without dropout it is P_ij
+            // Alg4 L12: S_ij^masked = MASK(S_ij): -inf, so that line 13 gives the pair exactly 0
+            for (std::int64_t r = 0; r < br; ++r)
+                for (std::int64_t c = 0; c < bc; ++c)
+                    if (!visible(r, c)) P_ij[r * Bc + c] = -INFINITY;
+            // Alg4 L13: P_ij = diag(l_i)^-1 exp(S_ij^masked - m_i) = exp(S_ij^masked - L_i)
+            for (std::int64_t r = 0; r < br; ++r)
+                for (std::int64_t c = 0; c < bc; ++c)
+                    P_ij[r * Bc + c] = recomputed_probability(P_ij[r * Bc + c], L_i[r]);
+            // Alg4 L14: (dropout only) draw the mask Z_ij, entries 1/(1 - p_drop) or 0; here Z_ij = 1
+            const float* P_dropped = P_ij.data();  // Alg4 L15: P_ij^dropped = P_ij o Z_ij = P_ij
 
-            // Alg4 L16: dV_j = dV_j + (P_ij^dropped)^T dO_i
+            // Alg4 L16: dV_j = dV_j + (P_ij^dropped)^T dO_i (a masked pair is absent, not 0 x dO)
             for (std::int64_t c = 0; c < bc; ++c)
                 for (std::int64_t k = 0; k < d; ++k) {
                     double sum = 0.0;
                     for (std::int64_t r = 0; r < br; ++r)
-                        if (visible(r, c)) sum += double(P_ij[r * Bc + c]) * dO_i[r * d + k];
+                        if (visible(r, c)) sum += double(P_dropped[r * Bc + c]) * dO_i[r * d + k];
                     dV_j[c * d + k] += sum;
                 }
 
-            // Alg4 L17: dP_ij^dropped = dO_i V_j^T (into the dS_ij buffer; masked pairs 0)
+            // Alg4 L17: dP_ij^dropped = dO_i V_j^T (masked pairs 0: nothing below reads them)
             for (std::int64_t r = 0; r < br; ++r)
                 for (std::int64_t c = 0; c < bc; ++c) {
                     double dP = 0.0;
                     if (visible(r, c))
                         for (std::int64_t k = 0; k < d; ++k) dP += double(dO_i[r * d + k]) * V_j[c * d + k];
-                    dS_ij[r * Bc + c] = float(dP);
+                    dP_dropped[r * Bc + c] = float(dP);
                 }
-            // Alg4 L18: (dropout only) dP_ij = dP_ij^dropped o Z_ij; without dropout the same
+            const float* dP_ij = dP_dropped.data();  // Alg4 L18: dP_ij = dP_ij^dropped o Z_ij = dP_ij^dropped
 
-            // Alg4 L19: D_i = rowsum(dO_i o O_i)
+            // Alg4 L19: D_i = rowsum(dO_i o O_i): O_i was loaded (line 10) for this alone
             for (std::int64_t r = 0; r < br; ++r) D_i[r] = output_delta(&dO_i[r * d], &O_i[r * d], d);
 
-            // Alg4 L20: dS_ij = P_ij o (dP_ij - D_i), in place of dP_ij (masked pairs stay 0)
+            // Alg4 L20: dS_ij = P_ij o (dP_ij - D_i) (masked pairs 0)
             for (std::int64_t r = 0; r < br; ++r)
                 for (std::int64_t c = 0; c < bc; ++c)
-                    if (visible(r, c))
-                        dS_ij[r * Bc + c] = score_gradient(P_ij[r * Bc + c], dS_ij[r * Bc + c], D_i[r]);
+                    dS_ij[r * Bc + c] =
+                        visible(r, c) ? score_gradient(P_ij[r * Bc + c], dP_ij[r * Bc + c], D_i[r]) : 0.0f;
 
             // Alg4 L21: write dQ_i = dQ_i + tau dS_ij K_j to HBM
             for (std::int64_t r = 0; r < br; ++r)
@@ -146,7 +155,8 @@ void algorithm4(const AttentionProblem& p, const ScalarPlan& plan, const float* 
                 ScalarBackwardStep seen;
                 seen.batch = b, seen.head = h, seen.j = j, seen.i = i;
                 seen.rows = rows, seen.cols = cols, seen.d = d, seen.Bc = Bc;
-                seen.P_ij = P_ij.data(), seen.dS_ij = dS_ij.data(), seen.D_i = D_i.data();
+                seen.P_ij = P_ij.data(), seen.dP_ij = dP_ij, seen.dS_ij = dS_ij.data();
+                seen.D_i = D_i.data(), seen.tau = tau;
                 seen.dK_j = dK_j.data(), seen.dV_j = dV_j.data(), seen.dQ_i = dQ_i.data();
                 trace(seen);
             }
@@ -159,8 +169,7 @@ void algorithm4(const AttentionProblem& p, const ScalarPlan& plan, const float* 
         }
         io.writes += 2 * bc * d;
     }  // Alg4 L25: end for (j)
-    // Alg4 L26: return dQ, dK, dV
-}
+}  // Alg4 L26: return dQ, dK, dV (in the caller's "HBM" arrays)
 
 }  // namespace
 
@@ -179,8 +188,6 @@ void scalar_backward(const AttentionProblem& p, const BackwardInputs& in, float*
             std::fill(dV_g.begin(), dV_g.end(), 0.0);
             counter.writes += 2 * p.seq_kv * p.dim;
             for (std::int64_t h = g * p.group_size(); h < (g + 1) * p.group_size(); ++h) {
-                std::fill(dQ_h.begin(), dQ_h.end(), 0.0);  // (line 5 for dQ)
-                counter.writes += p.seq_q * p.dim;
                 algorithm4(p, plan, in.Q + p.q_offset(b, h), in.K + p.kv_offset(b, h),
                            in.V + p.kv_offset(b, h), in.O + p.q_offset(b, h),
                            in.dO + p.q_offset(b, h), in.lse + p.lse_offset(b, h), dQ_h.data(),

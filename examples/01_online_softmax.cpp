@@ -4,7 +4,8 @@
 // m(x_k), f(x_k), l(x_k) and local softmax, merge the running statistics with eqs. (17)/(18),
 // and rescale each local softmax with eq. (23); the result equals the softmax of the whole
 // vector. The rule itself is common/online_softmax.hpp's (merge_softmax, fa1_output_update):
-// this program only feeds it and prints what it returns. Docs: docs/online_softmax.md.
+// this program only feeds it and prints what it returns. Docs: docs/online_softmax.md. The
+// equation numbers are those of https://zhuanlan.zhihu.com/p/626079753 (not the paper's).
 //
 // Run: build/<preset>/bin/01_online_softmax   (no arguments; exit 1 if a check fails)
 #include <cmath>

@@ -1,12 +1,15 @@
-// examples/figure6_problem.hpp — the one small problem that examples 02 and 03 trace: N = 12,
-// d = 4, Br = 3, Bc = 2, a blocking small enough to print (Tr = 4 query blocks of 3 rows,
-// Tc = 6 key/value blocks of 2 rows; 24 tiles S_ij of 3 x 2).
+// examples/figure6_problem.hpp — the one small problem that examples 02, 03, 06 and 07 trace:
+// N = 12 query and key rows, head dimension d = 4, blocks of Br = 3 query rows and Bc = 2 key
+// rows (Tr = 4 query blocks, Tc = 6 key/value blocks; 24 tiles S_ij of 3 x 2). The name is the
+// blocking figure (figure 6) of the walkthrough at https://zhuanlan.zhihu.com/p/626079753, which
+// draws this N = 12, Br = 3, Bc = 2 grid.
 //
-// Inputs are seeded standard-normal values rounded to two decimals, so the printed Q, K, V are
-// exactly the numbers the algorithms compute with.
+// Inputs are seeded standard-normal values rounded to two decimals, so the printed Q, K, V (and
+// the backward's dO) are exactly the numbers the algorithms compute with.
 #pragma once
 
 #include <cmath>
+#include <vector>
 
 #include "common/problem.hpp"
 #include "cpu/reference.hpp"
@@ -29,6 +32,13 @@ inline Figure6 figure6_problem() {
     for (auto* m : {&f.data.Q, &f.data.K, &f.data.V})
         for (float& x : *m) x = std::round(x * 100.0f) / 100.0f;
     return f;
+}
+
+// The backward's upstream gradient dO = dloss/dO of examples 06 and 07 (the same numbers in both).
+inline std::vector<float> figure6_output_gradient(const AttentionProblem& p) {
+    std::vector<float> dO = random_normal(p.q_elements(), /*seed=*/66);
+    for (float& x : dO) x = std::round(x * 100.0f) / 100.0f;
+    return dO;
 }
 
 }  // namespace flashattn::examples

@@ -38,4 +38,15 @@ void print_matrix(const char* title, const T* data, std::int64_t rows, std::int6
     }
 }
 
+// The gradients of a figure-6 problem between two marker lines, in one format for examples 06
+// and 07: the test "examples 06 and 07 print the same gradients" compares the text between them.
+template <class T>
+void print_gradients(const T* dQ, const T* dK, const T* dV, std::int64_t N, std::int64_t d) {
+    std::printf("---- gradients ----\n");
+    print_matrix("dQ", dQ, N, d, d, 1, 6);
+    print_matrix("dK", dK, N, d, d, 1, 6);
+    print_matrix("dV", dV, N, d, d, 1, 6);
+    std::printf("---- end of gradients ----\n");
+}
+
 }  // namespace flashattn::examples

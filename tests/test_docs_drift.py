@@ -6,12 +6,17 @@ inserted above line 97 would silently make that link point at the wrong statemen
 makes it fail instead. Rules:
 
   1. Every markdown link `file#L<n>` in docs/**/*.md and README.md points at an existing file and
-     line, and its text names what is on that line: each tag `AlgN Lk` in the link text must be on
-     the line (as a tag, so `Alg1 L1` does not match `Alg1 L10`), and so must each `code span`.
+     line, and its text names what is on that line: each tag `AlgN Lk` or `FA2-Alg2 Lk` in the link
+     text must be on the line (as a tag, so `Alg1 L1` does not match `Alg1 L10` and `Alg2 L5` does
+     not match `FA2-Alg2 L5`), and so must each `code span`.
      A line link whose text names nothing is an error: nothing could be checked.
   2. Every `Alg1 Lk` tag in cpu/scalar.cpp is linked from docs/algorithm1_walkthrough.md, every
-     `Alg4 Lk` tag in cpu/scalar_backward.cpp from docs/algorithm4_walkthrough.md, and the tags
-     stand in the order of the paper's lines.
+     `Alg4 Lk` tag in cpu/scalar_backward.cpp from docs/algorithm4_walkthrough.md, every
+     `FA2-Alg2 Lk` tag in cpu/omp_backward.cpp from docs/fa2_backward_walkthrough.md; every line
+     of the paper's algorithm has a tag; a tag stands on the statement that does its line (on the
+     code line itself, or on a comment line directly above code, never above another comment); and
+     in scalar.cpp and scalar_backward.cpp the tags stand in the order of the paper's lines (omp's
+     loop body is a function its callers' loops run, so there the walkthrough gives the order).
   3. Every reference a reader might follow exists: relative markdown links in README.md and docs/,
      and paths such as `cuda/host/prepared.hpp` or `docs/design.md` named in the docs and in the
      comments of the sources (a reference to a file the tree does not contain is an error), and
@@ -33,13 +38,15 @@ import re
 import sys
 
 LINK = re.compile(r"\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^)\s]+?)#L(\d+)\)")
-TAG = re.compile(r"\bAlg(\d+) L(\d+)(?!\d)")
+TAG = re.compile(r"(?<![\w-])((?:FA2-)?Alg\d+) L(\d+)(?!\d)")
 CODE = re.compile(r"`([^`]+)`")
 SCALAR = "cpu/scalar.cpp"
 WALKTHROUGH = "docs/algorithm1_walkthrough.md"
-# (algorithm, the form whose tags it carries, the walkthrough that must link every tag)
-TAGGED = [("1", SCALAR, WALKTHROUGH),
-          ("4", "cpu/scalar_backward.cpp", "docs/algorithm4_walkthrough.md")]
+# (tag family, the form whose tags it carries, the walkthrough that must link every tag, the
+# number of lines of the paper's algorithm, whether the tags must stand in the paper's order)
+TAGGED = [("Alg1", SCALAR, WALKTHROUGH, 16, True),
+          ("Alg4", "cpu/scalar_backward.cpp", "docs/algorithm4_walkthrough.md", 26, True),
+          ("FA2-Alg2", "cpu/omp_backward.cpp", "docs/fa2_backward_walkthrough.md", 20, False)]
 
 
 class Tree:
@@ -69,8 +76,14 @@ class Tree:
         return sorted(found)
 
 
-def tag_pattern(alg, line):
-    return re.compile(r"\bAlg%s L%s(?!\d)" % (alg, line))
+def tag_pattern(family, line):
+    return re.compile(r"(?<![\w-])%s L%s(?!\d)" % (re.escape(family), line))
+
+
+def is_code(line):
+    """A line that does something: not blank and not only a comment."""
+    text = line.strip()
+    return bool(text) and not text.startswith(("//", "/*", "*"))
 
 
 def names_in(text):
@@ -118,24 +131,35 @@ def check(tree):
             if not line_has(lines[line - 1], tags, spans):
                 errors.append(where + ": line %d is now %r" % (line, lines[line - 1].strip()))
                 continue
-            if any(target == src and md == doc for _, src, doc in TAGGED):
+            if any(target == src and md == doc for _, src, doc, _, _ in TAGGED):
                 linked.add((target, line))
 
-    # Rule 2: every tag of a tagged form is in its walkthrough, and in paper order.
-    for alg_wanted, source, walkthrough in TAGGED:
+    # Rule 2: every tag of a tagged form is in its walkthrough, on a statement, every paper line
+    # has one, and (where asked) they stand in paper order.
+    for family, source, walkthrough, paper_lines, ordered in TAGGED:
         if not tree.exists(source):
             continue
         previous = 0
-        for number, text in enumerate(tree.lines(source), start=1):
-            for alg, paper_line in TAG.findall(text):
-                if alg != alg_wanted:
+        seen = set()
+        lines = tree.lines(source)
+        for number, text in enumerate(lines, start=1):
+            for tag_family, paper_line in TAG.findall(text):
+                if tag_family != family:
                     continue
-                where = "%s:%d: tag Alg%s L%s" % (source, number, alg, paper_line)
+                where = "%s:%d: tag %s L%s" % (source, number, family, paper_line)
+                seen.add(int(paper_line))
                 if (source, number) not in linked:
                     errors.append(where + ": not linked from " + walkthrough)
-                if int(paper_line) < previous:
-                    errors.append(where + ": out of order (after Alg%s L%d)" % (alg, previous))
+                if not is_code(text) and not (number < len(lines) and is_code(lines[number])):
+                    errors.append(where + ": a comment line not followed by code (put the tag "
+                                  "on the statement that does the line, or directly above it)")
+                if ordered and int(paper_line) < previous:
+                    errors.append(where + ": out of order (after %s L%d)" % (family, previous))
                 previous = max(previous, int(paper_line))
+        missing = sorted(set(range(1, paper_lines + 1)) - seen)
+        if missing:
+            errors.append("%s: no tag for %s" % (source, ", ".join("%s L%d" % (family, n)
+                                                                   for n in missing)))
     return errors
 
 
@@ -218,6 +242,17 @@ def self_test(tree):
         return 1
     print("self-test: a line inserted above %s:%d is caught (%d problems), e.g.\n  %s"
           % (SCALAR, first_tag + 1, len(errors), errors[0]))
+    # A comment slipped between a tag comment and its statement leaves the tag on no code.
+    tag_comment = next(n for n, text in enumerate(lines)
+                       if TAG.search(text) and not is_code(text))
+    parted = lines[:tag_comment + 1] + ["// a comment someone added"] + lines[tag_comment + 1:]
+    errors = check(Tree(tree.root, {SCALAR: parted}))
+    if not any("not followed by code" in e for e in errors):
+        print("self-test FAILED: a comment between %s:%d and its code went unnoticed"
+              % (SCALAR, tag_comment + 1))
+        return 1
+    print("self-test: a comment between a tag and its code is caught, e.g.\n  %s"
+          % next(e for e in errors if "not followed by code" in e))
     missing = check_references(Tree(tree.root, {"docs/design.md": tree.lines("docs/design.md") +
                                                 ["See cuda/no_such_kernel.cu and DESIGN.md."]}))
     if not (any("no_such_kernel.cu" in e for e in missing) and any("DESIGN" in e for e in missing)):
@@ -278,7 +313,7 @@ def main():
         print("%d problem(s). After moving code, `python3 tests/test_docs_drift.py --fix` "
               "updates line numbers; review its diff." % len(errors))
         return 1
-    print("docs drift: all line links and Alg1/Alg4 tags agree")
+    print("docs drift: all line links and Alg1/Alg4/FA2-Alg2 tags agree")
     return 0
 
 
