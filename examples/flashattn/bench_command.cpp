@@ -22,22 +22,18 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <ctime>
 #include <deque>
 #include <functional>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 #include <stdexcept>
-#include <system_error>
-#include <thread>
 
 #include "commands.hpp"
 #include "common/tiling.hpp"
@@ -48,6 +44,7 @@
 #include "cpu/reference.hpp"
 #include "number_options.hpp"
 #include "progress.hpp"
+#include "thread_count.hpp"
 #include "tile_options.hpp"
 
 namespace flashattn::cli {
@@ -132,55 +129,6 @@ std::string utc_now() {
     return buf;
 }
 
-// The most threads bench runs with: 4x the processors OpenMP sees. Past the processors, more
-// threads only take turns on the same cores, so a benchmark learns nothing more from them; a
-// bound also keeps a huge count away from libgomp, which cannot report a thread it failed to
-// create except by ending the process (status 1, its own message) instead of our "error:", 2.
-int max_threads() { return 4 * std::max(1, omp_get_num_procs()); }
-
-// Whether `count` threads can run at once in this process (ulimit -u or ulimit -v may say no):
-// they are started and kept waiting until all have started, then joined. libgomp's threads have
-// the same default stack size as these, so where these start, its team starts too.
-void check_threads_start(int count, const std::string& source) {
-    std::mutex mutex;
-    std::condition_variable go;
-    bool started = false;
-    std::vector<std::thread> threads;
-    std::string failure;
-    try {
-        for (int i = 1; i < count; ++i)  // the calling thread is the team's first
-            threads.emplace_back([&] {
-                std::unique_lock<std::mutex> lock(mutex);
-                go.wait(lock, [&] { return started; });
-            });
-    } catch (const std::system_error& e) {
-        failure = e.what();
-    }
-    {
-        std::lock_guard<std::mutex> lock(mutex);
-        started = true;
-    }
-    go.notify_all();
-    for (std::thread& t : threads) t.join();
-    if (!failure.empty())
-        throw std::invalid_argument(source + " = " + std::to_string(count) + ": only " +
-                                    std::to_string(threads.size() + 1) +
-                                    " threads could be started here (" + failure + ")");
-}
-
-// The thread count of every CPU backend: --threads, or OpenMP's default (OMP_NUM_THREADS, else
-// one per processor), within max_threads() and startable here.
-int thread_count(const BenchOptions& o) {
-    const std::string source = o.threads ? "--threads" : "OMP_NUM_THREADS";
-    const int threads = o.threads.value_or(omp_get_max_threads());
-    if (threads > max_threads())
-        throw std::invalid_argument(source + " = " + std::to_string(threads) + ": at most " +
-                                    std::to_string(max_threads()) +
-                                    " (4x the processors here) are used");
-    check_threads_start(threads, source);
-    return threads;
-}
-
 void check_options(const BenchOptions& o) {
     const auto positive = [](const char* name, std::int64_t v) {
         if (v < 1)
@@ -228,7 +176,7 @@ int bench(const BenchOptions& o) {
     const bool time_forward = o.pass != "backward", time_backward = o.pass != "forward";
 
     // One thread count for every CPU backend: OpenMP's, and Eigen's (standard's GEMMs, SGEMM).
-    const int threads = thread_count(o);
+    const int threads = checked_thread_count(o.threads);
     omp_set_num_threads(threads);
     Eigen::setNbThreads(threads);
 
@@ -478,7 +426,7 @@ Command add_bench_command(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--threads", o->threads,
                     "Threads of every CPU backend (OpenMP and Eigen; default OMP_NUM_THREADS or\n"
-                    "all), at most 4x the processors here (" + std::to_string(max_threads()) + ")")
+                    "all), at most 4x the processors here (" + std::to_string(max_thread_count()) + ")")
         ->transform(int32);
     cmd->add_flag("--json", o->json, "One JSON object per measured row instead of the table");
     cmd->add_flag("--gemm-ceiling", o->gemm_ceiling,
