@@ -70,6 +70,21 @@ FA_HOST_DEVICE inline TileVisibility classify_causal(const AttentionProblem& p, 
     return TileVisibility::partial;
 }
 
+// Does a tile the masks let (at least partly) through need the per-element mask? A partial tile
+// does, and so does a tile cut short by the end of the keys: its missing keys were zero-filled
+// and must read as masked. Only `full` tiles of full width skip the per-element test.
+FA_HOST_DEVICE inline bool needs_element_mask(TileVisibility seen, TileRange cols,
+                                              std::int64_t block) {
+    return seen == TileVisibility::partial || cols.size() < block;
+}
+
+// The order in which the GPU kernels take query tiles t = 0 .. T-1 (FlashAttention-2, Section
+// 3.2, parallelism over the sequence): under a causal mask a later query tile sees more keys, so
+// the longest are started first and the short ones fill the last wave. Without one, in order.
+FA_HOST_DEVICE inline std::int64_t longest_first(bool causal, std::int64_t t, std::int64_t T) {
+    return causal ? T - 1 - t : t;
+}
+
 // classify_causal for every key tile of width `block` at once, for the query rows [rows): tiles
 // [0, full) need no per-element mask, [full, seen) do (the causal diagonal and the ragged last
 // tile), and tiles from `seen` on are hidden. For kernels that run the masked tiles in a loop of

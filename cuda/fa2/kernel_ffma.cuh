@@ -222,12 +222,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     // Which (b, h, i): consecutive blocks are the query tiles of one head, so the blocks that
     // run at the same time share K and V and read them from L2, not HBM (a head-minor order
     // read K, V from HBM once per query tile: 3.7x less traffic than cuda-standard instead of
-    // >9x, docs/cuda_fp32_notes.md). Inside a head the last tile comes first: under the causal
-    // mask it sees the most keys, so the long blocks start early and short ones fill the tail.
+    // >9x, docs/cuda_fp32_notes.md). Inside a head, longest first (common/tiling.hpp).
     const std::int64_t Tr = tile_count(p.seq_q, C::Br);
     const std::int64_t Tc = tile_count(p.seq_kv, C::Bc);
     const std::int64_t bh = blockIdx.x / Tr;
-    const std::int64_t i = Tr - 1 - blockIdx.x % Tr;
+    const std::int64_t i = longest_first(p.causal, blockIdx.x % Tr, Tr);
     const std::int64_t b = bh / p.heads, h = bh % p.heads;
     const TileRange rows = tile_range(i, C::Br, p.seq_q);
     const std::int64_t d = p.dim;
@@ -263,8 +262,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     while (j < Tc) {
         const TileRange cols = tile_range(j, C::Bc, p.seq_kv);
         // Per-key masking only where needed: partial tiles and the ragged last tile.
-        const bool needs_mask = classify_tile(p, rows, cols) == TileVisibility::partial ||
-                                cols.size() < C::Bc;
+        const bool needs_mask = needs_element_mask(classify_tile(p, rows, cols), cols, C::Bc);
 
         cp_async_wait_all();
         __syncthreads();  // K_j (and Q_i) have landed; nobody reads V or P of the last tile now

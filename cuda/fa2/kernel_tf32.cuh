@@ -33,10 +33,9 @@
 //  * Inputs must be finite (the split turns inf into NaN, and a masked key's P = 0 times a NaN V is
 //    NaN): cuda/fa2/backend.cu checks once and runs the FFMA kernel otherwise.
 //
-// FA2 Algorithm 1 lines (the same map as cuda/tc/kernel.cuh's header):
-//   L3 grid (i, h, b) | L4 Q_i -> registers | L5 O, l, m = 0, 0, -inf | L6 loop over key tiles j |
-//   L7 K_j, V_j -> shared memory (cp.async ring) | L8 compute_scores | L9-L10 online_softmax,
-//   accumulate_pv | L12-L15 write_output.
+// The loop, the masks, the softmax and the epilogue are cuda/stages/flash_forward.cuh's (its header
+// maps FA2 Algorithm 1 line by line), shared with cuda-tc; this file holds the fp32 operand
+// stages, gathered in Tf32ForwardOps: L4 / L7 tf32_load_tile, L8 tf32_scores, L10 tf32_accumulate_pv.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +45,7 @@
 #include "common/tiling.hpp"
 #include "cuda/stages/async_copy.cuh"
 #include "cuda/stages/warp_softmax.cuh"
+#include "cuda/stages/flash_forward.cuh"
 #include "cuda/stages/mma_stages.cuh"
 #include "cuda/ptx/tf32_mma.cuh"
 
@@ -62,6 +62,7 @@ struct Tf32Tile {
     static constexpr int Br = 16 * kWarps_;
     static constexpr int Bc = Bc_;
     static constexpr int kThreads = 32 * kWarps_;
+    static constexpr int kStages = 2;  // the copy of tile j + 1 runs while tile j is multiplied
     static constexpr int kQKStride = D_ + 16;  // floats between rows of Q_i and K_j
     static constexpr int kVStride = D_ + 4;    // floats between rows of V_j
     static constexpr int kSlotFloats = Bc_ * (kQKStride + kVStride);  // K_j then V_j
@@ -167,96 +168,65 @@ __device__ __forceinline__ void tf32_load_tile(float* tile, const float* head, i
                     int(threadIdx.x), Cfg::kThreads);
 }
 
+// cuda-fa2 v4's operand stages for the forward written once in cuda/stages/flash_forward.cuh.
+// Shared memory (Cfg::SMEM_BYTES): Q_i (Br rows of kQKStride floats), then the ring; slot s holds
+// K_j (Bc rows of kQKStride), then V_j (Bc rows of kVStride). Q_i stays in shared memory (see the
+// header) and a negative scale is folded into it as it is read (negating is exact), so that the
+// softmax sees maxima of |scale| s, as the shared stages expect.
+template <class Cfg_>
+struct Tf32ForwardOps {
+    using Cfg = Cfg_;
+    using Element = float;
+    static constexpr bool kExactDifference = true;  // "Exponents as 2^((s - m) c)" above
+    static constexpr int Bc = Cfg::Bc;
+
+    float* sQ;
+    float* ring;
+    const float* sQ_w;  // the warp's 16 rows of Q_i
+    float q_sign;
+    int d, lane;
+
+    __device__ __forceinline__ Tf32ForwardOps(const mma::KernelParams& params, void* smem,
+                                              int warp, int lane_)
+        : sQ(static_cast<float*>(smem)),
+          ring(sQ + Cfg::Br * Cfg::kQKStride),
+          sQ_w(sQ + 16 * warp * Cfg::kQKStride),
+          q_sign(params.problem.softmax_scale() < 0 ? -1.0f : 1.0f),
+          d(int(params.problem.dim)),
+          lane(lane_) {}
+
+    // Slot s's tiles. (Pointer arithmetic, not an array of pointers: indexed by a run-time slot,
+    // such an array would live in local memory.)
+    __device__ __forceinline__ float* K_of(int s) const { return ring + s * Cfg::kSlotFloats; }
+    __device__ __forceinline__ float* V_of(int s) const {
+        return ring + s * Cfg::kSlotFloats + Bc * Cfg::kQKStride;
+    }
+
+    __device__ __forceinline__ void load_q(const float* Q_head, int row_begin, int n) {
+        tf32_load_tile<Cfg, Cfg::Br, Cfg::kQKStride>(sQ, Q_head, row_begin, n, d);
+    }
+    __device__ __forceinline__ void load_kv(int slot, const float* K_head, const float* V_head,
+                                            int key_begin, int n) {
+        tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(slot), K_head, key_begin, n, d);
+        tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(slot), V_head, key_begin, n, d);
+    }
+    __device__ __forceinline__ void hold_q() {}  // Q_i is re-read per tile
+    __device__ __forceinline__ void scores(float (&S)[1][Bc / 8][4], int slot) const {
+        tf32_scores<Cfg>(S[0], sQ_w, q_sign, K_of(slot), lane);
+    }
+    __device__ __forceinline__ void accumulate_pv(float (&O)[1][Cfg::D / 8][4],
+                                                  const float (&P)[1][Bc / 8][4], int slot) const {
+        tf32_accumulate_pv<Cfg>(O[0], P[0], V_of(slot), lane);
+    }
+};
+
 // One CTA = one query tile of one (batch, head). Grid (Tr, heads, batch), as cuda-tc's.
 // kBlockMask: a separate instantiation for problems with a block mask.
 template <class Cfg, bool kBlockMask>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
     fa2_tf32_kernel(const mma::KernelParams params) {
-    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D;
     extern __shared__ float4 smem_float4[];
-    float* sQ = reinterpret_cast<float*>(smem_float4);
-    // Ring slot s (0 or 1) holds K_j, then V_j. (Pointer arithmetic, not an array of two
-    // pointers: indexed by a run-time slot, such an array would live in local memory.)
-    float* const ring = sQ + Br * Cfg::kQKStride;
-    const auto K_of = [ring](int s) { return ring + s * Cfg::kSlotFloats; };
-    const auto V_of = [ring](int s) { return ring + s * Cfg::kSlotFloats + Bc * Cfg::kQKStride; };
-
-    const AttentionProblem& p = params.problem;
-    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-    const int seq_q = int(p.seq_q), seq_kv = int(p.seq_kv), d = int(p.dim);
-
-    // FA2 L3 (as cuda-tc: under a causal mask the later query tiles, which see more keys, first).
-    const int Tr = int(gridDim.x);
-    const int i = p.causal ? Tr - 1 - int(blockIdx.x) : int(blockIdx.x);
-    const std::int64_t h = blockIdx.y, b = blockIdx.z;
-    const int row_begin = i * Br, row_end = min(row_begin + Br, seq_q);
-    const TileRange rows = {row_begin, row_end};
-    const int warp_begin = min(row_begin + 16 * warp, row_end);
-    const TileRange warp_rows = {warp_begin, min(warp_begin + 16, row_end)};
-    const float* Q_head = static_cast<const float*>(params.Q) + p.q_offset(b, h);
-    const float* K_head = static_cast<const float*>(params.K) + p.kv_offset(b, h);
-    const float* V_head = static_cast<const float*>(params.V) + p.kv_offset(b, h);
-
-    int Tc_seen = int(tile_count(seq_kv, Bc));  // FA2 L6's range, cut at the causal diagonal
-    if (p.causal) {
-        const std::int64_t last_key = row_end - 1 + p.causal_offset();
-        Tc_seen = last_key < 0 ? 0 : int(min(std::int64_t(Tc_seen), last_key / Bc + 1));
-    }
-
-    // FA2 L4 and L7 (issued): Q_i, and the first visible K_j, V_j into slot 0.
-    tf32_load_tile<Cfg, Br, Cfg::kQKStride>(sQ, Q_head, row_begin, seq_q, d);
-    int j = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc);
-    if (j < Tc_seen) {
-        tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(0), K_head, j * Bc, seq_kv, d);
-        tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(0), V_head, j * Bc, seq_kv, d);
-    }
-    cp_async_commit();
-    // A negative scale is folded into Q_i as it is read (negating is exact), so that the softmax
-    // sees maxima of |scale| s, as cuda-tc's stages expect.
-    const float q_sign = p.softmax_scale() < 0 ? -1.0f : 1.0f;
-    const float* sQ_w = sQ + 16 * warp * Cfg::kQKStride;  // the warp's 16 rows
-
-    // FA2 L5.
-    float O[D / 8][4];
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) O[dt][e] = 0.0f;
-
-    // FA2 L6: for each visible key tile j (in slot `cur`).
-    for (int cur = 0; j < Tc_seen; cur ^= 1) {
-        // FA2 L7: tile j (and Q_i) has landed and every warp is done with the other slot (tile
-        // j - 1): the next visible tile may be copied into it.
-        cp_async_wait_all();
-        __syncthreads();
-        const int next = mma::next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc);
-        if (next < Tc_seen) {
-            tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(cur ^ 1), K_head, next * Bc,
-                                                    seq_kv, d);
-            tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(cur ^ 1), V_head, next * Bc,
-                                                   seq_kv, d);
-        }
-        cp_async_commit();
-
-        const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
-        const TileVisibility seen =
-            warp_rows.size() > 0
-                ? mma::visibility<kBlockMask>(p, warp_rows, TileRange{col_begin, col_end})
-                : TileVisibility::none;
-        if (seen != TileVisibility::none) {
-            float S[Bc / 8][4];
-            tf32_scores<Cfg>(S, sQ_w, q_sign, K_of(cur), lane);  // FA2 L8
-            if (seen == TileVisibility::partial || col_end - col_begin < Bc)
-                mma::mask_scores<Cfg, kBlockMask>(S, p, warp_begin, col_begin, lane);
-            mma::online_softmax<Cfg, true>(S, m, l, O, params.scale_log2);  // FA2 L9, L10 (rescale)
-            tf32_accumulate_pv<Cfg>(O, S, V_of(cur), lane);    // FA2 L10 (+ P~ V_j)
-        }
-        j = next;
-    }
-
-    // FA2 L12-L15.
-    if (warp_begin < row_end) mma::write_output<Cfg>(O, m, l, params, warp_begin, b, h, lane);
+    mma::flash_forward<Tf32ForwardOps<Cfg>, kBlockMask>(params, smem_float4);
 }
 
 }  // namespace flashattn::cuda

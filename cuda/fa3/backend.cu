@@ -79,14 +79,6 @@ CUtensorMap tile_map(const void* base, DType dtype, std::int64_t heads, std::int
     return map;
 }
 
-// The GPU's multiprocessor count: the persistent grid's size.
-int multiprocessor_count() {
-    int device = 0, count = 0;
-    FA_CUDA_CHECK(cudaGetDevice(&device));
-    FA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-}
-
 // next_item: one int of device memory, the work-tile counter (zeroed here before the launch).
 template <class Cfg>
 void launch(const KernelParams& base, DType dtype, int* next_item) {
@@ -105,7 +97,7 @@ void launch(const KernelParams& base, DType dtype, int* next_item) {
     FA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     // One CTA per SM (the registers allow no more), each taking work tiles until none is left.
-    const int grid = std::min(params.items, multiprocessor_count());
+    const int grid = std::min(params.items, device_limits().sm_count);
     FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int)));
     kernel<<<grid, Cfg::kThreads, kSmem>>>(params);
     FA_CUDA_CHECK_LAUNCH();

@@ -51,6 +51,7 @@
 
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
+#include "cuda/fa3/pipeline.cuh"
 #include "cuda/ptx/hopper.cuh"
 #include "cuda/stages/mma_stages.cuh"
 #include "cuda/ptx/mma_sync.cuh"
@@ -71,7 +72,8 @@ struct Fa3Tile {
     static constexpr bool kPingPong = kPingPong_;
     static constexpr int kConsumers = 2;
     static constexpr int Br = 64 * kConsumers;
-    static constexpr int kThreads = 128 * (1 + kConsumers);
+    static constexpr int kConsumerThreads = 128 * kConsumers;  // a warpgroup is 128 threads
+    static constexpr int kThreads = 128 + kConsumerThreads;    // and one producer warpgroup
     static constexpr int kMTiles = 1;  // mma_stages: one 16-row tile per warp
     static constexpr int kPanels = D / 64;
     // setmaxnreg budgets: 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536 registers.
@@ -81,20 +83,6 @@ struct Fa3Tile {
     static constexpr std::uint32_t kTileBytes = Bc * D * sizeof(T_);  // one K_j or V_j
     static_assert(D == 64 || D == 128, "cuda-fa3: D = 64 or 128");
     static_assert(Bc == 64 || Bc == 128, "cuda-fa3: Bc = 64 or 128 (the N of S's wgmma)");
-};
-
-// The ring's barriers, after the tiles in shared memory.
-template <int kStages>
-struct Fa3Barriers {
-    std::uint64_t q;                // Q_i (and `item` below) of the next work tile have landed
-    std::uint64_t q_empty;          // every consumer thread is done with Q_i and has read `item`
-    std::uint64_t k_full[kStages];  // K_j in slot s has landed
-    std::uint64_t v_full[kStages];  // V_j in slot s has landed
-    // Every consumer thread is done with K_j (after S) or V_j (after P V) in slot s: released
-    // apart, since the overlapped loop is done with K_j a tile earlier than with V_j.
-    std::uint64_t k_empty[kStages];
-    std::uint64_t v_empty[kStages];
-    int item;  // the work tile the producer took next (written before `q` is signalled), or -1
 };
 
 // Tiles must start on 1024 bytes (the 128-byte swizzle repeats every 8 rows of 128 bytes): the
@@ -114,42 +102,6 @@ struct Fa3Params {
     int Tr;          // query tiles per head
     int items;       // work tiles: Tr x heads x batch
     int* next_item;  // device counter, zero at launch: work tiles taken past the first gridDim.x
-};
-
-// A work tile: query tile i of head h, batch b; its rows; the key tiles the CTA's rows can see
-// (FA2 L6's range, cut by the causal mask). Numbered as a (Tr, heads, batch) grid would be, query
-// tiles fastest, so that CTAs working at the same time share a head's K and V in L2; under a causal
-// mask the later query tiles (more keys to see) first.
-struct WorkTile {
-    int i;
-    std::int64_t h, b;
-    TileRange rows;
-    int Tc_seen;
-};
-template <class Cfg>
-__device__ __forceinline__ WorkTile work_tile(const Fa3Params& params, int item) {
-    const AttentionProblem& p = params.base.problem;
-    WorkTile t;
-    const int i_in_head = item % params.Tr;
-    const int head_of_all = item / params.Tr;
-    t.i = p.causal ? params.Tr - 1 - i_in_head : i_in_head;
-    t.h = head_of_all % p.heads;
-    t.b = head_of_all / p.heads;
-    const int row_begin = t.i * Cfg::Br;
-    t.rows = {row_begin, min(row_begin + Cfg::Br, int(p.seq_q))};
-    t.Tc_seen = int(causal_key_tiles(p, t.rows, Cfg::Bc).seen);
-    return t;
-}
-
-// Where the producer and a consumer are in the ring: slot `stage`, and the parity of the slot's
-// current use (it flips each time the ring wraps).
-struct RingPosition {
-    int stage = 0;
-    std::uint32_t phase = 0;
-    template <int kStages>
-    __device__ void advance() {
-        if (++stage == kStages) stage = 0, phase ^= 1;
-    }
 };
 
 // FA2 L8: issues S = Q_i K_j^T for a consumer warpgroup's 64 rows (not waited for): d / 16 k-steps
@@ -174,17 +126,15 @@ __device__ __forceinline__ void issue_scores(float (&S)[Cfg::Bc / 8][4], const t
     hopper::wgmma_commit();
 }
 
-// P~ packed into wgmma's register A operand (16 keys per k-step), as cuda-tc packs it for mma.sync.
+// P~ packed into wgmma's register A operand (16 keys per k-step), as cuda-tc packs it for mma.sync:
+// wgmma's A fragment is m16n8k16's, warp by warp.
 template <class Cfg>
 __device__ __forceinline__ void pack_p(std::uint32_t (&a)[Cfg::Bc / 16][4],
                                        const float (&P)[Cfg::Bc / 8][4]) {
     using T = typename Cfg::T;
 #pragma unroll
     for (int kk = 0; kk < Cfg::Bc / 16; ++kk) {
-        a[kk][0] = tc::pack2<T>(P[2 * kk][0], P[2 * kk][1]);
-        a[kk][1] = tc::pack2<T>(P[2 * kk][2], P[2 * kk][3]);
-        a[kk][2] = tc::pack2<T>(P[2 * kk + 1][0], P[2 * kk + 1][1]);
-        a[kk][3] = tc::pack2<T>(P[2 * kk + 1][2], P[2 * kk + 1][3]);
+        tc::accumulators_to_a_fragment<T>(a[kk], P[2 * kk], P[2 * kk + 1]);
     }
 }
 
@@ -207,27 +157,6 @@ __device__ __forceinline__ void issue_pv(float (&O)[Cfg::D / 8][4],
     hopper::wgmma_commit();
 }
 
-// Ping-pong (FA3 Section 3.2): named barrier 1 + w is consumer warpgroup w's turn to issue its
-// products. A warpgroup waits for its turn (begin), issues, and hands the turn to the other (end);
-// warpgroup 1 first hands warpgroup 0 the opening turn. Both take the same number of turns, and
-// warpgroup 0 takes the last hand-over (finish), so every barrier use is matched.
-template <bool kEnabled>
-struct Turns {
-    int mine, other;
-    __device__ explicit Turns(int cg) : mine(1 + cg), other(2 - cg) {
-        if (kEnabled && cg == 1) hopper::named_barrier_arrive(other, 256);
-    }
-    __device__ void begin() const {
-        if (kEnabled) hopper::named_barrier_sync(mine, 256);
-    }
-    __device__ void end() const {
-        if (kEnabled) hopper::named_barrier_arrive(other, 256);
-    }
-    __device__ void finish() const {
-        if (kEnabled && mine == 1) hopper::named_barrier_sync(mine, 256);
-    }
-};
-
 // The producer (one thread): for each work tile it takes (the CTA's own first, then the counter's),
 // FA2 L4 (once the consumers are done with the last Q_i), then L7 for every key tile the CTA's rows
 // can see, in the order the consumers take them. A slot's K (V) is refilled once every consumer
@@ -248,7 +177,7 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
             return;
         }
         bars->item = item;
-        const WorkTile t = work_tile<Cfg>(params, item);
+        const WorkTile t = work_tile<Br, Bc>(p, params.Tr, item);
         const int q_head = int(t.b * p.heads + t.h);
         const int kv_head = int(t.b * p.heads_kv + p.kv_head(t.h));
 
@@ -284,157 +213,199 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
 template <class Cfg, bool kBlockMask>
 struct ConsumerState {
     RingPosition ring;  // the slot of the next key tile
-    const Turns<Cfg::kPingPong && !kBlockMask> turns;
+    const Turns<Cfg::kPingPong && !kBlockMask, Cfg::kConsumerThreads> turns;
     std::uint32_t q_phase = 0;
     __device__ explicit ConsumerState(int cg) : turns(cg) {}
 };
 
-// One consumer warpgroup's share of one work tile: FA2 L5-L15 for its 64 rows of Q_i.
-template <class Cfg, bool kBlockMask>
-__device__ __forceinline__ void consume(const Fa3Params& params, const WorkTile& t,
-                                        const typename Cfg::T* sQ, const typename Cfg::T* sK,
-                                        const typename Cfg::T* sV, Fa3Barriers<Cfg::kStages>* bars,
-                                        ConsumerState<Cfg, kBlockMask>& state, int cw, int lane) {
-    constexpr int Bc = Cfg::Bc, D = Cfg::D, kStages = Cfg::kStages;
-    const AttentionProblem& p = params.base.problem;
-    const int cg = cw / 4;  // consumer warpgroup 0..1
-    const int seq_kv = int(p.seq_kv);
-    const int row_begin = int(t.rows.begin), row_end = int(t.rows.end);
-    const int warp_begin = row_begin + 16 * cw;
-    // A warpgroup's wgmma is collective: whether to skip a key tile is decided per warpgroup.
-    const int wg_begin = min(row_begin + 64 * cg, row_end);
-    const TileRange wg_rows = {wg_begin, min(wg_begin + 64, row_end)};
-    const auto* sQ_wg = sQ + 64 * cg * 64;  // this warpgroup's 64 rows of the first panel
-    RingPosition& ring = state.ring;
-    const auto& turns = state.turns;
+// Where one consumer warp works in a work tile: its warpgroup cg (0..1), the first of its 16 rows,
+// and the warpgroup's rows. A warpgroup's wgmma is collective, so whether to skip a key tile or
+// mask it is decided per warpgroup.
+struct ConsumerRows {
+    int cg, warp_begin;
+    TileRange wg_rows;
+    __device__ ConsumerRows(const WorkTile& t, int cw) : cg(cw / 4) {
+        const int row_begin = int(t.rows.begin), row_end = int(t.rows.end);
+        warp_begin = row_begin + 16 * cw;
+        const int wg_begin = min(row_begin + 64 * cg, row_end);
+        wg_rows = {wg_begin, min(wg_begin + 64, row_end)};
+    }
+};
 
-    // FA2 L5.
-    float O[D / 8][4];
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+// FA2 L5 (O_i = 0; the softmax state starts at m = -inf, l = 0) for one warp's 16 rows.
+template <class Cfg>
+__device__ __forceinline__ void zero_output(float (&O)[Cfg::D / 8][4]) {
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
+    for (int dt = 0; dt < Cfg::D / 8; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) O[dt][e] = 0.0f;
+}
 
-    if constexpr (kBlockMask) {
-        // Block masks: a tile may be hidden from this warpgroup or need the mask, asked tile by
-        // tile (64-bit divisions, subroutine calls). ptxas serializes a wgmma left running across
-        // such branches, so here each tile's products are waited for at once (stage 2).
-        for (int j = mma::next_key_tile<true>(p, t.rows, 0, t.Tc_seen, Bc); j < t.Tc_seen;
-             j = mma::next_key_tile<true>(p, t.rows, j + 1, t.Tc_seen, Bc)) {
-            const int s = ring.stage;
-            const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
-            const TileVisibility seen =
-                wg_rows.size() > 0 ? mma::visibility<true>(p, wg_rows, TileRange{col_begin, col_end})
-                                   : TileVisibility::none;
-            hopper::mbarrier_wait(&bars->k_full[s], ring.phase);  // FA2 L7
-            hopper::mbarrier_wait(&bars->v_full[s], ring.phase);
-            if (seen != TileVisibility::none) {
-                float S[Bc / 8][4];
-                issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8
-                hopper::wgmma_wait<0>();
-                hopper::wgmma_fence_registers(S);
-                if (seen == TileVisibility::partial || col_end - col_begin < Bc || wg_rows.size() < 64)
-                    mma::mask_scores<Cfg, true>(S, p, warp_begin, col_begin, lane);
-                mma::online_softmax<Cfg>(S, m, l, O, params.base.scale_log2);  // FA2 L9, L10
-                std::uint32_t a[Bc / 16][4];
-                pack_p<Cfg>(a, S);
-                issue_pv<Cfg>(O, a, sV + s * Bc * D);  // FA2 L10
-                hopper::wgmma_wait<0>();
-                hopper::wgmma_fence_registers(O);
-                hopper::wgmma_fence_registers(a);
-            }
-            hopper::mbarrier_arrive(&bars->k_empty[s]);
-            hopper::mbarrier_arrive(&bars->v_empty[s]);
-            ring.advance<kStages>();
-        }
-    } else {
-        // Without a block mask the tiles this warpgroup sees are a prefix of the producer's
-        // sequence, and those that need the mask a suffix of that prefix (causal_key_tiles): a
-        // loop for each, so that no run-time branch separates a wgmma from its wait.
-        const KeyTileSplit split = causal_key_tiles(p, wg_rows, Bc);
-        const int n_full = int(split.full), n_seen = int(split.seen);
-        RingPosition pv;              // the slot of the tile whose P~ V is pending
-        std::uint32_t a[Bc / 16][4];  // that tile's P~, wgmma's A operand
+// Every product that read Q_i has completed: the producer may copy the next work tile's Q. Then
+// FA2 L12-L15 for the warp's rows.
+template <class Cfg, class Softmax>
+__device__ __forceinline__ void finish_work_tile(const Fa3Params& params, const WorkTile& t,
+                                                 const ConsumerRows& at, const Softmax& softmax,
+                                                 const float (&O)[Cfg::D / 8][4],
+                                                 Fa3Barriers<Cfg::kStages>* bars, int lane) {
+    hopper::mbarrier_arrive(&bars->q_empty);
+    if (at.warp_begin < t.rows.end)
+        softmax.finalize(O, params.base, at.warp_begin, t.b, t.h, lane);
+}
 
-        // One step of the overlapped loop: tile j's S is issued with tile j-1's P V; tile j's
-        // softmax runs while that P V does; then O's rescale and P~_j.
-        const auto step = [&](int j, auto masked) {
-            const int s = ring.stage;
-            hopper::mbarrier_wait(&bars->k_full[s], ring.phase);       // FA2 L7: K_j
-            hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);  // V_{j-1}
+// One consumer warpgroup's share of one work tile with a block mask: FA2 L5-L15 for its 64 rows.
+// A tile may be hidden from this warpgroup or need the mask, asked tile by tile (64-bit divisions,
+// subroutine calls). ptxas serializes a wgmma left running across such branches, so here each
+// tile's products are waited for at once (stage 2 of docs/cuda_fa3.md).
+template <class Cfg>
+__device__ __forceinline__ void consume_block_masked(const Fa3Params& params, const WorkTile& t,
+                                                     const typename Cfg::T* sQ,
+                                                     const typename Cfg::T* sK,
+                                                     const typename Cfg::T* sV,
+                                                     Fa3Barriers<Cfg::kStages>* bars,
+                                                     ConsumerState<Cfg, true>& state, int cw,
+                                                     int lane) {
+    constexpr int Bc = Cfg::Bc, D = Cfg::D, kStages = Cfg::kStages;
+    const AttentionProblem& p = params.base.problem;
+    const ConsumerRows at(t, cw);
+    const auto* sQ_wg = sQ + 64 * at.cg * 64;  // this warpgroup's 64 rows of the first panel
+    RingPosition& ring = state.ring;
+
+    float O[D / 8][4];  // FA2 L5
+    zero_output<Cfg>(O);
+    mma::RowSoftmax<Cfg> softmax;
+    for (int j = mma::next_key_tile<true>(p, t.rows, 0, t.Tc_seen, Bc); j < t.Tc_seen;
+         j = mma::next_key_tile<true>(p, t.rows, j + 1, t.Tc_seen, Bc)) {
+        const int s = ring.stage;
+        const TileRange cols = tile_range(j, Bc, p.seq_kv);
+        const TileVisibility seen = at.wg_rows.size() > 0
+                                        ? mma::visibility<true>(p, at.wg_rows, cols)
+                                        : TileVisibility::none;
+        hopper::mbarrier_wait(&bars->k_full[s], ring.phase);  // FA2 L7
+        hopper::mbarrier_wait(&bars->v_full[s], ring.phase);
+        if (seen != TileVisibility::none) {
             float S[Bc / 8][4];
-            turns.begin();
-            issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8, tile j
-            issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);   // FA2 L10, tile j-1
-            turns.end();
-            hopper::wgmma_wait<1>();  // S has landed; the P V still runs
+            issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8
+            hopper::wgmma_wait<0>();
             hopper::wgmma_fence_registers(S);
-            hopper::mbarrier_arrive(&bars->k_empty[s]);
-            if constexpr (decltype(masked)::value)
-                mma::mask_scores<Cfg, false>(S, p, warp_begin, j * Bc, lane);
-            float old_scale[2];
-            mma::softmax_update<Cfg>(S, m, l, params.base.scale_log2, old_scale);  // FA2 L9
-            hopper::wgmma_wait<0>();  // the P V has landed: O is ours again, V_{j-1} free
-            hopper::wgmma_fence_registers(O);
-            hopper::wgmma_fence_registers(a);
-            hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
-            mma::rescale_output<Cfg>(O, old_scale);  // FA2 L10, O's rescale
+            // Rows past N_q in a short warpgroup must read as masked too (never stored).
+            if (needs_element_mask(seen, cols, Bc) || at.wg_rows.size() < 64)
+                mma::mask_scores<Cfg, true>(S, p, at.warp_begin, int(cols.begin), lane);
+            softmax.update(S, O, params.base.scale_log2);  // FA2 L9, L10
+            std::uint32_t a[Bc / 16][4];
             pack_p<Cfg>(a, S);
-            pv = ring;
-            ring.advance<kStages>();
-        };
-
-        if (n_seen > 0) {
-            {  // Tile 0: its S alone (nothing is pending), its softmax; O is still zero.
-                hopper::mbarrier_wait(&bars->k_full[ring.stage], ring.phase);
-                float S[Bc / 8][4];
-                turns.begin();
-                issue_scores<Cfg>(S, sQ_wg, sK + ring.stage * Bc * D);
-                turns.end();
-                hopper::wgmma_wait<0>();
-                hopper::wgmma_fence_registers(S);
-                hopper::mbarrier_arrive(&bars->k_empty[ring.stage]);
-                if (n_full == 0) mma::mask_scores<Cfg, false>(S, p, warp_begin, 0, lane);
-                float old_scale[2];
-                mma::softmax_update<Cfg>(S, m, l, params.base.scale_log2, old_scale);
-                pack_p<Cfg>(a, S);
-                pv = ring;
-                ring.advance<kStages>();
-            }
-            int j = 1;
-            for (; j < n_full; ++j) step(j, std::false_type{});
-            for (; j < n_seen; ++j) step(j, std::true_type{});
-            // FA2 L10 for the last tile.
-            hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);
-            turns.begin();
-            issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);
-            turns.end();
+            issue_pv<Cfg>(O, a, sV + s * Bc * D);  // FA2 L10
             hopper::wgmma_wait<0>();
             hopper::wgmma_fence_registers(O);
             hopper::wgmma_fence_registers(a);
-            hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
-        } else {
-            turns.begin();  // the last P V's turn, with nothing to issue
-            turns.end();
         }
-        // Tiles only the CTA's other warpgroup sees: released unread, each after both its copies
-        // have landed (the producer must not refill a slot a copy is still writing).
-        for (int j = n_seen; j < t.Tc_seen; ++j) {
-            turns.begin();
-            turns.end();
+        hopper::mbarrier_arrive(&bars->k_empty[s]);
+        hopper::mbarrier_arrive(&bars->v_empty[s]);
+        ring.advance<kStages>();
+    }
+    finish_work_tile<Cfg>(params, t, at, softmax, O, bars, lane);
+}
+
+// One consumer warpgroup's share of one work tile without a block mask: FA2 L5-L15 for its 64
+// rows, the products overlapped with the softmax (FA3 Section 3.2). The tiles this warpgroup sees
+// are a prefix of the producer's sequence, and those that need the mask a suffix of that prefix
+// (causal_key_tiles): a loop for each, so that no run-time branch separates a wgmma from its wait.
+template <class Cfg>
+__device__ __forceinline__ void consume_overlapped(const Fa3Params& params, const WorkTile& t,
+                                                   const typename Cfg::T* sQ,
+                                                   const typename Cfg::T* sK,
+                                                   const typename Cfg::T* sV,
+                                                   Fa3Barriers<Cfg::kStages>* bars,
+                                                   ConsumerState<Cfg, false>& state, int cw,
+                                                   int lane) {
+    constexpr int Bc = Cfg::Bc, D = Cfg::D, kStages = Cfg::kStages;
+    const AttentionProblem& p = params.base.problem;
+    const ConsumerRows at(t, cw);
+    const auto* sQ_wg = sQ + 64 * at.cg * 64;  // this warpgroup's 64 rows of the first panel
+    RingPosition& ring = state.ring;
+    const auto& turns = state.turns;
+
+    float O[D / 8][4];  // FA2 L5
+    zero_output<Cfg>(O);
+    mma::RowSoftmax<Cfg> softmax;
+    const KeyTileSplit split = causal_key_tiles(p, at.wg_rows, Bc);
+    const int n_full = int(split.full), n_seen = int(split.seen);
+    RingPosition pv;              // the slot of the tile whose P~ V is pending
+    std::uint32_t a[Bc / 16][4];  // that tile's P~, wgmma's A operand
+
+    // One step of the overlapped loop: tile j's S is issued with tile j-1's P V; tile j's softmax
+    // runs while that P V does; then O's rescale and P~_j.
+    const auto step = [&](int j, auto masked) {
+        const int s = ring.stage;
+        hopper::mbarrier_wait(&bars->k_full[s], ring.phase);       // FA2 L7: K_j
+        hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);  // V_{j-1}
+        float S[Bc / 8][4];
+        turns.begin();
+        issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8, tile j
+        issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);   // FA2 L10, tile j-1
+        turns.end();
+        hopper::wgmma_wait<1>();  // S has landed; the P V still runs
+        hopper::wgmma_fence_registers(S);
+        hopper::mbarrier_arrive(&bars->k_empty[s]);
+        if constexpr (decltype(masked)::value)
+            mma::mask_scores<Cfg, false>(S, p, at.warp_begin, j * Bc, lane);
+        float old_scale[2];
+        softmax.update_only(S, params.base.scale_log2, old_scale);  // FA2 L9
+        hopper::wgmma_wait<0>();  // the P V has landed: O is ours again, V_{j-1} free
+        hopper::wgmma_fence_registers(O);
+        hopper::wgmma_fence_registers(a);
+        hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
+        softmax.rescale(O, old_scale);  // FA2 L10, O's rescale
+        pack_p<Cfg>(a, S);
+        pv = ring;
+        ring.advance<kStages>();
+    };
+
+    if (n_seen > 0) {
+        {  // Tile 0: its S alone (nothing is pending), its softmax; O is still zero.
             hopper::mbarrier_wait(&bars->k_full[ring.stage], ring.phase);
-            hopper::mbarrier_wait(&bars->v_full[ring.stage], ring.phase);
+            float S[Bc / 8][4];
+            turns.begin();
+            issue_scores<Cfg>(S, sQ_wg, sK + ring.stage * Bc * D);
+            turns.end();
+            hopper::wgmma_wait<0>();
+            hopper::wgmma_fence_registers(S);
             hopper::mbarrier_arrive(&bars->k_empty[ring.stage]);
-            hopper::mbarrier_arrive(&bars->v_empty[ring.stage]);
+            if (n_full == 0) mma::mask_scores<Cfg, false>(S, p, at.warp_begin, 0, lane);
+            float old_scale[2];
+            softmax.update_only(S, params.base.scale_log2, old_scale);
+            pack_p<Cfg>(a, S);
+            pv = ring;
             ring.advance<kStages>();
         }
+        int j = 1;
+        for (; j < n_full; ++j) step(j, std::false_type{});
+        for (; j < n_seen; ++j) step(j, std::true_type{});
+        // FA2 L10 for the last tile.
+        hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);
+        turns.begin();
+        issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);
+        turns.end();
+        hopper::wgmma_wait<0>();
+        hopper::wgmma_fence_registers(O);
+        hopper::wgmma_fence_registers(a);
+        hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
+    } else {
+        turns.begin();  // the last P V's turn, with nothing to issue
+        turns.end();
     }
-    // Every product that read Q_i has completed: the producer may copy the next work tile's Q.
-    hopper::mbarrier_arrive(&bars->q_empty);
-
-    // FA2 L12-L15.
-    if (warp_begin < row_end) mma::write_output<Cfg>(O, m, l, params.base, warp_begin, t.b, t.h, lane);
+    // Tiles only the CTA's other warpgroup sees: released unread, each after both its copies have
+    // landed (the producer must not refill a slot a copy is still writing).
+    for (int j = n_seen; j < t.Tc_seen; ++j) {
+        turns.begin();
+        turns.end();
+        hopper::mbarrier_wait(&bars->k_full[ring.stage], ring.phase);
+        hopper::mbarrier_wait(&bars->v_full[ring.stage], ring.phase);
+        hopper::mbarrier_arrive(&bars->k_empty[ring.stage]);
+        hopper::mbarrier_arrive(&bars->v_empty[ring.stage]);
+        ring.advance<kStages>();
+    }
+    finish_work_tile<Cfg>(params, t, at, softmax, O, bars, lane);
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
@@ -455,17 +426,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto* bars = reinterpret_cast<Fa3Barriers<kStages>*>(sV + kStages * Bc * D);
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, wg = warp / 4;
 
-    if (threadIdx.x == 0) {
-        hopper::mbarrier_init(&bars->q, 1);  // the producer's arrival (+ Q's bytes)
-        hopper::mbarrier_init(&bars->q_empty, 128 * Cfg::kConsumers);
-        for (int s = 0; s < kStages; ++s) {
-            hopper::mbarrier_init(&bars->k_full[s], 1);  // the producer's arrival (+ the bytes)
-            hopper::mbarrier_init(&bars->v_full[s], 1);
-            hopper::mbarrier_init(&bars->k_empty[s], 128 * Cfg::kConsumers);
-            hopper::mbarrier_init(&bars->v_empty[s], 128 * Cfg::kConsumers);
-        }
-        hopper::fence_barrier_init();
-    }
+    if (threadIdx.x == 0) bars->init(Cfg::kConsumerThreads);
     __syncthreads();
 
     if (wg == 0) {
@@ -480,8 +441,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             hopper::mbarrier_wait(&bars->q, state.q_phase);  // Q_i of the next work tile
             const int item = *static_cast<volatile int*>(&bars->item);
             if (item < 0) break;
-            consume<Cfg, kBlockMask>(params, work_tile<Cfg>(params, item), sQ, sK, sV, bars, state,
-                                     cw, lane);
+            const WorkTile t = work_tile<Br, Bc>(params.base.problem, params.Tr, item);
+            if constexpr (kBlockMask)
+                consume_block_masked<Cfg>(params, t, sQ, sK, sV, bars, state, cw, lane);
+            else
+                consume_overlapped<Cfg>(params, t, sQ, sK, sV, bars, state, cw, lane);
             state.q_phase ^= 1;
         }
         state.turns.finish();

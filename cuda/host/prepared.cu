@@ -29,6 +29,14 @@ const DeviceLimits& device_limits() {
     return limits;
 }
 
+void require_shared_memory(std::size_t bytes, const std::string& what) {
+    const std::size_t limit = device_limits().smem_per_block_optin;
+    if (bytes > limit)
+        throw std::runtime_error(what + " needs " + std::to_string(bytes) +
+                                 " bytes of shared memory per block; this device allows " +
+                                 std::to_string(limit));
+}
+
 std::uint16_t to_bits(float x, DType dtype) {
     if (dtype == DType::bf16) {
         const __nv_bfloat16_raw r = __float2bfloat16_rn(x);

@@ -30,6 +30,9 @@ struct DeviceLimits {
     std::size_t smem_per_block_optin = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes
 };
 const DeviceLimits& device_limits();
+// Throws std::runtime_error when a kernel's `bytes` of shared memory per block exceed what this
+// device allows, naming the kernel (`what`: "cuda-tc: tile Br64-Bc64 at d = 128").
+void require_shared_memory(std::size_t bytes, const std::string& what);
 
 // How the kernels read Q, K and V: float32 (Q_, K_, V_) or 16-bit values of the dtype (Q16_, K16_,
 // V16_; Q16_ holds q_sign * Q, since the tensor-core kernel folds a negative scale into Q, which

@@ -1,7 +1,8 @@
-// cuda/ptx/mma_sync.cuh — the four tensor-core-era instructions cuda-tc is built from, as thin
-// inline-PTX wrappers (sm_80+): cp.async (global -> shared copies that bypass registers), ldmatrix
-// (shared -> registers, already in fragment order), mma.sync m16n8k16 (one warp-wide 16x8x16 matrix
-// product with fp32 accumulators), and a two-float -> two-half pack.
+// cuda/ptx/mma_sync.cuh — the tensor-core-era instructions cuda-tc is built from, as thin
+// inline-PTX wrappers (sm_80+): ldmatrix (shared -> registers, already in fragment order),
+// mma.sync m16n8k16 (one warp-wide 16x8x16 matrix product with fp32 accumulators), and a
+// two-float -> two-half pack; with cp.async (cuda/ptx/cp_async.cuh: global -> shared copies that
+// bypass registers) they are the whole kernel.
 //
 // ---------------------------------------------------------------------------------------------
 // Fragment layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16").
@@ -45,27 +46,9 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/cp_async.cuh"
+
 namespace flashattn::tc {
-
-// ---- cp.async: asynchronous 16-byte global -> shared copies --------------------------------
-
-// Copies 16 bytes, or writes 16 zero bytes when `valid` is false (src-size 0: nothing is read,
-// so `src` only needs to be some valid address). This zero-fill is how ragged tails are padded.
-__device__ inline void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
-                 "r"(src_bytes));
-}
-
-// Closes the current group of cp.async copies (groups complete in order).
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// Waits until at most `kPending` of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ inline void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 
 // ---- ldmatrix: shared -> registers in fragment order ---------------------------------------
 
@@ -125,6 +108,19 @@ template <>
 __device__ inline std::uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+
+// Two neighbouring fp32 accumulator tiles of an m16n8 product (columns 16 kk .. +7 in `lo`,
+// 16 kk + 8 .. +15 in `hi`), rounded to T, are exactly one A fragment of m16n8k16 with k = those
+// 16 columns (compare the C and A layouts above): how P~ goes from the product S = Q K^T into
+// P~ V without leaving registers (cuda-tc with mma.sync, cuda-fa3 with wgmma's register A).
+template <class T>
+__device__ inline void accumulators_to_a_fragment(std::uint32_t (&a)[4], const float (&lo)[4],
+                                                  const float (&hi)[4]) {
+    a[0] = pack2<T>(lo[0], lo[1]);
+    a[1] = pack2<T>(lo[2], lo[3]);
+    a[2] = pack2<T>(hi[0], hi[1]);
+    a[3] = pack2<T>(hi[2], hi[3]);
 }
 
 }  // namespace flashattn::tc

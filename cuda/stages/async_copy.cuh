@@ -1,5 +1,5 @@
-// cuda/stages/async_copy.cuh — tiles from global to shared memory with cp.async (sm_80+),
-// zero-filled outside the matrix.
+// cuda/stages/async_copy.cuh — float32 tiles from global to shared memory with cp.async (sm_80+,
+// cuda/ptx/cp_async.cuh), zero-filled outside the matrix.
 //
 // Algorithm 1 line 6 / line 8 ("load K_j, V_j / Q_i from HBM to on-chip SRAM") on the GPU. cp.async
 // copies without passing through registers and lets the copy of the next tile run while the
@@ -10,33 +10,15 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/cp_async.cuh"
+
 namespace flashattn::cuda {
-
-// Copies 16 bytes (4 floats), or writes 16 zero bytes when !valid. Both addresses 16-byte aligned.
-__device__ inline void cp_async_16(float* smem, const float* gmem, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-                 "r"(valid ? 16 : 0));
-}
-
-// Copies one float, or writes a zero when !valid.
-__device__ inline void cp_async_4(float* smem, const float* gmem, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem),
-                 "r"(valid ? 4 : 0));
-}
 
 // Asks for the 128-byte line holding `gmem` to be brought into L2, without waiting and without
 // a register: a later load of it then waits on L2, not on HBM (cuda-fa1 reads O_i this way).
 __device__ inline void prefetch_l2(const float* gmem) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
 }
-
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// Waits for every cp.async this thread issued. A __syncthreads() must follow before other threads
-// read the tile.
-__device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Issues the copy of a rows x cols block (cols a multiple of 4) into shared memory `dst` with row
 // stride `stride` floats. Source row r starts at src + r * ld. Element (r, c) is copied when

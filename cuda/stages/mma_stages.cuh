@@ -213,6 +213,38 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
     }
 }
 
+// The online-softmax state of one row tile as one object: the lane's m_i and (partial) l_i for its
+// rows g and g + 8, initialized as FA2 L5 says (m = -inf, l = 0), with the three things a kernel
+// does with them. The rule itself stays in common/online_softmax.hpp (through softmax_update).
+//   update     FA2 L9 and L10's rescale: S becomes P~, O_i is rescaled (online_softmax);
+//   update_only  FA2 L9 alone, returning the rescale factors for a kernel whose O_i is still being
+//              accumulated by an asynchronous P V (cuda-fa3), which calls rescale(O, factors)
+//              once that product has landed;
+//   finalize   FA2 L12-L15: O_i / l_i and L_i written (write_output).
+template <class Cfg, bool kExactDifference = false>
+struct RowSoftmax {
+    float m[2] = {-INFINITY, -INFINITY};
+    float l[2] = {0.0f, 0.0f};
+
+    __device__ __forceinline__ void update(float (&S)[Cfg::Bc / 8][4], float (&O)[Cfg::D / 8][4],
+                                           float scale_log2) {
+        online_softmax<Cfg, kExactDifference>(S, m, l, O, scale_log2);
+    }
+    __device__ __forceinline__ void update_only(float (&S)[Cfg::Bc / 8][4], float scale_log2,
+                                                float (&old_scale)[2]) {
+        softmax_update<Cfg, kExactDifference>(S, m, l, scale_log2, old_scale);
+    }
+    __device__ __forceinline__ static void rescale(float (&O)[Cfg::D / 8][4],
+                                                   const float (&old_scale)[2]) {
+        rescale_output<Cfg>(O, old_scale);
+    }
+    __device__ __forceinline__ void finalize(const float (&O)[Cfg::D / 8][4],
+                                             const KernelParams& params, int row0, std::int64_t b,
+                                             std::int64_t h, int lane) const {
+        write_output<Cfg>(O, m, l, params, row0, b, h, lane);
+    }
+};
+
 // How much of key tile [cols) the query rows [rows) may see. Without a block mask this is
 // classify_causal; with one, classify_tile also walks the mask blocks the tile overlaps (64-bit
 // divisions, which a GPU runs as subroutine calls: kept out of kernels that have no block mask).

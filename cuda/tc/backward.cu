@@ -14,6 +14,7 @@
 #include "common/tiling.hpp"
 #include "cuda/stages/backward_prepass.cuh"
 #include "cuda/host/check.hpp"
+#include "cuda/host/prepared.hpp"
 #include "cuda/tc/backward_ops.cuh"
 #include "cuda/host/tensor_core_eligibility.hpp"
 
@@ -73,15 +74,9 @@ void launch_kernel(const BackwardParams& params, cudaStream_t stream) {
 template <class Cfg, bool kTuning>
 void launch(const BackwardParams& params, bool deterministic, cudaStream_t stream) {
     const AttentionProblem& p = params.problem;
-    int device = 0, smem_optin = 0;
-    FA_CUDA_CHECK(cudaGetDevice(&device));
-    FA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (Cfg::kSmemBytes > smem_optin)
-        throw std::runtime_error("cuda-tc backward: tile Bc" + std::to_string(Cfg::Bc) + "-Br" +
-                                 std::to_string(Cfg::Br) + " at d = " + std::to_string(Cfg::D) +
-                                 " needs " + std::to_string(Cfg::kSmemBytes) +
-                                 " bytes of shared memory per block; this device allows " +
-                                 std::to_string(smem_optin));
+    require_shared_memory(Cfg::kSmemBytes, "cuda-tc backward: tile Bc" + std::to_string(Cfg::Bc) +
+                                               "-Br" + std::to_string(Cfg::Br) +
+                                               " at d = " + std::to_string(Cfg::D));
     if constexpr (kTuning) {
         if (p.block_mask.active() || deterministic)
             throw std::invalid_argument("tile: the tuning shapes of cuda-tc's backward have no "

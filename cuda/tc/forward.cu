@@ -15,6 +15,7 @@
 #include "common/tiling.hpp"
 #include "cuda/host/check.hpp"
 #include "cuda/host/device_buffer.hpp"
+#include "cuda/host/prepared.hpp"
 #include "cuda/tc/kernel.cuh"
 #include "cuda/host/tensor_core_eligibility.hpp"
 
@@ -72,15 +73,9 @@ const std::vector<CompiledTile>& compiled_tiles() {
 template <class Cfg, bool kTuning>
 void launch(const KernelParams& params) {
     const AttentionProblem& p = params.problem;
-    int device = 0, smem_optin = 0;
-    FA_CUDA_CHECK(cudaGetDevice(&device));
-    FA_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (Cfg::kSmemBytes > smem_optin)
-        throw std::runtime_error("cuda-tc: tile Br" + std::to_string(Cfg::Br) + "-Bc" +
-                                 std::to_string(Cfg::Bc) + " at d = " + std::to_string(Cfg::D) +
-                                 " needs " + std::to_string(Cfg::kSmemBytes) +
-                                 " bytes of shared memory per block; this device allows " +
-                                 std::to_string(smem_optin));
+    require_shared_memory(Cfg::kSmemBytes, "cuda-tc: tile Br" + std::to_string(Cfg::Br) + "-Bc" +
+                                               std::to_string(Cfg::Bc) +
+                                               " at d = " + std::to_string(Cfg::D));
     auto kernel = tc_forward_kernel<Cfg, false>;
     if (p.block_mask.active()) {
         if constexpr (kTuning)

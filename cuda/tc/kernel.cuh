@@ -1,23 +1,10 @@
 // cuda/tc/kernel.cuh — cuda-tc: FlashAttention-2 forward on tensor cores (fp16 / bf16 Q, K, V;
-// fp32 accumulation, softmax, O and LSE). The kernel and its fp16-specific stages (the stages it
-// shares with the fp32 tensor-core kernels are cuda/stages/mma_stages.cuh); the host side that
-// picks a tile shape and launches it is cuda/tc/forward.cu.
-//
-// FlashAttention-2, Algorithm 1 (forward; Dao 2023, arXiv 2307.08691), and where each line lives.
-//
-//   L3   for 1 <= i <= Tr                          one CTA per (i, b, h)
-//   L4     load Q_i to SRAM                        load_tile, load_q_fragments
-//   L5     O_i = 0, l_i = 0, m_i = -inf            registers, in the kernel
-//   L6     for 1 <= j <= Tc                        the main loop
-//   L7       load K_j, V_j to SRAM                 load_tile (cp.async ring)
-//   L8       S_ij = Q_i K_j^T                      compute_scores (+ mask_scores)
-//   L9       m_new = max(m_i, rowmax(S_ij))        online_softmax
-//            P~_ij = exp(S_ij - m_new)
-//            l_i = e^(m_i - m_new) l_i + rowsum
-//   L10      O_i = e^(m_i - m_new) O_i + P~ V_j    online_softmax (rescale), accumulate_pv (+ P~ V_j)
-//   L12    O_i = O_i / l_i                         write_output
-//   L13    L_i = m_i + log(l_i)                    write_output
-//   L14-15 write O_i, L_i to HBM                   write_output
+// fp32 accumulation, softmax, O and LSE). The loop, the masks, the softmax and the epilogue are
+// cuda/stages/flash_forward.cuh's, written once for cuda-tc and cuda-fa2's 3xTF32 kernel (its
+// header maps FlashAttention-2's Algorithm 1 line by line); this file holds cuda-tc's operand
+// stages: how 16-bit tiles are laid out, copied (L4, L7) and multiplied (L8, L10), gathered in
+// TcForwardOps. The host side that picks a tile shape and launches it is cuda/tc/forward.cu;
+// cuda-tc's backward (cuda/tc/backward_ops.cuh) reuses these stages.
 //
 // What changed from a plain FlashAttention-2 kernel (one thread per query row, fp32 dot products,
 // e.g. cuda-fa2), and why:
@@ -67,6 +54,7 @@
 #include "common/online_softmax.hpp"
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
+#include "cuda/stages/flash_forward.cuh"
 #include "cuda/stages/mma_stages.cuh"
 #include "cuda/ptx/mma_sync.cuh"
 
@@ -220,10 +208,7 @@ __device__ __forceinline__ void accumulate_pv(float (&O)[Cfg::kMTiles][Cfg::D / 
         std::uint32_t a[Cfg::kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-            a[mt][0] = pack2<T>(P[mt][2 * kk][0], P[mt][2 * kk][1]);
-            a[mt][1] = pack2<T>(P[mt][2 * kk][2], P[mt][2 * kk][3]);
-            a[mt][2] = pack2<T>(P[mt][2 * kk + 1][0], P[mt][2 * kk + 1][1]);
-            a[mt][3] = pack2<T>(P[mt][2 * kk + 1][2], P[mt][2 * kk + 1][3]);
+            accumulators_to_a_fragment<T>(a[mt], P[mt][2 * kk], P[mt][2 * kk + 1]);
         }
 #pragma unroll
         for (int dn = 0; dn < Cfg::D / 16; ++dn) {
@@ -240,124 +225,56 @@ __device__ __forceinline__ void accumulate_pv(float (&O)[Cfg::kMTiles][Cfg::D / 
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
-// kBlockMask: whether params.problem has a block mask (a separate instantiation, so that kernels
-// without one carry none of its code). Grid: (Tr, heads, batch). Block: Cfg::kThreads. Dynamic
-// shared memory: Cfg::kSmemBytes, laid out as Q_i (Br x D), then kStages K_j tiles (Bc x D), then
-// kStages V_j tiles. The host checks that seq_q and seq_kv fit in int (tc_check_problem); element
-// offsets are 64-bit.
+
+// cuda-tc's operand stages for the forward written once in cuda/stages/flash_forward.cuh.
+// Shared memory (Cfg::kSmemBytes): Q_i (Br x D), then kStages K_j tiles (Bc x D), then kStages V_j
+// tiles, all swizzled. Q_i's A fragments are kept in registers when they fit (kQInRegisters).
+template <class Cfg_>
+struct TcForwardOps {
+    using Cfg = Cfg_;
+    using Element = typename Cfg::T;  // __half or __nv_bfloat16 (Q already times q_sign)
+    static constexpr bool kExactDifference = false;
+    static constexpr int Bc = Cfg::Bc, D = Cfg::D;
+
+    Element* sQ;
+    Element* sK;
+    Element* sV;
+    int warp, lane;
+    std::uint32_t q[Cfg::kMTiles][D / 16][4];  // Q_i's A fragments (when kQInRegisters)
+
+    __device__ __forceinline__ TcForwardOps(const KernelParams&, void* smem, int warp_, int lane_)
+        : sQ(static_cast<Element*>(smem)),
+          sK(sQ + Cfg::Br * D),
+          sV(sK + Cfg::kStages * Bc * D),
+          warp(warp_),
+          lane(lane_) {}
+
+    __device__ __forceinline__ void load_q(const Element* Q_head, int row_begin, int n) {
+        load_tile<Cfg, Cfg::Br>(sQ, Q_head, row_begin, n);
+    }
+    __device__ __forceinline__ void load_kv(int slot, const Element* K_head, const Element* V_head,
+                                            int key_begin, int n) {
+        load_tile<Cfg, Bc>(sK + slot * Bc * D, K_head, key_begin, n);
+        load_tile<Cfg, Bc>(sV + slot * Bc * D, V_head, key_begin, n);
+    }
+    __device__ __forceinline__ void hold_q() {
+        if constexpr (Cfg::kQInRegisters) load_q_fragments<Cfg>(q, sQ, warp, lane);
+    }
+    __device__ __forceinline__ void scores(float (&S)[Cfg::kMTiles][Bc / 8][4], int slot) const {
+        compute_scores<Cfg>(S, q, sQ, sK + slot * Bc * D, warp, lane);
+    }
+    __device__ __forceinline__ void accumulate_pv(float (&O)[Cfg::kMTiles][D / 8][4],
+                                                  const float (&P)[Cfg::kMTiles][Bc / 8][4],
+                                                  int slot) const {
+        tc::accumulate_pv<Cfg>(O, P, sV + slot * Bc * D, lane);
+    }
+};
+
+// Grid: (Tr, heads, batch). Block: Cfg::kThreads. Dynamic shared memory: Cfg::kSmemBytes.
 template <class Cfg, bool kBlockMask>
 __global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const KernelParams params) {
-    using T = typename Cfg::T;
-    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D, kStages = Cfg::kStages;
-    constexpr int kM = Cfg::kMTiles;
     extern __shared__ uint4 smem[];  // uint4: 16-byte aligned, as cp.async and ldmatrix need
-    T* sQ = reinterpret_cast<T*>(smem);
-    T* sK = sQ + Br * D;
-    T* sV = sK + kStages * Bc * D;
-
-    const AttentionProblem& p = params.problem;
-    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-    const int seq_q = int(p.seq_q), seq_kv = int(p.seq_kv);
-
-    // FA2 L3: this CTA is iteration i of the outer loop, for head h of batch b. Under a causal
-    // mask later query tiles see more keys: start those first, so the short ones fill the tail.
-    const int Tr = int(gridDim.x);
-    const int i = p.causal ? Tr - 1 - int(blockIdx.x) : int(blockIdx.x);
-    const std::int64_t h = blockIdx.y, b = blockIdx.z;
-    const int row_begin = i * Br, row_end = min(row_begin + Br, seq_q);
-    const TileRange rows = {row_begin, row_end};
-    const int warp_begin = min(row_begin + warp * Cfg::kWarpRows, row_end);
-    const TileRange warp_rows = {warp_begin, min(warp_begin + Cfg::kWarpRows, row_end)};
-    const T* Q_head = static_cast<const T*>(params.Q) + p.q_offset(b, h);
-    const T* K_head = static_cast<const T*>(params.K) + p.kv_offset(b, h);  // GQA: head h / group
-    const T* V_head = static_cast<const T*>(params.V) + p.kv_offset(b, h);
-
-    // FA2 L6's range: causal masking hides every key tile past the last row's diagonal.
-    int Tc_seen = int(tile_count(seq_kv, Bc));
-    if (p.causal) {
-        const std::int64_t last_key = row_end - 1 + p.causal_offset();
-        Tc_seen = last_key < 0 ? 0 : int(min(std::int64_t(Tc_seen), last_key / Bc + 1));
-    }
-
-    // FA2 L4 (issued): Q_i -> shared memory, cp.async group 0.
-    load_tile<Cfg, Br>(sQ, Q_head, row_begin, seq_q);
-    cp_async_commit();
-    // FA2 L7 (issued ahead): the first kStages - 1 visible tiles K_j, V_j, one group each. Every
-    // thread commits a group per slot even when there is nothing left to load, so that "wait
-    // until at most N groups are pending" always means the same tile.
-    int j_load = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc);
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (j_load < Tc_seen) {
-            load_tile<Cfg, Bc>(sK + s * Bc * D, K_head, j_load * Bc, seq_kv);
-            load_tile<Cfg, Bc>(sV + s * Bc * D, V_head, j_load * Bc, seq_kv);
-            j_load = mma::next_key_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
-        }
-        cp_async_commit();
-    }
-
-    // FA2 L4 (completed): wait for Q_i alone; for d kMTiles <= 128 keep it in registers.
-    cp_async_wait<kStages - 1>();
-    __syncthreads();
-    std::uint32_t q[kM][D / 16][4];
-    if constexpr (Cfg::kQInRegisters) load_q_fragments<Cfg>(q, sQ, warp, lane);
-
-    // FA2 L5: O_i = 0, l_i = 0, m_i = -inf, for the warp's rows, in registers.
-    float O[kM][D / 8][4];
-    float m[kM][2], l[kM][2];
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt) {
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) O[mt][dt][e] = 0.0f;
-        m[mt][0] = m[mt][1] = -INFINITY;
-        l[mt][0] = l[mt][1] = 0.0f;
-    }
-
-    int stage = 0;  // ring slot of tile j
-    // FA2 L6: for each key tile j that the CTA can see.
-    for (int j = mma::next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc); j < Tc_seen;
-         j = mma::next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc)) {
-        // FA2 L7: tile j has landed (at most kStages - 2 younger groups still in flight), and the
-        // barrier makes it visible to all warps -- and tells us every warp is done with the slot
-        // used in the previous iteration, which the next copy may now overwrite.
-        cp_async_wait<kStages - 2>();
-        __syncthreads();
-        const int slot = (stage + kStages - 1) % kStages;
-        if (j_load < Tc_seen) {
-            load_tile<Cfg, Bc>(sK + slot * Bc * D, K_head, j_load * Bc, seq_kv);
-            load_tile<Cfg, Bc>(sV + slot * Bc * D, V_head, j_load * Bc, seq_kv);
-            j_load = mma::next_key_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
-        }
-        cp_async_commit();
-
-        // The warp's own rows may see less of the tile than the CTA's (the causal diagonal).
-        const int col_begin = j * Bc, col_end = min(col_begin + Bc, seq_kv);
-        const TileVisibility seen = warp_rows.size() > 0
-                                        ? mma::visibility<kBlockMask>(p, warp_rows, TileRange{col_begin, col_end})
-                                        : TileVisibility::none;
-        if (seen != TileVisibility::none) {
-            float S[kM][Bc / 8][4];
-            compute_scores<Cfg>(S, q, sQ, sK + stage * Bc * D, warp, lane);  // FA2 L8
-            if (seen == TileVisibility::partial || col_end - col_begin < Bc) {
-#pragma unroll
-                for (int mt = 0; mt < kM; ++mt)
-                    mma::mask_scores<Cfg, kBlockMask>(S[mt], p, warp_begin + 16 * mt, col_begin, lane);
-            }
-#pragma unroll
-            for (int mt = 0; mt < kM; ++mt)  // FA2 L9, L10 (rescale)
-                mma::online_softmax<Cfg>(S[mt], m[mt], l[mt], O[mt], params.scale_log2);
-            accumulate_pv<Cfg>(O, S, sV + stage * Bc * D, lane);  // FA2 L10 (+ P~ V_j)
-        }
-        stage = (stage + 1) % kStages;
-    }
-
-    // FA2 L12-L15.
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
-        if (warp_begin + 16 * mt < row_end)
-            mma::write_output<Cfg>(O[mt], m[mt], l[mt], params, warp_begin + 16 * mt, b, h, lane);
+    mma::flash_forward<TcForwardOps<Cfg>, kBlockMask>(params, smem);
 }
 
 }  // namespace flashattn::tc

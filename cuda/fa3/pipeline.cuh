@@ -1,0 +1,105 @@
+// cuda/fa3/pipeline.cuh — the pipeline cuda-fa3's kernel (cuda/fa3/kernel.cuh) runs on, apart from
+// the algorithm: the mbarriers of the producer/consumer ring, where a thread is in that ring, the
+// persistent schedule of work tiles, and the ping-pong turns of the consumer warpgroups.
+// FlashAttention-3 (Shah et al., 2024, arXiv 2407.08608) Sections 3.1 (warp specialization, the
+// ring) and 3.2 (ping-pong); the instructions are cuda/ptx/hopper.cuh's.
+#pragma once
+
+#include <cstdint>
+
+#include "common/problem.hpp"
+#include "common/tiling.hpp"
+#include "cuda/ptx/hopper.cuh"
+
+namespace flashattn::fa3 {
+
+// The ring's barriers (mbarriers in shared memory, after the tiles).
+template <int kStages>
+struct Fa3Barriers {
+    std::uint64_t q;                // Q_i (and `item` below) of the next work tile have landed
+    std::uint64_t q_empty;          // every consumer thread is done with Q_i and has read `item`
+    std::uint64_t k_full[kStages];  // K_j in slot s has landed
+    std::uint64_t v_full[kStages];  // V_j in slot s has landed
+    // Every consumer thread is done with K_j (after S) or V_j (after P V) in slot s: released
+    // apart, since the overlapped loop is done with K_j a tile earlier than with V_j.
+    std::uint64_t k_empty[kStages];
+    std::uint64_t v_empty[kStages];
+    int item;  // the work tile the producer took next (written before `q` is signalled), or -1
+
+    // By one thread, before the CTA's first __syncthreads: a "full" barrier waits for the
+    // producer's one arrival (with the bytes of its copy), an "empty" one for every consumer
+    // thread's.
+    __device__ void init(int consumer_threads) {
+        hopper::mbarrier_init(&q, 1);
+        hopper::mbarrier_init(&q_empty, consumer_threads);
+        for (int s = 0; s < kStages; ++s) {
+            hopper::mbarrier_init(&k_full[s], 1);
+            hopper::mbarrier_init(&v_full[s], 1);
+            hopper::mbarrier_init(&k_empty[s], consumer_threads);
+            hopper::mbarrier_init(&v_empty[s], consumer_threads);
+        }
+        hopper::fence_barrier_init();
+    }
+};
+
+// Where the producer and a consumer are in the ring: slot `stage`, and the parity of the slot's
+// current use (it flips each time the ring wraps).
+struct RingPosition {
+    int stage = 0;
+    std::uint32_t phase = 0;
+    template <int kStages>
+    __device__ void advance() {
+        if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+};
+
+// A work tile of the persistent schedule: query tile i of head h, batch b; its rows; the key
+// tiles the CTA's rows can see (FA2 Algorithm 1 line 6's range, cut by the causal mask). Numbered
+// as a (Tr, heads, batch) grid would be, query tiles fastest, so that CTAs working at the same time
+// share a head's K and V in L2; under a causal mask the later query tiles (more keys) first.
+struct WorkTile {
+    int i;
+    std::int64_t h, b;
+    TileRange rows;
+    int Tc_seen;
+};
+template <int Br, int Bc>
+__device__ __forceinline__ WorkTile work_tile(const AttentionProblem& p, int Tr, int item) {
+    WorkTile t;
+    const int head_of_all = item / Tr;
+    t.i = int(longest_first(p.causal, item % Tr, Tr));
+    t.h = head_of_all % p.heads;
+    t.b = head_of_all / p.heads;
+    const int row_begin = t.i * Br;
+    t.rows = {row_begin, min(row_begin + Br, int(p.seq_q))};
+    t.Tc_seen = int(causal_key_tiles(p, t.rows, Bc).seen);
+    return t;
+}
+
+// The named barriers (bar.sync ids) the kernel uses beside __syncthreads' barrier 0: consumer
+// warpgroup w's turn to issue its products is barrier kTurn + w.
+enum NamedBarrier : int { kSyncThreads = 0, kTurn = 1 };
+
+// Ping-pong (FA3 Section 3.2): consumer warpgroup w waits for its turn (begin), issues its
+// products, and hands the turn to the other (end); warpgroup 1 first hands warpgroup 0 the opening
+// turn. Both take the same number of turns, and warpgroup 0 takes the last hand-over (finish), so
+// every barrier use is matched. kThreads: the threads of both consumer warpgroups, which meet at
+// each turn's barrier.
+template <bool kEnabled, int kThreads>
+struct Turns {
+    int mine, other;
+    __device__ explicit Turns(int cg) : mine(kTurn + cg), other(kTurn + 1 - cg) {
+        if (kEnabled && cg == 1) hopper::named_barrier_arrive(other, kThreads);
+    }
+    __device__ void begin() const {
+        if (kEnabled) hopper::named_barrier_sync(mine, kThreads);
+    }
+    __device__ void end() const {
+        if (kEnabled) hopper::named_barrier_arrive(other, kThreads);
+    }
+    __device__ void finish() const {
+        if (kEnabled && mine == kTurn) hopper::named_barrier_sync(mine, kThreads);
+    }
+};
+
+}  // namespace flashattn::fa3
