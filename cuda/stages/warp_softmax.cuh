@@ -30,7 +30,7 @@ __device__ inline float lanes_sum(float x) {
     return x;
 }
 
-// (m, l) of a whole warp from each lane's (m, l): eqs. 17/18 applied as a tree.
+// (m, l) of a whole warp from each lane's (m, l): docs/online_softmax.md's eqs. 17/18 as a tree.
 __device__ inline SoftmaxState warp_merge(SoftmaxState s) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) {

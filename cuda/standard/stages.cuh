@@ -36,8 +36,8 @@ static __global__ void softmax_rows_kernel(const AttentionProblem p, float* __re
         return masked && !p.key_visible(i, j) ? neg_infinity() : s;
     };
 
-    // m = max_j S_ij and l = sum_j exp(S_ij - m) in one pass: every key is a block of one
-    // element, (m, l) = (s, 1), merged into the lane's running state (eqs. 17/18).
+    // m = max_j S_ij and l = sum_j exp(S_ij - m) in one pass: every key is a block of one element,
+    // (m, l) = (s, 1), merged into the lane's running state (eqs. 17/18 of docs/online_softmax.md).
     SoftmaxState state;
     for (std::int64_t j = lane; j < p.seq_kv; j += 32) {
         const float s = score(j);
