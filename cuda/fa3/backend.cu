@@ -97,7 +97,7 @@ void launch(const KernelParams& base, DType dtype, int* next_item) {
     FA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     // One CTA per SM (the registers allow no more), each taking work tiles until none is left.
-    const int grid = std::min(params.items, device_limits().sm_count);
+    const int grid = std::min(params.items, cuda::device_limits().sm_count);
     FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int)));
     kernel<<<grid, Cfg::kThreads, kSmem>>>(params);
     FA_CUDA_CHECK_LAUNCH();

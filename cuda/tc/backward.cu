@@ -74,9 +74,10 @@ void launch_kernel(const BackwardParams& params, cudaStream_t stream) {
 template <class Cfg, bool kTuning>
 void launch(const BackwardParams& params, bool deterministic, cudaStream_t stream) {
     const AttentionProblem& p = params.problem;
-    require_shared_memory(Cfg::kSmemBytes, "cuda-tc backward: tile Bc" + std::to_string(Cfg::Bc) +
-                                               "-Br" + std::to_string(Cfg::Br) +
-                                               " at d = " + std::to_string(Cfg::D));
+    cuda::require_shared_memory(Cfg::kSmemBytes, "cuda-tc backward: tile Bc" +
+                                                      std::to_string(Cfg::Bc) + "-Br" +
+                                                      std::to_string(Cfg::Br) +
+                                                      " at d = " + std::to_string(Cfg::D));
     if constexpr (kTuning) {
         if (p.block_mask.active() || deterministic)
             throw std::invalid_argument("tile: the tuning shapes of cuda-tc's backward have no "

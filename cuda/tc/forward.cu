@@ -73,9 +73,9 @@ const std::vector<CompiledTile>& compiled_tiles() {
 template <class Cfg, bool kTuning>
 void launch(const KernelParams& params) {
     const AttentionProblem& p = params.problem;
-    require_shared_memory(Cfg::kSmemBytes, "cuda-tc: tile Br" + std::to_string(Cfg::Br) + "-Bc" +
-                                               std::to_string(Cfg::Bc) +
-                                               " at d = " + std::to_string(Cfg::D));
+    cuda::require_shared_memory(Cfg::kSmemBytes, "cuda-tc: tile Br" + std::to_string(Cfg::Br) +
+                                                      "-Bc" + std::to_string(Cfg::Bc) +
+                                                      " at d = " + std::to_string(Cfg::D));
     auto kernel = tc_forward_kernel<Cfg, false>;
     if (p.block_mask.active()) {
         if constexpr (kTuning)
