@@ -17,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BASE_SRC=$(realpath "${1:?usage: same_bits_check.sh BASE_SOURCE_DIR DEPS_PREFIX}")
-DEPS=$(realpath "${2:?usage: same_bits_check.sh BASE_SOURCE_DIR DEPS_PREFIX}")
+export DEPS=$(realpath "${2:?usage: same_bits_check.sh BASE_SOURCE_DIR DEPS_PREFIX}")
 OUT=${OUT:-$PWD/build/same_bits}
 PHASES=${PHASES:-build tests bits speed}
 REPEAT=${REPEAT:-20}
