@@ -3,14 +3,26 @@
 // one in its error, reshapes (N, d) to (1, 1, N, d) and handles PyTorch tensors; this file takes
 // C-contiguous float32 arrays of shape (B, H, N, d) and runs one backend on them.
 //
+// This module is importable on its own (flashattn._flashattn), so it trusts nothing it is given:
+// every array is checked against the problem (a backend reads exactly the elements the problem
+// says, so a short V or a K of another head dimension would be read past its end), the problem
+// against validate() (common/problem.hpp), and a block mask against its (Tr, Tc) tile grid, before
+// any backend runs. The device entries take addresses, whose sizes cannot be checked here: the
+// Python layer checks the tensors' shapes, calls validate_problem before any copy or CUDA work,
+// and allocates the outputs itself.
+//
 // Errors: the library's std::invalid_argument becomes ValueError, std::runtime_error RuntimeError
-// (pybind11's standard translation). The GIL is released while a backend computes, so other
-// Python threads run meanwhile; the arrays stay alive because the call holds them.
+// (pybind11's standard translation); an argument of the wrong type is pybind11's TypeError. The GIL
+// is released while a backend computes, so other Python threads run meanwhile; the arrays stay
+// alive because the call holds them.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,28 +37,71 @@ namespace {
 using FloatArray = py::array_t<float, py::array::c_style>;
 using MaskArray = py::array_t<std::uint8_t, py::array::c_style>;
 
-// The problem of (B, H, N_q, d) queries and (B, H_kv, N_kv, d) keys and values.
+std::vector<std::int64_t> shape_of(const py::array& a) {
+    return std::vector<std::int64_t>(a.shape(), a.shape() + a.ndim());
+}
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+    std::string s = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i)
+        s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + (shape.size() == 1 ? ",)" : ")");  // Python's spelling of a 1-tuple
+}
+
+// Throws std::invalid_argument unless `a` has exactly `expected` as its shape.
+void require_shape(const char* name, const py::array& a,
+                   const std::vector<std::int64_t>& expected) {
+    if (shape_of(a) != expected)
+        throw std::invalid_argument(std::string(name) + " has shape " + shape_string(shape_of(a)) +
+                                    ": must be " + shape_string(expected));
+}
+
+// The softmax scale as the library's float: NaN stays NaN (the default 1/sqrt(d)); a value float32
+// cannot hold is refused with the value as given (a plain cast would turn 1e39 into inf, and the
+// message would then show inf instead of what the caller wrote).
+float checked_scale(double scale) {
+    if (std::isnan(scale)) return std::numeric_limits<float>::quiet_NaN();
+    if (!(std::fabs(scale) <= double(std::numeric_limits<float>::max()))) {
+        char given[32];  // the shortest spelling that reads back as the same double: "1e+39"
+        *std::to_chars(given, given + sizeof given - 1, scale).ptr = '\0';
+        throw std::invalid_argument(std::string("scale = ") + given +
+                                    ": must be finite and at most 3.4028235e+38 in magnitude "
+                                    "(float32's largest value)");
+    }
+    return static_cast<float>(scale);
+}
+
+// The problem of (B, H, N_q, d) queries and (B, H_kv, N_kv, d) keys; k must match q in B and d.
 AttentionProblem problem_of(const FloatArray& q, const FloatArray& k, bool causal, double scale) {
-    if (q.ndim() != 4 || k.ndim() != 4)
-        throw std::invalid_argument("q and k must be 4-dimensional (B, H, N, d) here");
+    if (q.ndim() != 4)
+        throw std::invalid_argument("q has shape " + shape_string(shape_of(q)) +
+                                    ": must be 4-dimensional (B, H, N_q, d) here");
+    if (k.ndim() != 4)
+        throw std::invalid_argument("k has shape " + shape_string(shape_of(k)) +
+                                    ": must be 4-dimensional (B, H_kv, N_kv, d) here");
     AttentionProblem p;
     p.batch = q.shape(0), p.heads = q.shape(1), p.seq_q = q.shape(2), p.dim = q.shape(3);
     p.heads_kv = k.shape(1), p.seq_kv = k.shape(2);
     p.causal = causal;
-    p.scale = static_cast<float>(scale);  // NaN: the default 1/sqrt(d)
+    p.scale = checked_scale(scale);
+    require_shape("k", k, {p.batch, p.heads_kv, p.seq_kv, p.dim});
     return p;
 }
 
 // Adds the block mask of Algorithm 5 (its own block size mask_block_q x mask_block_kv), then
-// validates the problem (std::invalid_argument, so ValueError).
+// validates the problem (std::invalid_argument, so ValueError) and the mask's size: a backend
+// reads entry (i / Br, j / Bc) of a (Tr, Tc) array for every visible pair (i, j).
 AttentionProblem with_mask(AttentionProblem p, const std::optional<MaskArray>& mask,
                            std::int64_t mask_block_q, std::int64_t mask_block_kv) {
     if (mask) p.block_mask = {mask->data(), mask_block_q, mask_block_kv};
     validate(p);
+    if (mask)
+        require_shape("block_mask", *mask,
+                      {ceil_div(p.seq_q, mask_block_q), ceil_div(p.seq_kv, mask_block_kv)});
     return p;
 }
 
-std::vector<py::ssize_t> shape_of(const FloatArray& a) {
+std::vector<py::ssize_t> array_shape(const FloatArray& a) {
     return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
 }
 
@@ -56,9 +111,10 @@ py::tuple attention(const FloatArray& q, const FloatArray& k, const FloatArray& 
                     std::int64_t mask_block_kv, const std::string& dtype_name) {
     const AttentionProblem p =
         with_mask(problem_of(q, k, causal, scale), mask, mask_block_q, mask_block_kv);
+    require_shape("v", v, shape_of(k));
     const Backend& backend = find_backend(backend_name);
     const DType dtype = parse_dtype(dtype_name);
-    FloatArray O(shape_of(q));
+    FloatArray O(array_shape(q));
     FloatArray lse(std::vector<py::ssize_t>{p.batch, p.heads, p.seq_q});
     {
         py::gil_scoped_release release;
@@ -76,10 +132,14 @@ py::tuple attention_backward(const FloatArray& q, const FloatArray& k, const Flo
                              std::int64_t mask_block_kv, const std::string& dtype_name) {
     const AttentionProblem p =
         with_mask(problem_of(q, k, causal, scale), mask, mask_block_q, mask_block_kv);
+    require_shape("v", v, shape_of(k));
+    require_shape("o", o, shape_of(q));
+    require_shape("do", dO, shape_of(q));
+    require_shape("lse", lse, {p.batch, p.heads, p.seq_q});
     const Backend& backend = find_backend(backend_name);
     require_backward(backend);
     const DType dtype = parse_dtype(dtype_name);
-    FloatArray dQ(shape_of(q)), dK(shape_of(k)), dV(shape_of(v));
+    FloatArray dQ(array_shape(q)), dK(array_shape(k)), dV(array_shape(v));
     {
         py::gil_scoped_release release;
         const BackwardInputs in{q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data()};
@@ -101,13 +161,24 @@ AttentionProblem device_problem(const Shape& s, bool causal, double scale) {
     p.batch = s.B, p.heads = s.H, p.heads_kv = s.Hkv, p.seq_q = s.Nq, p.seq_kv = s.Nkv,
     p.dim = s.d;
     p.causal = causal;
-    p.scale = static_cast<float>(scale);
+    p.scale = checked_scale(scale);
     return p;
 }
 
+// The array at `address`; 0 (a null pointer) is refused naming the array. Nothing else about a
+// device address can be checked from here.
 template <class T>
-T* pointer(std::uintptr_t address) {
+T* pointer(std::uintptr_t address, const char* name) {
+    require_array(reinterpret_cast<const void*>(address), name);
     return reinterpret_cast<T*>(address);
+}
+
+// The problem a call describes, validated with its block mask: the Python layer calls this before
+// it copies an array or allocates anything on the GPU, so a bad call fails before any such work.
+void validate_problem(const Shape& shape, bool causal, double scale,
+                          const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
+                          std::int64_t mask_block_kv) {
+    with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
 }
 
 const Backend& device_backend(const std::string& name, bool backward) {
@@ -128,11 +199,13 @@ void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std:
                       std::uintptr_t stream, const std::string& dtype_name) {
     const AttentionProblem p =
         with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
-    const Backend& backend = device_backend(backend_name, false);
     DeviceForward a;
-    a.Q = pointer<const void>(q), a.K = pointer<const void>(k), a.V = pointer<const void>(v);
-    a.O = pointer<float>(o), a.lse = pointer<float>(lse);
-    a.stream = pointer<void>(stream), a.dtype = parse_dtype(dtype_name);
+    a.Q = pointer<const void>(q, "q"), a.K = pointer<const void>(k, "k");
+    a.V = pointer<const void>(v, "v");
+    a.O = pointer<float>(o, "o"), a.lse = pointer<float>(lse, "lse");
+    a.stream = reinterpret_cast<void*>(stream);  // 0 is the default stream
+    a.dtype = parse_dtype(dtype_name);
+    const Backend& backend = device_backend(backend_name, false);
     py::gil_scoped_release release;
     backend.run_device(p, a);
 }
@@ -147,12 +220,15 @@ void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_
                                const std::string& dtype_name) {
     const AttentionProblem p =
         with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
-    const Backend& backend = device_backend(backend_name, true);
     DeviceBackward a;
-    a.Q = pointer<const void>(q), a.K = pointer<const void>(k), a.V = pointer<const void>(v);
-    a.dO = pointer<const void>(dO), a.O = pointer<const float>(o), a.lse = pointer<const float>(lse);
-    a.dQ = pointer<float>(dQ), a.dK = pointer<float>(dK), a.dV = pointer<float>(dV);
-    a.stream = pointer<void>(stream), a.dtype = parse_dtype(dtype_name);
+    a.Q = pointer<const void>(q, "q"), a.K = pointer<const void>(k, "k");
+    a.V = pointer<const void>(v, "v"), a.dO = pointer<const void>(dO, "do");
+    a.O = pointer<const float>(o, "o"), a.lse = pointer<const float>(lse, "lse");
+    a.dQ = pointer<float>(dQ, "dq"), a.dK = pointer<float>(dK, "dk");
+    a.dV = pointer<float>(dV, "dv");
+    a.stream = reinterpret_cast<void*>(stream);  // 0 is the default stream
+    a.dtype = parse_dtype(dtype_name);
+    const Backend& backend = device_backend(backend_name, true);
     py::gil_scoped_release release;
     backend.run_backward_device(p, a);
 }
@@ -184,6 +260,7 @@ PYBIND11_MODULE(_flashattn, m) {
     py::class_<python::Shape>(m, "Shape")
         .def(py::init<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                       std::int64_t>());
+    m.def("validate", &python::validate_problem);
     m.def("attention_device", &python::attention_device);
     m.def("attention_backward_device", &python::attention_backward_device);
 }

@@ -16,10 +16,14 @@ Conventions (the library's, docs/design.md):
   * a row with no visible key gives O = 0 and LSE = -inf (and zero gradients), never NaN;
   * LSE = log(sum_j exp(S_ij)), natural log, shape (B, H, N_q) or (N_q,);
   * block_mask (Algorithm 5): a (Tr, Tc) array of 0/1 over blocks of block_size = (Br, Bc) rows and
-    keys, Tr = ceil(N_q / Br), Tc = ceil(N_kv / Bc); a 0 block is skipped entirely.
+    keys, Tr = ceil(N_q / Br), Tc = ceil(N_kv / Bc); a 0 block is skipped entirely. bool or uint8:
+    a NumPy array, nested lists, or a tensor on any device (it is read on the host).
 
 Errors: TypeError for an argument of the wrong type or dtype, ValueError for a wrong shape, size or
-value (each message names the argument), RuntimeError for a failure inside a backend.
+value (each message names the argument), RuntimeError for a failure inside a backend (out of
+memory: the message says how many bytes, for what). Arguments are checked before any array is
+copied and before any CUDA work, the same way for NumPy arrays, CPU and CUDA tensors; the scale
+must be finite and within float32's range, block sizes within int64.
 
 CUDA tensors run where they are, no copy to the host: float32 on cuda-fa2, float16 and bfloat16 on
 cuda-tc (tensor cores; fp32 accumulation, softmax and gradients, rounded to the input's dtype at
@@ -51,32 +55,54 @@ def backend_info():
 
 
 # --- argument checks --------------------------------------------------------------------------
+#
+# Every check runs before any array is copied and before any CUDA call, so a bad call costs
+# nothing and raises TypeError (wrong type or dtype) or ValueError (wrong shape, size or value)
+# naming the argument, whatever the arrays are: NumPy, CPU tensors or CUDA tensors. The last
+# check is the library's own (_C.validate, the rules of common/problem.hpp), on shapes alone.
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_INT64_MAX = 2**63 - 1  # the C++ side's std::int64_t
+
+
+def _shown(value):
+    """repr(value) for a message, shortened: 2**2000 is shown as its first digits and its length."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
+def _check_shape(name, shape):
+    """(B, H, N, d) or (N, d), every dimension at least 1 (ValueError)."""
+    shape = tuple(shape)
+    if len(shape) not in (2, 4):
+        raise ValueError(f"{name} has shape {shape}: must be (B, H, N, d) or (N, d)")
+    if min(shape) < 1:
+        raise ValueError(f"{name} has shape {shape}: every dimension must be at least 1")
+    return shape
 
 
 def _check_array(name, x):
+    """A NumPy float32 array of rank 2 or 4 (any strides and byte order: copied when called)."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray or a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != np.float32:
+    if x.dtype.kind != "f" or x.dtype.itemsize != 4:
         raise TypeError(f"{name}.dtype is {x.dtype}: pass float32 ({name}.astype(numpy.float32))")
-    if x.ndim not in (2, 4):
-        raise ValueError(f"{name} has shape {x.shape}: must be (B, H, N, d) or (N, d)")
-    if x.size == 0:
-        raise ValueError(f"{name} has shape {x.shape}: every dimension must be at least 1")
-    return np.ascontiguousarray(x)
+    _check_shape(name, x.shape)
+    return x
 
 
-def _as_4d(x):
-    return x.reshape(1, 1, *x.shape) if x.ndim == 2 else x
+def _as_4d(shape):
+    return (1, 1, *shape) if len(shape) == 2 else tuple(shape)
 
 
 def _check_shapes(qs, ks, vs):
-    """q, k, v shapes as (B, H, N, d) or (N, d), consistent with each other (ValueError)."""
+    """q, k, v shapes (each already (B, H, N, d) or (N, d)) consistent with each other
+    (ValueError); returns the (B, H, N, d) shapes of q and of k, v."""
     if not len(qs) == len(ks) == len(vs):
         raise ValueError(f"q, k, v have {len(qs)}, {len(ks)}, {len(vs)} dimensions: must be equal")
     if tuple(ks) != tuple(vs):
         raise ValueError(f"k has shape {tuple(ks)} and v {tuple(vs)}: they must be equal")
-    Q = (1, 1, *qs) if len(qs) == 2 else tuple(qs)
-    K = (1, 1, *ks) if len(ks) == 2 else tuple(ks)
+    Q, K = _as_4d(qs), _as_4d(ks)
     if Q[0] != K[0]:
         raise ValueError(f"batch of q ({Q[0]}) and of k, v ({K[0]}) differ")
     if Q[3] != K[3]:
@@ -87,20 +113,34 @@ def _check_shapes(qs, ks, vs):
     return Q, K
 
 
-def _check_qkv(q, k, v):
-    q, k, v = _check_array("q", q), _check_array("k", k), _check_array("v", v)
-    _check_shapes(q.shape, k.shape, v.shape)
-    return q, k, v
+def _check_like_q(q, named):
+    """The backward's o and do: q's shape (ValueError)."""
+    for name, x in named:
+        if tuple(x.shape) != tuple(q.shape):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}: must be q's shape "
+                             f"{tuple(q.shape)}")
+
+
+def _check_lse_shape(lse, q):
+    if tuple(lse.shape) != tuple(q.shape[:-1]):
+        raise ValueError(f"lse has shape {tuple(lse.shape)}: must be q's shape without d, "
+                         f"{tuple(q.shape[:-1])}")
 
 
 def _check_scale(scale):
     if scale is None:
         return math.nan  # the library's "default": 1/sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale = {scale}: must be finite")
-    return float(scale)
+    try:
+        value = float(scale)
+    except OverflowError:  # an int or Fraction beyond any double, such as 2**2000
+        value = math.inf
+    # The library computes in float32: a scale beyond its range would become inf on the way.
+    if not abs(value) <= _FLOAT32_MAX:  # also NaN
+        raise ValueError(f"scale = {_shown(scale)}: must be finite and at most 3.4028235e+38 in "
+                         f"magnitude (float32's largest value)")
+    return value
 
 
 def _check_backend(backend):
@@ -114,24 +154,46 @@ def _check_backend(backend):
     return backend
 
 
+def _check_block_size(block_size):
+    """(Br, Bc) as two ints in [1, 2**63 - 1] (the C++ side's int64)."""
+    try:
+        Br, Bc = block_size
+    except (TypeError, ValueError):
+        raise TypeError(f"block_size must be a pair of ints (Br, Bc), got {_shown(block_size)}"
+                        ) from None
+    for name, value in (("block_size[0]", Br), ("block_size[1]", Bc)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not 1 <= value <= _INT64_MAX:
+            raise ValueError(f"{name} = {_shown(value)}: must be in [1, 2**63 - 1]")
+    return int(Br), int(Bc)
+
+
+def _mask_array(block_mask):
+    """block_mask as a NumPy array (a torch tensor is brought to the host: it is small)."""
+    torch = _torch()
+    if torch is not None and isinstance(block_mask, torch.Tensor):
+        if block_mask.layout != torch.strided:
+            raise TypeError(f"block_mask is a {block_mask.layout} tensor: must be dense "
+                            f"(torch.strided)")
+        return block_mask.detach().cpu().numpy()
+    try:
+        return np.asarray(block_mask)
+    except (TypeError, ValueError) as error:  # a ragged list, an object NumPy cannot read
+        raise TypeError(f"block_mask must be a (Tr, Tc) array of 0/1, got "
+                        f"{type(block_mask).__name__}: {error}") from None
+
+
 def _check_mask(block_mask, block_size, Nq, Nkv):
-    """The mask as C-contiguous uint8 and its block size (0, 0 without a mask)."""
+    """The mask as C-contiguous uint8 and its block size (None, 0, 0 without a mask)."""
     if block_mask is None:
         if block_size is not None:
             raise ValueError("block_size is the block size of block_mask: give block_mask too")
         return None, 0, 0
     if block_size is None:
         raise ValueError("block_mask needs block_size = (Br, Bc), the rows and keys of a block")
-    try:
-        Br, Bc = block_size
-    except (TypeError, ValueError):
-        raise TypeError(f"block_size must be a pair of ints (Br, Bc), got {block_size!r}") from None
-    for name, value in (("block_size[0]", Br), ("block_size[1]", Bc)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 1:
-            raise ValueError(f"{name} = {value}: must be at least 1")
-    mask = np.asarray(block_mask)
+    Br, Bc = _check_block_size(block_size)
+    mask = _mask_array(block_mask)
     if mask.dtype not in (np.bool_, np.uint8):
         raise TypeError(f"block_mask.dtype is {mask.dtype}: must be bool or uint8")
     Tr, Tc = -(-Nq // Br), -(-Nkv // Bc)
@@ -141,7 +203,7 @@ def _check_mask(block_mask, block_size, Nq, Nkv):
     mask = np.ascontiguousarray(mask.astype(np.uint8))
     if mask.max(initial=0) > 1:
         raise ValueError("block_mask entries must be 0 or 1")
-    return mask, int(Br), int(Bc)
+    return mask, Br, Bc
 
 
 def _check_bool(name, value):
@@ -150,38 +212,59 @@ def _check_bool(name, value):
     return bool(value)
 
 
-# --- NumPy ----------------------------------------------------------------------------------
+def _check_options(Q, K, causal, scale, block_mask, block_size):
+    """causal, scale and the block mask for (B, H, N, d) shapes Q and K, then the whole problem by
+    the library's own rules (_C.validate: d in [1, 256], sizes, ...), on shapes alone."""
+    causal, scale = _check_bool("causal", causal), _check_scale(scale)
+    mask, Br, Bc = _check_mask(block_mask, block_size, Q[2], K[2])
+    _C.validate(_C.Shape(Q[0], Q[1], K[1], Q[2], K[2], Q[3]), causal, scale, mask, Br, Bc)
+    return causal, scale, mask, Br, Bc
 
 
-def _numpy_attention(q, k, v, causal, scale, backend, block_mask, block_size, dtype="f32"):
-    q, k, v = _check_qkv(q, k, v)
-    Q, K, V = _as_4d(q), _as_4d(k), _as_4d(v)
-    mask, Br, Bc = _check_mask(block_mask, block_size, Q.shape[2], K.shape[2])
-    O, L = _C.attention(Q, K, V, _check_bool("causal", causal), _check_scale(scale),
-                        _check_backend(backend), mask, Br, Bc, dtype)
+# --- on the host: NumPy arrays and CPU tensors ------------------------------------------------
+
+
+def _host_attention(Q, K, V, shapes, options, backend, dtype):
+    """Runs the forward on float32 C-contiguous host arrays, shapes = (Q's, K's) in 4-D."""
+    Qs, Ks = shapes
+    return _C.attention(Q.reshape(Qs), K.reshape(Ks), V.reshape(Ks), *options[:2], backend,
+                        *options[2:], dtype)
+
+
+def _host_backward(Q, K, V, O, L, dO, shapes, options, backend, dtype):
+    Qs, Ks = shapes
+    return _C.attention_backward(Q.reshape(Qs), K.reshape(Ks), V.reshape(Ks), O.reshape(Qs),
+                                 L.reshape(Qs[:3]), dO.reshape(Qs), *options[:2], backend,
+                                 *options[2:], dtype)
+
+
+def _float32(x):
+    return np.ascontiguousarray(x, dtype=np.float32)  # also native byte order
+
+
+def _numpy_attention(q, k, v, causal, scale, backend, block_mask, block_size):
+    q, k, v = _check_array("q", q), _check_array("k", k), _check_array("v", v)
+    shapes = _check_shapes(q.shape, k.shape, v.shape)
+    options = _check_options(*shapes, causal, scale, block_mask, block_size)
+    backend = _check_backend(backend)
+    O, L = _host_attention(_float32(q), _float32(k), _float32(v), shapes, options, backend, "f32")
     return O.reshape(q.shape), L.reshape(q.shape[:-1])
 
 
-def _numpy_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size,
-                    dtype="f32"):
-    q, k, v = _check_qkv(q, k, v)
+def _numpy_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
+    q, k, v = _check_array("q", q), _check_array("k", k), _check_array("v", v)
     o, do = _check_array("o", o), _check_array("do", do)
-    for name, x in (("o", o), ("do", do)):
-        if x.shape != q.shape:
-            raise ValueError(f"{name} has shape {x.shape}: must be q's shape {q.shape}")
     if not isinstance(lse, np.ndarray):
         raise TypeError(f"lse must be a numpy.ndarray or a torch.Tensor, got {type(lse).__name__}")
-    if lse.dtype != np.float32:
+    if lse.dtype.kind != "f" or lse.dtype.itemsize != 4:
         raise TypeError(f"lse.dtype is {lse.dtype}: pass float32")
-    if lse.shape != q.shape[:-1]:
-        raise ValueError(f"lse has shape {lse.shape}: must be q's shape without d, {q.shape[:-1]}")
-    lse = np.ascontiguousarray(lse)
-    Q, K, V = _as_4d(q), _as_4d(k), _as_4d(v)
-    mask, Br, Bc = _check_mask(block_mask, block_size, Q.shape[2], K.shape[2])
+    shapes = _check_shapes(q.shape, k.shape, v.shape)
+    _check_like_q(q, (("o", o), ("do", do)))
+    _check_lse_shape(lse, q)
+    options = _check_options(*shapes, causal, scale, block_mask, block_size)
     backend = _check_backend(backend)
-    dQ, dK, dV = _C.attention_backward(Q, K, V, _as_4d(o), lse.reshape(Q.shape[:3]), _as_4d(do),
-                                       _check_bool("causal", causal), _check_scale(scale),
-                                       backend, mask, Br, Bc, dtype)
+    dQ, dK, dV = _host_backward(*map(_float32, (q, k, v, o, lse, do)), shapes, options, backend,
+                                "f32")
     return dQ.reshape(q.shape), dK.reshape(k.shape), dV.reshape(v.shape)
 
 
@@ -206,16 +289,27 @@ _TORCH_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _DEFAULT_CUDA_BACKEND = {"f32": "cuda-fa2", "f16": "cuda-tc", "bf16": "cuda-tc"}
 
 
-def _check_tensors(names, xs):
-    """All torch tensors, on one device, of one dtype (float32, float16 or bfloat16)."""
+def _check_tensor(name, x):
+    """A dense tensor on the CPU or a CUDA device (TypeError, ValueError)."""
     torch = _torch()
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor like the other arguments, got "
+                        f"{type(x).__name__}")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} is a {x.layout} tensor: must be dense (torch.strided)")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} is on device {x.device}: must be on the CPU or a CUDA device")
+
+
+def _check_tensors(names, xs):
+    """Dense tensors of rank 2 or 4, on one device, of one dtype (float32, float16 or bfloat16);
+    returns the library's name of the dtype."""
     for name, x in zip(names, xs):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor like the other arguments, got "
-                            f"{type(x).__name__}")
+        _check_tensor(name, x)
     devices = {str(x.device) for x in xs}
     if len(devices) > 1:
-        raise ValueError(f"{', '.join(names)} are on different devices: {', '.join(sorted(devices))}")
+        raise ValueError(f"{', '.join(names)} are on different devices: "
+                         f"{', '.join(sorted(devices))}")
     dtypes = {x.dtype for x in xs}
     if len(dtypes) > 1:
         raise TypeError(f"{', '.join(names)} have different dtypes: "
@@ -223,15 +317,26 @@ def _check_tensors(names, xs):
     dtype = str(xs[0].dtype).replace("torch.", "")
     if dtype not in _TORCH_DTYPES:
         raise TypeError(f"{names[0]}.dtype is {xs[0].dtype}: must be float32, float16 or bfloat16")
+    for name, x in zip(names, xs):
+        _check_shape(name, x.shape)
     return _TORCH_DTYPES[dtype]
 
 
-def _torch_inputs(names, xs):
-    """CPU tensors as float32 NumPy arrays, the library's dtype name, and the torch dtype."""
+def _check_lse_tensor(lse, q):
+    """The backward's lse: a floating tensor on q's device with q's shape without d."""
+    _check_tensor("lse", lse)
+    if lse.device != q.device:
+        raise ValueError(f"q, lse are on different devices: {q.device}, {lse.device}")
+    if not lse.dtype.is_floating_point:
+        raise TypeError(f"lse.dtype is {lse.dtype}: must be a floating dtype (attention returns "
+                        f"float32)")
+    _check_lse_shape(lse, q)
+
+
+def _host_float32(x):
+    """A CPU tensor as a C-contiguous float32 NumPy array (a copy where it must be)."""
     torch = _torch()
-    dtype = _check_tensors(names, xs)
-    arrays = [x.detach().to(torch.float32).contiguous().numpy() for x in xs]
-    return arrays, dtype, xs[0].dtype
+    return x.detach().to(torch.float32).contiguous().numpy()
 
 
 def _cuda_backend(backend, dtype):
@@ -262,66 +367,56 @@ def _cuda_call(device, call):
 
 def _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size):
     torch = _torch()
-    if not (isinstance(q, torch.Tensor) and q.is_cuda):
-        (Q, K, V), dtype, torch_dtype = _torch_inputs(("q", "k", "v"), (q, k, v))
-        O, L = _numpy_attention(Q, K, V, causal, scale, backend, block_mask, block_size, dtype)
-        return torch.from_numpy(O).to(torch_dtype), torch.from_numpy(L)
     dtype = _check_tensors(("q", "k", "v"), (q, k, v))
-    Qs, Ks = _check_shapes(q.shape, k.shape, v.shape)
+    Qs, Ks = shapes = _check_shapes(q.shape, k.shape, v.shape)
+    options = _check_options(Qs, Ks, causal, scale, block_mask, block_size)
+    if not q.is_cuda:
+        backend = _check_backend(backend)
+        O, L = _host_attention(*map(_host_float32, (q, k, v)), shapes, options, backend, dtype)
+        return torch.from_numpy(O).to(q.dtype).reshape(q.shape), \
+            torch.from_numpy(L).reshape(q.shape[:-1])
     backend = _cuda_backend(backend, dtype)
-    scale = _check_scale(scale)
+    causal, scale, mask, Br, Bc = options
+    # Every check has passed: from here on, CUDA work.
     Q, K, V = (x.detach().contiguous() for x in (q.reshape(Qs), k.reshape(Ks), v.reshape(Ks)))
     Q = _signed_q(Q, dtype, scale)
-    mask, Br, Bc = _check_mask(block_mask, block_size, Qs[2], Ks[2])
     O = torch.empty(Qs, dtype=torch.float32, device=q.device)  # the kernels write float32
     L = torch.empty(Qs[:3], dtype=torch.float32, device=q.device)
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
     _cuda_call(q.device, lambda stream: _C.attention_device(
         Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), shape,
-        _check_bool("causal", causal), scale, backend, mask, Br, Bc, stream, dtype))
+        causal, scale, backend, mask, Br, Bc, stream, dtype))
     return O.to(q.dtype).reshape(q.shape), L.reshape(q.shape[:-1])
 
 
 def _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
     torch = _torch()
-    if not (isinstance(q, torch.Tensor) and q.is_cuda):
-        (Q, K, V, O, dO), dtype, torch_dtype = _torch_inputs(("q", "k", "v", "o", "do"),
-                                                             (q, k, v, o, do))
-        if not isinstance(lse, torch.Tensor):
-            raise TypeError(f"lse must be a torch.Tensor like the other arguments, got "
-                            f"{type(lse).__name__}")
-        L = lse.detach().to(torch.float32).contiguous().numpy()
-        grads = _numpy_backward(Q, K, V, O, L, dO, causal, scale, backend, block_mask,
-                                block_size, dtype)
-        return tuple(torch.from_numpy(g).to(torch_dtype) for g in grads)
     dtype = _check_tensors(("q", "k", "v", "o", "do"), (q, k, v, o, do))
-    if not isinstance(lse, torch.Tensor):
-        raise TypeError(f"lse must be a torch.Tensor like the other arguments, got "
-                        f"{type(lse).__name__}")
-    if lse.device != q.device:
-        raise ValueError(f"q, lse are on different devices: {q.device}, {lse.device}")
-    Qs, Ks = _check_shapes(q.shape, k.shape, v.shape)
-    for name, x in (("o", o), ("do", do)):
-        if x.shape != q.shape:
-            raise ValueError(f"{name} has shape {tuple(x.shape)}: must be q's shape {tuple(q.shape)}")
-    if lse.shape != q.shape[:-1]:
-        raise ValueError(f"lse has shape {tuple(lse.shape)}: must be q's shape without d, "
-                         f"{tuple(q.shape[:-1])}")
+    _check_lse_tensor(lse, q)
+    Qs, Ks = shapes = _check_shapes(q.shape, k.shape, v.shape)
+    _check_like_q(q, (("o", o), ("do", do)))
+    options = _check_options(Qs, Ks, causal, scale, block_mask, block_size)
+    if not q.is_cuda:
+        backend = _check_backend(backend)
+        grads = _host_backward(*map(_host_float32, (q, k, v, o, lse, do)), shapes, options,
+                               backend, dtype)
+        return tuple(torch.from_numpy(g).to(x.dtype).reshape(x.shape)
+                     for g, x in zip(grads, (q, k, v)))
     backend = _cuda_backend(backend, dtype)
-    scale = _check_scale(scale)
+    causal, scale, mask, Br, Bc = options
+    # Every check has passed: from here on, CUDA work.
     Q, K, V, dO = (x.detach().reshape(s).contiguous()
                    for x, s in ((q, Qs), (k, Ks), (v, Ks), (do, Qs)))
     Q = _signed_q(Q, dtype, scale)
     O = o.detach().reshape(Qs).to(torch.float32).contiguous()  # O and LSE are read as float32
     L = lse.detach().reshape(Qs[:3]).to(torch.float32).contiguous()
-    mask, Br, Bc = _check_mask(block_mask, block_size, Qs[2], Ks[2])
     f32 = dict(dtype=torch.float32, device=q.device)  # the kernels write float32 gradients
     dQ, dK, dV = torch.empty(Qs, **f32), torch.empty(Ks, **f32), torch.empty(Ks, **f32)
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
     _cuda_call(q.device, lambda stream: _C.attention_backward_device(
         Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), dO.data_ptr(),
-        dQ.data_ptr(), dK.data_ptr(), dV.data_ptr(), shape, _check_bool("causal", causal),
-        scale, backend, mask, Br, Bc, stream, dtype))
+        dQ.data_ptr(), dK.data_ptr(), dV.data_ptr(), shape, causal, scale, backend, mask, Br, Bc,
+        stream, dtype))
     return tuple(g.to(x.dtype).reshape(x.shape) for g, x in ((dQ, q), (dK, k), (dV, v)))
 
 

@@ -25,7 +25,7 @@ def attention(
     scale: Optional[float] = ...,
     backend: Optional[str] = ...,
     return_lse: bool = ...,
-    block_mask: Optional[npt.ArrayLike] = ...,
+    block_mask: Optional[Union[npt.ArrayLike, Any]] = ...,  # or a torch.Tensor
     block_size: Optional[Tuple[int, int]] = ...,
 ) -> Union[Array, Tuple[Array, Array]]: ...
 def attention_backward(
@@ -39,6 +39,6 @@ def attention_backward(
     causal: bool = ...,
     scale: Optional[float] = ...,
     backend: Optional[str] = ...,
-    block_mask: Optional[npt.ArrayLike] = ...,
+    block_mask: Optional[Union[npt.ArrayLike, Any]] = ...,  # or a torch.Tensor
     block_size: Optional[Tuple[int, int]] = ...,
 ) -> Tuple[Array, Array, Array]: ...
