@@ -56,7 +56,8 @@ struct ThreadTiles {
     std::vector<std::int64_t> nonfinite_keys;  // keys of a partly masked V_j with inf/NaN rows
 
     explicit ThreadTiles(const OmpPlan& plan, std::int64_t d)
-        : storage(static_cast<std::size_t>(plan.thread_floats + kAlignFloats)) {
+        : storage(static_cast<std::size_t>(plan.thread_floats + kAlignFloats),
+                  "omp's tile buffers of one thread (Q_i, O_i, K_j^T, V_j, S)") {
         // new[] gives at least 16-byte alignment; step to the next 64-byte boundary.
         const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(storage.data()) % 64;
         float* next = storage.data() + (misaligned ? (64 - misaligned) / sizeof(float) : 0);
@@ -219,6 +220,12 @@ void omp_attention(const AttentionProblem& p, const float* Q, const float* K, co
     // Work items (b, h, i). Within a pair the query tiles go last-first: with a causal mask the
     // last tiles see the most keys, and starting the longest items first balances the threads.
     const std::int64_t pairs = p.batch * p.heads;
+    // Every thread of the team allocates its tiles (parallel_for_with_state), however few items.
+    const std::int64_t threads = omp_get_max_threads();
+    require_memory(double(threads) * double(plan.thread_floats + kAlignFloats) * sizeof(float),
+                   "omp's tile buffers (" + std::to_string(threads) + " threads, tiles of Br = " +
+                       std::to_string(plan.blocks.Br) + ", Bc = " +
+                       std::to_string(plan.blocks.Bc) + ")");
     parallel_for_with_state(
         pairs * plan.Tr, [&] { return ThreadTiles(plan, p.dim); },
         [&](ThreadTiles& tiles, std::int64_t item) {

@@ -111,7 +111,7 @@ void attend_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>> Q
                      Eigen::Ref<const Matrix<Real>> Kh, Eigen::Ref<const Matrix<Real>> Vh,
                      Real* S_buffer, Real* O, Real* lse) {
     MatrixMap<Real> S(S_buffer, p.seq_q, p.seq_kv);
-    WorkBuffer<Real> row_sum(static_cast<std::size_t>(p.seq_q));
+    WorkBuffer<Real> row_sum(static_cast<std::size_t>(p.seq_q), "standard attention's row sums");
     softmax_scores<Real>(p, Qh, Kh, S, row_sum.data(), lse);
 
     // Algorithm 0 line 3: O = PV, masked keys absent from the sum (masked_product).
@@ -137,7 +137,7 @@ void backward_one_head(const AttentionProblem& p, Eigen::Ref<const Matrix<Real>>
     const auto visible = [&](std::int64_t i, std::int64_t j) { return p.key_visible(i, j); };
     const auto visible_transposed = [&](std::int64_t j, std::int64_t i) { return visible(i, j); };
     MatrixMap<Real> P(P_buffer, p.seq_q, p.seq_kv), dP(dP_buffer, p.seq_q, p.seq_kv);
-    WorkBuffer<Real> row_sum(static_cast<std::size_t>(p.seq_q));
+    WorkBuffer<Real> row_sum(static_cast<std::size_t>(p.seq_q), "standard attention's row sums");
     softmax_scores<Real>(p, Qh, Kh, P, row_sum.data(), nullptr);
     for (std::int64_t i = 0; i < p.seq_q; ++i)
         if (row_sum[i] != Real(0)) P.row(i) /= row_sum[i];
@@ -189,7 +189,8 @@ void standard_attention(const AttentionProblem& p, const float* Q, const float* 
     parallel_for(pairs, [&](std::int64_t bh) {
         const std::int64_t b = bh / p.heads;
         const std::int64_t h = bh % p.heads;
-        WorkBuffer<Real> S(static_cast<std::size_t>(work_elements(p.seq_q, p.seq_kv)));
+        WorkBuffer<Real> S(static_cast<std::size_t>(work_elements(p.seq_q, p.seq_kv)),
+                           "standard attention's S = QK^T");
         const ConstFloatMap Qf(Q + p.q_offset(b, h), p.seq_q, p.dim);
         const ConstFloatMap Kf(K + p.kv_offset(b, h), p.seq_kv, p.dim);
         const ConstFloatMap Vf(V + p.kv_offset(b, h), p.seq_kv, p.dim);
@@ -229,8 +230,10 @@ void standard_backward(const AttentionProblem& p, const float* Q, const float* K
     };
     const auto make_buffers = [&] {
         const auto n = static_cast<std::size_t>(work_elements(p.seq_q, p.seq_kv));
-        return Buffers{WorkBuffer<Real>(n), WorkBuffer<Real>(n), WorkBuffer<Real>(kv_size),
-                       WorkBuffer<Real>(kv_size)};
+        return Buffers{WorkBuffer<Real>(n, "standard attention's backward P"),
+                       WorkBuffer<Real>(n, "standard attention's backward dP"),
+                       WorkBuffer<Real>(kv_size, "standard attention's backward dK of one head"),
+                       WorkBuffer<Real>(kv_size, "standard attention's backward dV of one head")};
     };
     const auto one_group = [&](Buffers& buf, std::int64_t bg) {
         const std::int64_t b = bg / p.heads_kv, g = bg % p.heads_kv;

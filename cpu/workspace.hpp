@@ -39,21 +39,20 @@ private:
 };
 
 // A fixed-size, uninitialized array of T whose bytes are counted by WorkspaceMeter.
-// An allocation that fails becomes std::runtime_error naming the size (never an abort).
+// An allocation that fails becomes std::runtime_error naming the bytes and `what` the buffer is
+// for (common/memory.hpp's out_of_memory), never an abort. `what` must outlive the constructor
+// only (a string literal, usually).
 template <class T>
 class WorkBuffer {
 public:
     WorkBuffer() = default;
-    explicit WorkBuffer(std::size_t count) : count_(count) {
+    explicit WorkBuffer(std::size_t count, const char* what = "working memory") : count_(count) {
         if (count == 0) return;
         if (count > std::size_t(-1) / sizeof(T))
-            throw std::runtime_error("working memory of " + std::to_string(count) +
+            throw std::runtime_error(std::string(what) + " of " + std::to_string(count) +
                                      " elements overflows size_t");
         data_.reset(new (std::nothrow) T[count]);
-        if (!data_)
-            throw std::runtime_error("out of memory allocating " +
-                                     std::to_string(count * sizeof(T)) +
-                                     " bytes of working memory");
+        if (!data_) throw out_of_memory(double(count) * sizeof(T), what);
         WorkspaceMeter::add(bytes());
     }
     WorkBuffer(WorkBuffer&& other) noexcept
