@@ -99,7 +99,7 @@ struct ThreadBuffers {
     bool query_nonfinite = false, key_nonfinite = false;  // Q_i/dO_i, K_j hold an inf or NaN
 
     explicit ThreadBuffers(const Layout& L)
-        : storage(static_cast<std::size_t>(floats(L) + kAlignFloats)) {
+        : storage(static_cast<std::size_t>(floats(L) + kAlignFloats), "omp's backward tiles") {
         const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(storage.data()) % 64;
         float* next = storage.data() + (misaligned ? (64 - misaligned) / sizeof(float) : 0);
         const auto carve = [&next](std::int64_t n) {
@@ -389,7 +389,7 @@ void omp_backward(const AttentionProblem& p, const BackwardInputs& in, float* dQ
     const std::int64_t d = p.dim, G = p.group_size(), groups = p.batch * p.heads_kv;
 
     // D_i = rowsum(dO_i o O_i) for every row first: the only place O is read.
-    WorkBuffer<float> D(static_cast<std::size_t>(p.lse_elements()));
+    WorkBuffer<float> D(static_cast<std::size_t>(p.lse_elements()), "omp's backward D");
     // FA2-Alg2 L4: D = rowsum(dO o O), written to "HBM" (the D buffer), in Tr blocks like L
     parallel_for(p.batch * p.heads, [&](std::int64_t bh) {
         const std::int64_t off = bh * p.seq_q;
