@@ -62,6 +62,7 @@ def backend_info():
 # check is the library's own (_C.validate, the rules of common/problem.hpp), on shapes alone.
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_SCORE_LIMIT = _FLOAT32_MAX / 2  # common/score_range.hpp's kScoreLimit
 _INT64_MAX = 2**63 - 1  # the C++ side's std::int64_t
 
 
@@ -358,6 +359,38 @@ def _signed_q(Q, dtype, scale):
     return -Q if dtype != "f32" and scale < 0 else Q
 
 
+def _max_finite_row_norm(x):
+    """The largest Euclidean norm over the rows (last axis) of x whose elements are all finite, in
+    float64 (a float32 sum of squares would overflow long before the scores do)."""
+    squares = x.detach().to(_torch().float64).square().sum(-1).flatten()
+    squares = squares[squares.isfinite()]
+    return math.sqrt(squares.max().item()) if squares.numel() else 0.0
+
+
+def _check_score_range(Q, K, scale):
+    """The library refuses scores float32 cannot hold (common/score_range.hpp: an overflowed row
+    would read as fully masked, O = 0 and LSE = -inf), but it cannot read tensors on a GPU, so the
+    same bound is checked here, on the tensors: max(1, |scale|) * max|q_i| * max|k_j| must stay
+    within FLT_MAX / 2. Q and K as (B, H, N, d); scale as checked (NaN: the default 1/sqrt(d)).
+    A first test on max|x| (|q_i| <= sqrt(d) max|x|) avoids the float64 norms for ordinary inputs.
+    Reading the tensors' maxima synchronizes with the device once."""
+    d = Q.shape[-1]
+    s = abs(float(np.float32(1.0 / math.sqrt(d)))) if math.isnan(scale) else abs(scale)
+    factor = max(1.0, s)
+    finite = lambda x: x.detach()[x.detach().isfinite()].float()  # noqa: E731 (exact for f16/bf16)
+    q_abs, k_abs = (finite(x).abs().max().item() if finite(x).numel() else 0.0 for x in (Q, K))
+    if factor * d * float(q_abs) * float(k_abs) <= _SCORE_LIMIT:
+        return
+    bound = factor * _max_finite_row_norm(Q) * _max_finite_row_norm(K)
+    if bound > _SCORE_LIMIT:
+        shown = np.float32(s if scale >= 0 or math.isnan(scale) else -s)  # as the library prints it
+        raise ValueError(
+            f"scale = {str(shown)}: the scores scale * q.k of these inputs can reach {bound:.3g} "
+            f"in magnitude (max(1, |scale|) * max|q_i| * max|k_j|), beyond what float32 holds "
+            f"(limit {_SCORE_LIMIT:.3g}): they would overflow, and a row would read as fully "
+            f"masked or NaN. Use a smaller |scale| or rescale Q and K")
+
+
 def _cuda_call(device, call):
     """Runs call(stream) with `device` current, on PyTorch's current stream there."""
     torch = _torch()
@@ -377,6 +410,7 @@ def _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size):
             torch.from_numpy(L).reshape(q.shape[:-1])
     backend = _cuda_backend(backend, dtype)
     causal, scale, mask, Br, Bc = options
+    _check_score_range(q, k, scale)
     # Every check has passed: from here on, CUDA work.
     Q, K, V = (x.detach().contiguous() for x in (q.reshape(Qs), k.reshape(Ks), v.reshape(Ks)))
     Q = _signed_q(Q, dtype, scale)
@@ -404,6 +438,7 @@ def _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, blo
                      for g, x in zip(grads, (q, k, v)))
     backend = _cuda_backend(backend, dtype)
     causal, scale, mask, Br, Bc = options
+    _check_score_range(q, k, scale)
     # Every check has passed: from here on, CUDA work.
     Q, K, V, dO = (x.detach().reshape(s).contiguous()
                    for x, s in ((q, Qs), (k, Ks), (v, Ks), (do, Qs)))
