@@ -168,6 +168,8 @@ TEST_CASE("flashattn: bad options give exit 2, 'error:' and leave outputs untouc
         "run --backend scalar" + io + " --scale inf",
         "run --backend scalar" + io + " --scale nan",
         "run --backend scalar" + io + " --scale 1e39",  // finite as a double, inf as a float
+        "run --backend omp" + io + " --scale -3e38",    // scores beyond float32: not "masked"
+        "run --backend standard" + io + " --scale 3e38",
         "run --backend scalar" + io + " --scale abc",
         "run --backend scalar" + io + " --block-q 0 --block-kv 4",
         "run --backend scalar" + io + " --block-q -1 --block-kv 4",
@@ -187,6 +189,21 @@ TEST_CASE("flashattn: bad options give exit 2, 'error:' and leave outputs untouc
         "demo --seq abc",
     };
     for (const std::string& args : bad) check_refused_with_outputs(args, in.tmp.path);
+}
+
+TEST_CASE("flashattn run and demo: an OMP_NUM_THREADS libgomp could not start is refused first") {
+    // libgomp would end the process with status 1 and its own message; the contract is "error:"
+    // and exit 2 (examples/flashattn/thread_count.hpp), as bench already gives for --threads.
+    const Inputs in;
+    ::setenv("OMP_NUM_THREADS", "100000000", 1);
+    for (const std::string& args :
+         {"run --backend omp" + in.io + " --out " + in.file("o.npy"), std::string("demo")}) {
+        const Result r = flashattn_cli(args, in.tmp.path);
+        INFO(args << "\nstderr: " << r.err);
+        CHECK(r.status == 2);
+        CHECK(r.err.rfind("error: OMP_NUM_THREADS = 100000000: at most ", 0) == 0);
+    }
+    ::unsetenv("OMP_NUM_THREADS");
 }
 
 TEST_CASE("flashattn run: arrays of the wrong rank or of mismatched shapes are refused") {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "thread_count.hpp"
 
 int main(int argc, char** argv) {
     CLI::App app{
@@ -46,6 +47,12 @@ int main(int argc, char** argv) {
         return 2;
     }
     try {
+        // run and demo take OpenMP's default thread count (OMP_NUM_THREADS): checked first, as
+        // bench checks --threads, so that libgomp never ends the process on a count it cannot
+        // start (thread_count.hpp).
+        for (const Command& c : commands)
+            if (c.app->parsed() && (c.app->get_name() == "run" || c.app->get_name() == "demo"))
+                checked_thread_count(std::nullopt);
         for (const Command& c : commands)
             if (c.app->parsed()) return c.action();
         return 2;
