@@ -3,7 +3,11 @@
 
     common/   includes common/ only (the core and the interface every form implements)
     cpu/      includes common/ and cpu/
-    cuda/     includes common/ and cuda/
+    cuda/     includes common/ and cuda/, and inside cuda/:
+      a form's folder (standard, minimal, fa1, fa2, tc, fa3) includes only itself and the shared
+      folders (host/ plumbing, stages/ device stages, ptx/ instruction wrappers);
+      a shared folder includes only shared folders (it knows no form);
+      cuda/backends.* (the registration of every form) may include any of them
     examples/, tests/   may include anything
 
 so a CUDA file never reaches for a CPU header (or the reverse), and nothing in common/ knows
@@ -27,6 +31,22 @@ ALLOWED = {
     "cuda": {"common", "cuda"},
 }
 SOURCES = (".hpp", ".cpp", ".cuh", ".cu", ".h")
+CUDA_FORMS = {"standard", "minimal", "fa1", "fa2", "tc", "fa3"}
+CUDA_SHARED = {"host", "stages", "ptx"}
+
+
+def cuda_folder_problem(rel, target):
+    """Why a cuda/ file may not include a cuda/ target (None when it may)."""
+    parts, target_parts = rel.split("/"), target.split("/")
+    if len(parts) < 3 or parts[1] == "tools" or len(target_parts) < 3:
+        return None  # cuda/backends.*, the tools, or a file at cuda/'s top
+    mine, theirs = parts[1], target_parts[1]
+    if theirs in CUDA_SHARED or theirs == mine:
+        return None
+    if mine in CUDA_SHARED:
+        return f"cuda/{mine}/ is shared by every form and must not include a form's file ({target})"
+    return (f"cuda/{mine}/ is one form and includes only its own folder and the shared ones "
+            f"({', '.join(sorted(CUDA_SHARED))}), not {target}")
 
 
 def problems(root, overlay=None):
@@ -55,6 +75,8 @@ def problems(root, overlay=None):
             if target_layer not in ALLOWED[layer]:
                 found.append(f"{rel}:{number}: {layer}/ must not include {target} "
                              f"({layer}/ may include {', '.join(sorted(ALLOWED[layer]))}/ only)")
+            elif layer == "cuda" and target_layer == "cuda" and cuda_folder_problem(rel, target):
+                found.append(f"{rel}:{number}: {cuda_folder_problem(rel, target)}")
             elif target not in files and not os.path.isfile(os.path.join(root, target)):
                 found.append(f"{rel}:{number}: includes {target}, which does not exist")
     return found
@@ -70,11 +92,12 @@ def main():
     root = os.path.abspath(args.root)
     if args.self_test:
         bad = {"cuda/bad_example.cu": ['#include "cpu/workspace.hpp"'],
-               "common/bad_example.hpp": ['#include "cuda/backends.hpp"']}
+               "common/bad_example.hpp": ['#include "cuda/backends.hpp"'],
+               "cuda/fa3/bad_example.cuh": ['#include "cuda/tc/kernel.cuh"'],
+               "cuda/stages/bad_example.cuh": ['#include "cuda/fa2/kernel_tf32.cuh"']}
         caught = problems(root, bad)
-        ok = (any(p.startswith("cuda/bad_example.cu:1:") for p in caught) and
-              any(p.startswith("common/bad_example.hpp:1:") for p in caught))
-        print("self-test: " + ("caught both wrong-way includes" if ok else "MISSED one"))
+        ok = all(any(p.startswith(name + ":1:") for p in caught) for name in bad)
+        print("self-test: " + ("caught every wrong-way include" if ok else "MISSED one"))
         return 0 if ok else 1
     found = problems(root)
     for p in found:
