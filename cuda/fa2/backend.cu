@@ -53,19 +53,19 @@ using fa2::launch_fa2_tf32;
 // another (the tuning knob of cuda/tools/gpu_check.sh; docs/cuda_fp32_notes.md records which won).
 struct Fa2Variant {
     const char* name;
+    const char* kind;  // "tf32" (the 3xTF32 kernel: finite inputs, cuda-tc's grid limits) or "ffma"
     int max_dim;
     std::size_t smem_bytes;
-    bool tensor_cores;  // the 3xTF32 kernel: finite inputs and cuda-tc's grid limits only
     void (*launch)(const AttentionProblem&, const float*, const float*, const float*, float*,
                    float*);
 };
 template <class C>
 constexpr Fa2Variant variant(const char* name) {
-    return {name, C::D, C::SMEM_BYTES, false, &launch_fa2<C>};
+    return {name, "ffma", C::D, C::SMEM_BYTES, &launch_fa2<C>};
 }
 template <class C>
 constexpr Fa2Variant tf32_variant(const char* name) {
-    return {name, C::D, C::SMEM_BYTES, true, &launch_fa2_tf32<C>};
+    return {name, "tf32", C::D, C::SMEM_BYTES, &launch_fa2_tf32<C>};
 }
 // Every one of them is checked by tests/test_cuda.cpp. The first entry for each D and kernel is
 // its default. Tensor cores (v4), Tf32Tile<D, warps (Br = 16 warps), Bc, CTAs per SM>:
@@ -88,23 +88,22 @@ const Fa2Variant kVariants[] = {
 };
 
 // FLASHATTN_VARIANT=cuda-fa2=... (cuda/host/variants.hpp): "tf32" (the default) or "ffma" picks the
-// first configuration of that kernel whose D covers d, a configuration's name picks that one; a
-// tensor-core configuration runs only where tf32_tensor_cores_allowed() allows it, the FFMA
-// default otherwise.
+// first configuration of that kernel whose D covers d, a configuration's name picks that one. A
+// tensor-core configuration runs only where tf32_tensor_cores_allowed() allows it and d <= 128;
+// a request that nothing covering the problem answers gets the FFMA default (the FFMA kernels
+// cover every d up to 256).
 const Fa2Variant& choose_variant(std::int64_t dim, bool tensor_cores) {
+    const auto runs = [&](const Fa2Variant& v) {
+        return v.max_dim >= dim && (tensor_cores || std::string(v.kind) != "tf32");
+    };
     std::string wanted = requested_variant("cuda-fa2");
-    std::vector<std::string> known = {"tf32", "ffma"};
-    for (const Fa2Variant& v : kVariants) known.push_back(v.name);
-    require_known_variant("cuda-fa2", wanted, known);
     if (wanted.empty()) wanted = "tf32";
-    const Fa2Variant* first_ffma = nullptr;
-    for (const Fa2Variant& v : kVariants) {
-        if (v.max_dim < dim) continue;
-        const bool named = wanted == v.name || wanted == (v.tensor_cores ? "tf32" : "ffma");
-        if (named && (!v.tensor_cores || tensor_cores)) return v;
-        if (!first_ffma && !v.tensor_cores) first_ffma = &v;
-    }
-    return *first_ffma;  // validate() guarantees dim <= 256, which the last variant covers
+    bool named = false, answered = false;
+    for (const Fa2Variant& v : kVariants)
+        if (wanted == v.name || wanted == v.kind) named = true, answered = answered || runs(v);
+    if (named && !answered) wanted = "ffma";
+    return cuda::choose_variant("cuda-fa2", wanted, kVariants, runs,
+                                "dim = " + std::to_string(dim));
 }
 
 // Throws std::invalid_argument when the variant's shared memory exceeds this device's.

@@ -105,12 +105,8 @@ template <class Cfg, bool kBlockMask, bool kDeterministic>
 void launch_tf32_kernel(const BackwardParams& params) {
     const AttentionProblem& p = params.problem;
     const auto kernel = backward_kernel<Tf32BackwardOps<Cfg>, kBlockMask, kDeterministic>;
-    if (std::size_t(Cfg::kSmemBytes) > device_limits().smem_per_block_optin)
-        throw std::runtime_error("cuda-fa2 backward: the tensor-core tile at D = " +
-                                 std::to_string(Cfg::D) + " needs " +
-                                 std::to_string(Cfg::kSmemBytes) +
-                                 " bytes of shared memory per block; this device allows " +
-                                 std::to_string(device_limits().smem_per_block_optin));
+    require_shared_memory(Cfg::kSmemBytes,
+                          "cuda-fa2 backward: the tensor-core tile at D = " + std::to_string(Cfg::D));
     FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes));
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),

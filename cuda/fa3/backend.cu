@@ -110,6 +110,7 @@ void launch(const KernelParams& base, DType dtype, int* next_item) {
 // FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
 struct Variant {
     const char* name;
+    const char* kind;  // no groups: every variant is named on its own
     int dim;
     void (*run)(const KernelParams&, DType, int* next_item);
 };
@@ -123,21 +124,16 @@ void run_variant(const KernelParams& params, DType dtype, int* next_item) {
 }
 
 const Variant kVariants[] = {
-    {"d64-Bc128", 64, run_variant<64, 128, 2, false>},
-    {"d64-Bc128-pingpong", 64, run_variant<64, 128, 2, true>},
-    {"d128-Bc128-pingpong", 128, run_variant<128, 128, 2, true>},
-    {"d128-Bc128", 128, run_variant<128, 128, 2, false>},
+    {"d64-Bc128", "", 64, run_variant<64, 128, 2, false>},
+    {"d64-Bc128-pingpong", "", 64, run_variant<64, 128, 2, true>},
+    {"d128-Bc128-pingpong", "", 128, run_variant<128, 128, 2, true>},
+    {"d128-Bc128", "", 128, run_variant<128, 128, 2, false>},
 };
 
 const Variant& choose_variant(const AttentionProblem& p) {
-    const std::string wanted = cuda::requested_variant("cuda-fa3");
-    std::vector<std::string> names;
-    for (const Variant& v : kVariants) names.push_back(v.name);
-    cuda::require_known_variant("cuda-fa3", wanted, names);
-    for (const Variant& v : kVariants)
-        if (v.dim == p.dim && (wanted.empty() || wanted == v.name)) return v;
-    throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa3=" + wanted + " is for another head dim than dim = " +
-                                std::to_string(p.dim));
+    return cuda::choose_variant(
+        "cuda-fa3", cuda::requested_variant("cuda-fa3"), kVariants,
+        [&](const Variant& v) { return v.dim == p.dim; }, "dim = " + std::to_string(p.dim));
 }
 
 class PreparedFa3 final : public cuda::PreparedCuda {

@@ -45,35 +45,35 @@ private:
     TcTileShape tile_;
 };
 
+// A compiled shape as a row of cuda/host/variants.hpp's chooser.
+template <class Shape>
+struct ShapeRow {
+    std::string name, kind;
+    Shape shape;
+};
+template <class Shape>
+Shape choose_shape(const char* backend, const std::vector<Shape>& shapes, std::int64_t dim,
+                   DType dtype) {
+    std::vector<ShapeRow<Shape>> rows;
+    for (const Shape& s : shapes) rows.push_back({s.name(), "", s});
+    return cuda::choose_variant(backend, cuda::requested_variant(backend), rows,
+                                [](const ShapeRow<Shape>&) { return true; },
+                                "dim = " + std::to_string(dim) + ", " + to_string(dtype))
+        .shape;
+}
+
 // The default tile shape for (d, dtype) is the first of tc_tile_shapes; FLASHATTN_VARIANT
 // (cuda/host/variants.hpp) may name another by TcTileShape::name().
 TcTileShape choose_tile(std::int64_t dim, DType dtype) {
-    const std::vector<TcTileShape> shapes = tc_tile_shapes(dim, dtype);
-    const std::string wanted = cuda::requested_variant("cuda-tc");
-    std::vector<std::string> names;
-    for (const TcTileShape& s : shapes) names.push_back(s.name());
-    cuda::require_known_variant("cuda-tc", wanted, names);
-    for (const TcTileShape& s : shapes)
-        if (s.name() == wanted) return s;
-    return shapes.front();
+    return choose_shape("cuda-tc", tc_tile_shapes(dim, dtype), dim, dtype);
 }
 
 // The backward's shape: the first of tc_backward_shapes, or
 // FLASHATTN_VARIANT=cuda-tc-backward=<name>.
 TcBackwardShape choose_backward_shape(std::int64_t dim, DType dtype) {
-    const std::vector<TcBackwardShape> shapes = tc_backward_shapes(dim, dtype);
-    const std::string wanted = cuda::requested_variant("cuda-tc-backward");
-    std::vector<std::string> names;
-    for (const TcBackwardShape& s : shapes) names.push_back(s.name());
-    cuda::require_known_variant("cuda-tc-backward", wanted, names);
-    for (const TcBackwardShape& s : shapes)
-        if (s.name() == wanted) return s;
-    return shapes.front();
+    return choose_shape("cuda-tc-backward", tc_backward_shapes(dim, dtype), dim, dtype);
 }
 
-// prepare_backward rounds Q (times q_sign), K, V and dO to 16 bits and uploads them with the
-// forward's O and LSE (float); execute() runs the D pass and the kernel, and waits. Working
-// memory: D (B H N_q floats) and, in the deterministic mode, one counter per query tile and head.
 class PreparedTcBackward final : public cuda::PreparedCudaBackward {
 public:
     PreparedTcBackward(const AttentionProblem& p, const BackwardInputs& in, DType dtype)

@@ -41,22 +41,9 @@ struct CompiledShape {
     std::int64_t dim;
     TcBackwardShape shape;
     bool f16_only;  // a tuning alternative
+    void (*launch_f16)(const BackwardParams&, bool deterministic, cudaStream_t);
+    void (*launch_bf16)(const BackwardParams&, bool deterministic, cudaStream_t);  // or nullptr
 };
-
-const std::vector<CompiledShape>& compiled_shapes() {
-    static const std::vector<CompiledShape> shapes = {
-        {32, {4, 64, true}, false},
-        {64, {8, 64, false}, false},
-        {64, {4, 64, true}, true},
-        {64, {4, 128, false}, true},
-        {96, {4, 64, false}, false},
-        {128, {8, 32, false}, false},
-        {128, {4, 64, false}, true},
-        {128, {4, 32, false}, true},
-        {128, {8, 64, false}, true},
-    };
-    return shapes;
-}
 
 template <class Cfg, bool kBlockMask, bool kDeterministic>
 void launch_kernel(const BackwardParams& params, cudaStream_t stream) {
@@ -93,44 +80,42 @@ void launch(const BackwardParams& params, bool deterministic, cudaStream_t strea
     }
 }
 
-template <class T, int D, int W, int Br, bool kReg, bool kTuning = false>
-bool launch_if(const TcBackwardShape& want, const BackwardParams& params, bool deterministic,
-               cudaStream_t stream) {
-    if (!(want == TcBackwardShape{W, Br, kReg})) return false;
-    launch<BackwardTile<T, D, W, Br, kReg>, kTuning>(params, deterministic, stream);
-    return true;
+// One row of the table: the shape and its instantiations (f16, and bf16 unless a tuning
+// alternative), so that a shape is written once.
+template <int D, int W, int Br, bool kReg, bool kTuning = false>
+CompiledShape shape() {
+    CompiledShape s{D, {W, Br, kReg}, kTuning,
+                    &launch<BackwardTile<__half, D, W, Br, kReg>, kTuning>, nullptr};
+    if constexpr (!kTuning)
+        s.launch_bf16 = &launch<BackwardTile<__nv_bfloat16, D, W, Br, kReg>, false>;
+    return s;
 }
 
-// One launch_if per entry of compiled_shapes().
-template <class T>
-bool dispatch(std::int64_t dim, const TcBackwardShape& s, const BackwardParams& params,
-              bool det, cudaStream_t stream) {
-    constexpr bool f16 = std::is_same_v<T, __half>;
+const std::vector<CompiledShape>& compiled_shapes() {
     constexpr bool kTuning = true;
-    switch (dim) {
-        case 32: return launch_if<T, 32, 4, 64, true>(s, params, det, stream);
-        case 64:
-            if (launch_if<T, 64, 8, 64, false>(s, params, det, stream)) return true;
-            if constexpr (f16)
-                return launch_if<T, 64, 4, 64, true, kTuning>(s, params, det, stream) ||
-                       launch_if<T, 64, 4, 128, false, kTuning>(s, params, det, stream);
-            return false;
-        case 96: return launch_if<T, 96, 4, 64, false>(s, params, det, stream);
-        case 128:
-            if (launch_if<T, 128, 8, 32, false>(s, params, det, stream)) return true;
-            if constexpr (f16)
-                return launch_if<T, 128, 4, 64, false, kTuning>(s, params, det, stream) ||
-                       launch_if<T, 128, 4, 32, false, kTuning>(s, params, det, stream) ||
-                       launch_if<T, 128, 8, 64, false, kTuning>(s, params, det, stream);
-            return false;
-        default: return false;
-    }
+    static const std::vector<CompiledShape> shapes = {
+        shape<32, 4, 64, true>(),
+        shape<64, 8, 64, false>(),
+        shape<64, 4, 64, true, kTuning>(),
+        shape<64, 4, 128, false, kTuning>(),
+        shape<96, 4, 64, false>(),
+        shape<128, 8, 32, false>(),
+        shape<128, 4, 64, false, kTuning>(),
+        shape<128, 4, 32, false, kTuning>(),
+        shape<128, 8, 64, false, kTuning>(),
+    };
+    return shapes;
 }
 
 }  // namespace
 
 const std::vector<std::int64_t>& tc_backward_head_dims() {
-    static const std::vector<std::int64_t> dims = {32, 64, 96, 128};
+    static const std::vector<std::int64_t> dims = [] {  // those of the table, in its order
+        std::vector<std::int64_t> d;
+        for (const CompiledShape& c : compiled_shapes())
+            if (std::find(d.begin(), d.end(), c.dim) == d.end()) d.push_back(c.dim);
+        return d;
+    }();
     return dims;
 }
 
@@ -186,14 +171,15 @@ void tc_backward(const TcBackwardArgs& args, const TcBackwardShape& shape, bool 
     const BackwardParams params = cuda::make_backward_params(
         p, args.Q, args.K, args.V, args.dO, args.lse, args.D, args.dQ, args.dK, args.dV,
         args.dq_turns);
-    const bool launched =
-        args.dtype == DType::f16
-            ? dispatch<__half>(p.dim, shape, params, deterministic, stream)
-            : dispatch<__nv_bfloat16>(p.dim, shape, params, deterministic, stream);
-    if (!launched)
-        throw std::invalid_argument("tile = " + shape.name() + ": not compiled for d = " +
-                                    std::to_string(p.dim) + ", dtype " + to_string(args.dtype) +
-                                    " (see tc_backward_shapes)");
+    for (const CompiledShape& c : compiled_shapes())
+        if (c.dim == p.dim && c.shape == shape && (args.dtype == DType::f16 || !c.f16_only)) {
+            (args.dtype == DType::f16 ? c.launch_f16 : c.launch_bf16)(params, deterministic,
+                                                                        stream);
+            return;
+        }
+    throw std::invalid_argument("tile = " + shape.name() + ": not compiled for d = " +
+                                std::to_string(p.dim) + ", dtype " + to_string(args.dtype) +
+                                " (see tc_backward_shapes)");
 }
 
 }  // namespace flashattn::tc

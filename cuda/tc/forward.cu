@@ -49,24 +49,9 @@ struct CompiledTile {
     std::int64_t dim;
     TcTileShape shape;
     bool f16_only;  // a tuning alternative
+    void (*launch_f16)(const KernelParams&);
+    void (*launch_bf16)(const KernelParams&);  // nullptr for a tuning alternative
 };
-
-const std::vector<CompiledTile>& compiled_tiles() {
-    static const std::vector<CompiledTile> tiles = {
-        {32, {4, 2, 64, 2}, false},
-        {64, {4, 2, 64, 2}, false},
-        {64, {4, 2, 64, 3}, true},
-        {64, {8, 1, 64, 2}, true},
-        {64, {8, 2, 64, 2}, true},
-        {96, {8, 1, 64, 2}, false},
-        {128, {8, 1, 64, 2}, false},
-        {128, {8, 1, 64, 3}, true},
-        {128, {8, 1, 32, 2}, true},
-        {128, {4, 2, 64, 2}, true},
-        {256, {8, 1, 32, 2}, false},
-    };
-    return tiles;
-}
 
 // Launches one compiled shape. kTuning: a tuning alternative, compiled without the block-mask
 // kernel (block-sparse problems run with the default shapes).
@@ -92,38 +77,32 @@ void launch(const KernelParams& params) {
     FA_CUDA_CHECK(cudaGetLastError());
 }
 
-template <class T, int D, int W, int M, int Bc, int S, bool kTuning = false>
-bool launch_if(const TcTileShape& want, const KernelParams& params) {
-    if (want != TcTileShape{W, M, Bc, S}) return false;
-    launch<TcTile<T, D, W, M, Bc, S>, kTuning>(params);
-    return true;
+// One row of the table: the shape and its instantiations (f16, and bf16 unless a tuning
+// alternative), so that a shape is written once.
+template <int D, int W, int M, int Bc, int S, bool kTuning = false>
+CompiledTile tile() {
+    CompiledTile t{D, {W, M, Bc, S}, kTuning, &launch<TcTile<__half, D, W, M, Bc, S>, kTuning>,
+                   nullptr};
+    if constexpr (!kTuning) t.launch_bf16 = &launch<TcTile<__nv_bfloat16, D, W, M, Bc, S>, false>;
+    return t;
 }
 
-// One launch_if per entry of compiled_tiles(): the template instantiations behind the table.
-template <class T>
-bool dispatch(std::int64_t dim, const TcTileShape& s, const KernelParams& params) {
-    constexpr bool f16 = std::is_same_v<T, __half>;
+const std::vector<CompiledTile>& compiled_tiles() {
     constexpr bool kTuning = true;
-    switch (dim) {
-        case 32: return launch_if<T, 32, 4, 2, 64, 2>(s, params);
-        case 64:
-            if (launch_if<T, 64, 4, 2, 64, 2>(s, params)) return true;
-            if constexpr (f16)
-                return launch_if<T, 64, 4, 2, 64, 3, kTuning>(s, params) ||
-                       launch_if<T, 64, 8, 1, 64, 2, kTuning>(s, params) ||
-                       launch_if<T, 64, 8, 2, 64, 2, kTuning>(s, params);
-            return false;
-        case 96: return launch_if<T, 96, 8, 1, 64, 2>(s, params);
-        case 128:
-            if (launch_if<T, 128, 8, 1, 64, 2>(s, params)) return true;
-            if constexpr (f16)
-                return launch_if<T, 128, 8, 1, 64, 3, kTuning>(s, params) ||
-                       launch_if<T, 128, 8, 1, 32, 2, kTuning>(s, params) ||
-                       launch_if<T, 128, 4, 2, 64, 2, kTuning>(s, params);
-            return false;
-        case 256: return launch_if<T, 256, 8, 1, 32, 2>(s, params);
-        default: return false;
-    }
+    static const std::vector<CompiledTile> tiles = {
+        tile<32, 4, 2, 64, 2>(),
+        tile<64, 4, 2, 64, 2>(),
+        tile<64, 4, 2, 64, 3, kTuning>(),
+        tile<64, 8, 1, 64, 2, kTuning>(),
+        tile<64, 8, 2, 64, 2, kTuning>(),
+        tile<96, 8, 1, 64, 2>(),
+        tile<128, 8, 1, 64, 2>(),
+        tile<128, 8, 1, 64, 3, kTuning>(),
+        tile<128, 8, 1, 32, 2, kTuning>(),
+        tile<128, 4, 2, 64, 2, kTuning>(),
+        tile<256, 8, 1, 32, 2>(),
+    };
+    return tiles;
 }
 
 std::string list(const std::vector<std::int64_t>& values) {
@@ -135,7 +114,12 @@ std::string list(const std::vector<std::int64_t>& values) {
 }  // namespace
 
 const std::vector<std::int64_t>& tc_head_dims() {
-    static const std::vector<std::int64_t> dims = {32, 64, 96, 128, 256};
+    static const std::vector<std::int64_t> dims = [] {  // those of the table, in its order
+        std::vector<std::int64_t> d;
+        for (const CompiledTile& t : compiled_tiles())
+            if (std::find(d.begin(), d.end(), t.dim) == d.end()) d.push_back(t.dim);
+        return d;
+    }();
     return dims;
 }
 
@@ -163,13 +147,14 @@ void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
     const AttentionProblem& p = args.problem;
     tc_check_problem(p, args.dtype);
     const KernelParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
-    const bool launched = args.dtype == DType::f16
-                              ? dispatch<__half>(p.dim, tile, params)
-                              : dispatch<__nv_bfloat16>(p.dim, tile, params);
-    if (!launched)
-        throw std::invalid_argument("tile = " + tile.name() + ": not compiled for d = " +
-                                    std::to_string(p.dim) + ", dtype " + to_string(args.dtype) +
-                                    " (see tc_tile_shapes)");
+    for (const CompiledTile& t : compiled_tiles())
+        if (t.dim == p.dim && t.shape == tile && (args.dtype == DType::f16 || !t.f16_only)) {
+            (args.dtype == DType::f16 ? t.launch_f16 : t.launch_bf16)(params);
+            return;
+        }
+    throw std::invalid_argument("tile = " + tile.name() + ": not compiled for d = " +
+                                std::to_string(p.dim) + ", dtype " + to_string(args.dtype) +
+                                " (see tc_tile_shapes)");
 }
 
 }  // namespace flashattn::tc
