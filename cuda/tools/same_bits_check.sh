@@ -26,9 +26,16 @@ mkdir -p "$OUT"
 source cuda/tools/steps.sh  # step NAME LOGFILE COMMAND...
 NEW=build/same_bits_new
 BASE=build/same_bits_base
-configure() {  # SOURCE BUILD
+# The working tree's Python package is built too where python3 has pybind11 (the GPU image does),
+# so that ctest runs its pytest suite on CUDA tensors; the baseline's never.
+export PY=$(command -v python3 || true)
+export PYBIND=$([ -n "$PY" ] && "$PY" -m pybind11 --cmakedir 2>/dev/null || true)
+configure() {  # SOURCE BUILD [python]
+    local python="-DFLASHATTN_PYTHON=OFF"
+    [ "${3:-}" = python ] && [ -n "$PYBIND" ] &&
+        python="-DPython3_EXECUTABLE=$PY -Dpybind11_DIR=$PYBIND"
     cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-        -DFLASHATTN_NVCC_SPLIT_COMPILE=0 -DFLASHATTN_PYTHON=OFF -DCMAKE_PREFIX_PATH="$DEPS" \
+        -DFLASHATTN_NVCC_SPLIT_COMPILE=0 $python -DCMAKE_PREFIX_PATH="$DEPS" \
         -DCatch2_DIR="$DEPS/lib/cmake/Catch2"
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
@@ -37,7 +44,7 @@ if has build; then
     step "build baseline (flashattn)" build_base.log bash -c \
         "$(declare -f configure); configure '$BASE_SRC' '$BASE' && cmake --build '$BASE' -j8 --target flashattn" &
     step "build working tree" build_new.log bash -c \
-        "$(declare -f configure); configure . '$NEW' && cmake --build '$NEW' -j16"
+        "$(declare -f configure); configure . '$NEW' python && cmake --build '$NEW' -j16"
     wait
     [ -x "$BASE/bin/flashattn" ] && SUMMARY+=("PASS  baseline binary present") ||
         SUMMARY+=("FAIL  baseline binary missing (build_base.log)")
