@@ -22,6 +22,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <optional>
 #include <string>
@@ -54,6 +55,24 @@ void require_shape(const char* name, const py::array& a,
     if (shape_of(a) != expected)
         throw std::invalid_argument(std::string(name) + " has shape " + shape_string(shape_of(a)) +
                                     ": must be " + shape_string(expected));
+}
+
+// Runs `work` with the GIL released (the library's threads and kernels need no Python), and
+// rethrows what it threw only once the GIL is held again: an exception is turned into a Python
+// one by pybind11, which needs the GIL, and leaving the released region by an exception crashed
+// the interpreter on Ubuntu 24.04's Python 3.12 (a refused problem, flashattn.attention on NumPy).
+template <class Work>
+void without_gil(Work work) {
+    std::exception_ptr failure;
+    {
+        py::gil_scoped_release release;
+        try {
+            work();
+        } catch (...) {
+            failure = std::current_exception();
+        }
+    }
+    if (failure) std::rethrow_exception(failure);
 }
 
 // The softmax scale as the library's float: NaN stays NaN (the default 1/sqrt(d)); a value float32
@@ -116,12 +135,13 @@ py::tuple attention(const FloatArray& q, const FloatArray& k, const FloatArray& 
     const DType dtype = parse_dtype(dtype_name);
     FloatArray O(array_shape(q));
     FloatArray lse(std::vector<py::ssize_t>{p.batch, p.heads, p.seq_q});
-    {
-        py::gil_scoped_release release;
+    float* O_data = O.mutable_data();
+    float* lse_data = lse.mutable_data();
+    without_gil([&] {
         auto prepared = backend.prepare(p, q.data(), k.data(), v.data(), dtype);
         prepared->execute();
-        prepared->fetch(O.mutable_data(), lse.mutable_data());
-    }
+        prepared->fetch(O_data, lse_data);
+    });
     return py::make_tuple(O, lse);
 }
 
@@ -140,13 +160,13 @@ py::tuple attention_backward(const FloatArray& q, const FloatArray& k, const Flo
     require_backward(backend);
     const DType dtype = parse_dtype(dtype_name);
     FloatArray dQ(array_shape(q)), dK(array_shape(k)), dV(array_shape(v));
-    {
-        py::gil_scoped_release release;
-        const BackwardInputs in{q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data()};
+    const BackwardInputs in{q.data(), k.data(), v.data(), o.data(), lse.data(), dO.data()};
+    float *dQ_data = dQ.mutable_data(), *dK_data = dK.mutable_data(), *dV_data = dV.mutable_data();
+    without_gil([&] {
         auto prepared = backend.prepare_backward(p, in, dtype);
         prepared->execute();
-        prepared->fetch(dQ.mutable_data(), dK.mutable_data(), dV.mutable_data());
-    }
+        prepared->fetch(dQ_data, dK_data, dV_data);
+    });
     return py::make_tuple(dQ, dK, dV);
 }
 
@@ -206,8 +226,7 @@ void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std:
     a.stream = reinterpret_cast<void*>(stream);  // 0 is the default stream
     a.dtype = parse_dtype(dtype_name);
     const Backend& backend = device_backend(backend_name, false);
-    py::gil_scoped_release release;
-    backend.run_device(p, a);
+    without_gil([&] { backend.run_device(p, a); });
 }
 
 void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
@@ -229,8 +248,7 @@ void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_
     a.stream = reinterpret_cast<void*>(stream);  // 0 is the default stream
     a.dtype = parse_dtype(dtype_name);
     const Backend& backend = device_backend(backend_name, true);
-    py::gil_scoped_release release;
-    backend.run_backward_device(p, a);
+    without_gil([&] { backend.run_backward_device(p, a); });
 }
 
 }  // namespace
