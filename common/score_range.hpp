@@ -23,9 +23,10 @@
 #pragma once
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -67,9 +68,15 @@ inline void require_representable_scores(const AttentionProblem& p, const float*
                                          const float* K) {
     const double bound = score_bound(p, Q, K);
     if (bound <= kScoreLimit) return;
-    // The shortest text that reads back as the same float ("-3e+38", not "-3.00000005e+38").
+    // The shortest text that reads back as the same float ("-3e+38", not "-3.00000005e+38"),
+    // with C's printf rather than std::to_chars, which crashed inside the Python module on the
+    // GPU image (a libstdc++ other than the one it was compiled against).
+    const float value = p.softmax_scale();
     char scale[32];
-    *std::to_chars(scale, scale + sizeof scale - 1, p.softmax_scale()).ptr = '\0';
+    for (int digits = 1; digits <= 9; ++digits) {
+        std::snprintf(scale, sizeof scale, "%.*g", digits, double(value));
+        if (std::strtof(scale, nullptr) == value) break;
+    }
     std::ostringstream msg;
     msg.precision(3);
     msg << "scale = " << scale << ": the scores scale * q.k of these inputs can reach " << bound
