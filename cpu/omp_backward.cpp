@@ -230,40 +230,25 @@ bool needs_masked_products(TileVisibility visibility, const ThreadBuffers& t) {
     return visibility == TileVisibility::partial && (t.query_nonfinite || t.key_nonfinite);
 }
 
-// Algorithm 2 line 12: dV_j += P_ij^T dO_i.
-void accumulate_value_gradient(const AttentionProblem& p, const Layout& L, TileRange rows,
-                               TileRange cols, TileVisibility visibility, ThreadBuffers& t) {
+// Algorithm 2 lines 12 and 16, one product of two shapes: out_j += A^T B for the (rows x cols)
+// tile A and the query tile's B. Line 12: dV_j += P_ij^T dO_i; line 16: dK_j += dS_ij^T Q_i
+// (unscaled: the scale is applied once, at line 18). A^T is formed in AT for the tile product.
+void add_transposed_product(const AttentionProblem& p, const Layout& L, TileRange rows,
+                            TileRange cols, TileVisibility visibility, const ThreadBuffers& t,
+                            const float* A, float* AT, const float* B, float* out) {
     const std::int64_t br = rows.size(), bc = cols.size();
     if (needs_masked_products(visibility, t)) {
         for (std::int64_t c = 0; c < bc; ++c)
             for (std::int64_t r = 0; r < br; ++r) {
                 if (!p.key_visible(rows.begin + r, cols.begin + c)) continue;
                 for (std::int64_t k = 0; k < p.dim; ++k)
-                    t.dV[c * L.vs + k] += t.P[r * L.ks + c] * t.dOp[r * L.vs + k];
+                    out[c * L.vs + k] += A[r * L.ks + c] * B[r * L.vs + k];
             }
         return;
     }
-    transpose_tile(L, cols, t.P, t.PT);
+    transpose_tile(L, cols, A, AT);
     for (std::int64_t c0 = 0; c0 < bc; c0 += kRows)
-        tiles::add_values(t.PT + c0 * L.rs, br, L.rs, t.dOp, L.vs, t.dV + c0 * L.vs);
-}
-
-// Algorithm 2 line 16: dK_j += dS_ij^T Q_i (unscaled: the scale is applied once, at line 18).
-void accumulate_key_gradient(const AttentionProblem& p, const Layout& L, TileRange rows,
-                             TileRange cols, TileVisibility visibility, ThreadBuffers& t) {
-    const std::int64_t br = rows.size(), bc = cols.size();
-    if (needs_masked_products(visibility, t)) {
-        for (std::int64_t c = 0; c < bc; ++c)
-            for (std::int64_t r = 0; r < br; ++r) {
-                if (!p.key_visible(rows.begin + r, cols.begin + c)) continue;
-                for (std::int64_t k = 0; k < p.dim; ++k)
-                    t.dK[c * L.vs + k] += t.dS[r * L.ks + c] * t.Qp[r * L.vs + k];
-            }
-        return;
-    }
-    transpose_tile(L, cols, t.dS, t.dST);
-    for (std::int64_t c0 = 0; c0 < bc; c0 += kRows)
-        tiles::add_values(t.dST + c0 * L.rs, br, L.rs, t.Qp, L.vs, t.dK + c0 * L.vs);
+        tiles::add_values(AT + c0 * L.rs, br, L.rs, B, L.vs, out + c0 * L.vs);
 }
 
 // Algorithm 2 line 15: dQ_i += dS_ij K_j into an accumulator of rs rows x vs (dQ_i unscaled).
@@ -332,13 +317,15 @@ void key_tile_task(const Inputs& x, std::int64_t b, std::int64_t g, std::int64_t
             load_query_tile(p, L, x.head(b, h), rows, t);
             tile_scores(L, rows, cols, scale, t);  // FA2-Alg2 L10: S_ij = scale Q_i K_j^T
             tile_probabilities(p, L, rows, cols, visibility, t);  // FA2-Alg2 L11: P_ij = exp(S_ij - L_i)
-            accumulate_value_gradient(p, L, rows, cols, visibility, t);  // FA2-Alg2 L12: dV_j += P_ij^T dO_i
+            // FA2-Alg2 L12: dV_j += P_ij^T dO_i
+            add_transposed_product(p, L, rows, cols, visibility, t, t.P, t.PT, t.dOp, t.dV);
             tile_output_gradient(L, rows, cols, t);  // FA2-Alg2 L13: dP_ij = dO_i V_j^T
             tile_score_gradient(p, L, rows, cols, visibility, t);  // FA2-Alg2 L14: dS_ij = P_ij o (dP_ij - D_i)
             if (dQ_group)  // FA2-Alg2 L15: dQ_i += dS_ij K_j (unscaled), in place of an atomic add
                 accumulate_query_gradient(p, L, rows, cols, visibility, t,
                                           dQ_group + ((h - g * G) * p.seq_q + rows.begin) * L.vs);
-            accumulate_key_gradient(p, L, rows, cols, visibility, t);  // FA2-Alg2 L16: dK_j += dS_ij^T Q_i
+            // FA2-Alg2 L16: dK_j += dS_ij^T Q_i
+            add_transposed_product(p, L, rows, cols, visibility, t, t.dS, t.dST, t.Qp, t.dK);
         }  // FA2-Alg2 L17: end for (i)
     float* dK_j = dK + p.kv_offset(b, g * G) + cols.begin * d;
     float* dV_j = dV + p.kv_offset(b, g * G) + cols.begin * d;
