@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <iterator>
 #include <stdexcept>
 #include <type_traits>
@@ -67,6 +68,15 @@ auto choose_variant(const std::string& backend, const std::string& wanted, const
     throw std::invalid_argument(std::string(kVariantVariable) + ": " + backend + "=" + wanted +
                                 " is for another head dim or dtype than " + problem +
                                 " (variants for it: " + runnable + ")");
+}
+
+// The head dims of a table whose rows have a `dim`, each once, in the table's order.
+template <class Rows>
+std::vector<std::int64_t> table_dims(const Rows& rows) {
+    std::vector<std::int64_t> dims;
+    for (const auto& r : rows)
+        if (std::find(dims.begin(), dims.end(), r.dim) == dims.end()) dims.push_back(r.dim);
+    return dims;
 }
 
 // The backward passes that add dQ with fp32 atomics (cuda-tc, cuda-fa2's tensor-core kernel) add

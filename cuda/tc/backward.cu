@@ -15,6 +15,7 @@
 #include "cuda/stages/backward_prepass.cuh"
 #include "cuda/host/check.hpp"
 #include "cuda/host/prepared.hpp"
+#include "cuda/host/variants.hpp"
 #include "cuda/tc/backward_ops.cuh"
 #include "cuda/host/tensor_core_eligibility.hpp"
 
@@ -110,12 +111,7 @@ const std::vector<CompiledShape>& compiled_shapes() {
 }  // namespace
 
 const std::vector<std::int64_t>& tc_backward_head_dims() {
-    static const std::vector<std::int64_t> dims = [] {  // those of the table, in its order
-        std::vector<std::int64_t> d;
-        for (const CompiledShape& c : compiled_shapes())
-            if (std::find(d.begin(), d.end(), c.dim) == d.end()) d.push_back(c.dim);
-        return d;
-    }();
+    static const std::vector<std::int64_t> dims = cuda::table_dims(compiled_shapes());
     return dims;
 }
 

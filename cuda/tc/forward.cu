@@ -16,6 +16,7 @@
 #include "cuda/host/check.hpp"
 #include "cuda/host/device_buffer.hpp"
 #include "cuda/host/prepared.hpp"
+#include "cuda/host/variants.hpp"
 #include "cuda/tc/kernel.cuh"
 #include "cuda/host/tensor_core_eligibility.hpp"
 
@@ -114,12 +115,7 @@ std::string list(const std::vector<std::int64_t>& values) {
 }  // namespace
 
 const std::vector<std::int64_t>& tc_head_dims() {
-    static const std::vector<std::int64_t> dims = [] {  // those of the table, in its order
-        std::vector<std::int64_t> d;
-        for (const CompiledTile& t : compiled_tiles())
-            if (std::find(d.begin(), d.end(), t.dim) == d.end()) d.push_back(t.dim);
-        return d;
-    }();
+    static const std::vector<std::int64_t> dims = cuda::table_dims(compiled_tiles());
     return dims;
 }
 
