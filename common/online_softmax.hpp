@@ -140,4 +140,26 @@ FA_HOST_DEVICE inline float log_sum_exp(SoftmaxState s) {
     return s.l == 0.0f ? -INFINITY : s.m + logf(s.l);
 }
 
+// The merge of two partial results of one row over disjoint sets of keys: (O_a, LSE_a) and
+// (O_b, LSE_b), each O normalized by its own sum and LSE = m + log(l). This is the update above
+// applied to whole blocks: a part is the softmax state (m, l) = (LSE, 1), its sum measured from
+// its own LSE, so merge_softmax gives m_new = max(LSE_a, LSE_b) and
+//     l_new = e^(LSE_a - m_new) + e^(LSE_b - m_new),   LSE = m_new + log(l_new),
+//     O = (e^(LSE_a - m_new) / l_new) O_a + (e^(LSE_b - m_new) / l_new) O_b
+//       =  e^(LSE_a - LSE) O_a + e^(LSE_b - LSE) O_b.
+// A part with no visible key (LSE = -inf, O = 0) contributes nothing; two such parts give the
+// empty row's O = 0, LSE = -inf; a NaN LSE makes both NaN. Split-KV decoding merges the partial
+// results of its key chunks with it, and ring attention those of its steps.
+struct PartialMerge {
+    float lse;      // the merged LSE
+    float scale_a;  // e^(LSE_a - LSE): O_a's weight in the merged O
+    float scale_b;  // e^(LSE_b - LSE)
+};
+FA_HOST_DEVICE inline PartialMerge merge_partials(float lse_a, float lse_b) {
+    const SoftmaxMerge r = merge_softmax(SoftmaxState{lse_a, 1.0f}, SoftmaxState{lse_b, 1.0f});
+    if (r.l_new == 0.0f) return {-INFINITY, 0.0f, 0.0f};  // both parts empty
+    const float inv_l = 1.0f / r.l_new;
+    return {r.m_new + logf(r.l_new), r.old_scale * inv_l, r.block_scale * inv_l};
+}
+
 }  // namespace flashattn

@@ -142,3 +142,117 @@ TEST_CASE("exp2_shifted (raw scores, scale folded into log2 e) equals exp_shifte
     CHECK(std::isnan(exp2_shifted(nan, exp2_shift(3.0f, c), c)));
     CHECK(std::isnan(exp2_shifted(1.0f, exp2_shift(nan, c), c)));
 }
+
+namespace {
+
+// One part's attention for a query row over keys [begin, end) of (n x d) K and V, in float64:
+// O normalized by the part's own sum, LSE = m + log(l); an empty part gives O = 0, LSE = -inf.
+struct Part {
+    std::vector<double> O;
+    double lse;
+};
+Part part_attention(const std::vector<double>& s, const std::vector<double>& V, std::size_t d,
+                    std::size_t begin, std::size_t end) {
+    Part r{std::vector<double>(d, 0.0), -INFINITY};
+    if (begin == end) return r;
+    double m = -INFINITY;
+    for (std::size_t j = begin; j < end; ++j) m = std::max(m, s[j]);
+    double l = 0;
+    for (std::size_t j = begin; j < end; ++j) {
+        const double p = std::exp(s[j] - m);
+        l += p;
+        for (std::size_t c = 0; c < d; ++c) r.O[c] += p * V[j * d + c];
+    }
+    for (double& o : r.O) o /= l;
+    r.lse = m + std::log(l);
+    return r;
+}
+
+// Merges float32 parts left to right (or as a balanced tree) with merge_partials.
+std::pair<std::vector<float>, float> merge_all(const std::vector<std::vector<float>>& O,
+                                               const std::vector<float>& lse, bool tree) {
+    std::vector<std::vector<float>> o = O;
+    std::vector<float> l = lse;
+    while (o.size() > 1) {
+        std::vector<std::vector<float>> o2;
+        std::vector<float> l2;
+        const std::size_t step = tree ? 2 : o.size();
+        for (std::size_t a = 0; a < o.size(); a += step) {
+            std::vector<float> acc = o[a];
+            float acc_lse = l[a];
+            for (std::size_t b = a + 1; b < std::min(a + step, o.size()); ++b) {
+                const PartialMerge m = merge_partials(acc_lse, l[b]);
+                for (std::size_t c = 0; c < acc.size(); ++c)
+                    acc[c] = m.scale_a * acc[c] + m.scale_b * o[b][c];
+                acc_lse = m.lse;
+            }
+            o2.push_back(acc), l2.push_back(acc_lse);
+        }
+        o = o2, l = l2;
+    }
+    return {o[0], l[0]};
+}
+
+}  // namespace
+
+TEST_CASE("merging partial results over disjoint key sets gives the whole row's attention") {
+    std::mt19937 gen(Catch::rngSeed() + 23);
+    for (int trial = 0; trial < 300; ++trial) {
+        const std::size_t n = 1 + gen() % 200, d = 1 + gen() % 40;
+        const double spread = 1.0 + trial % 5 * 20.0;  // scores up to ~ +-300
+        std::normal_distribution<double> dist(0.0, 1.0);
+        std::vector<double> s(n), V(n * d);
+        for (double& x : s) x = spread * dist(gen);
+        for (double& x : V) x = dist(gen);
+        // Cut the keys into 1..6 parts at random points; parts may be empty.
+        std::vector<std::size_t> cuts = {0, n};
+        for (std::size_t c = gen() % 6; c > 0; --c) cuts.push_back(gen() % (n + 1));
+        std::sort(cuts.begin(), cuts.end());
+        std::vector<std::vector<float>> O;
+        std::vector<float> lse;
+        for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+            const Part part = part_attention(s, V, d, cuts[k], cuts[k + 1]);
+            O.emplace_back(part.O.begin(), part.O.end());
+            lse.push_back(float(part.lse));
+        }
+        const Part whole = part_attention(s, V, d, 0, n);
+        for (bool tree : {false, true}) {
+            INFO("trial " << trial << ", n = " << n << ", " << O.size() << " parts, "
+                          << (tree ? "tree" : "left to right"));
+            const auto [o, l] = merge_all(O, lse, tree);
+            // The parts' LSEs are rounded to float32 (half an ulp of |LSE|, up to ~300 here), and
+            // each merge step adds a few ulp: a weight e^(LSE_a - LSE) is that far off relatively.
+            double largest = 1;
+            for (float x : lse) largest = std::max(largest, std::isfinite(x) ? std::fabs(x) : 0.0);
+            const double tol = 4 * O.size() * 1.2e-7 * largest;
+            CHECK(std::fabs(l - whole.lse) <= tol);
+            double v_max = 0;
+            for (double x : V) v_max = std::max(v_max, std::fabs(x));
+            for (std::size_t c = 0; c < d; ++c)
+                CHECK(std::fabs(o[c] - whole.O[c]) <= 2 * tol * v_max + 1e-6);
+        }
+    }
+}
+
+TEST_CASE("merging partials: empty parts add nothing, two empty give the empty row, NaN stays") {
+    const float inf = INFINITY, nan = NAN;
+    PartialMerge m = merge_partials(-inf, 2.5f);  // an empty part beside one that saw keys
+    CHECK(m.lse == 2.5f);
+    CHECK(m.scale_a == 0.0f);
+    CHECK(m.scale_b == 1.0f);
+    m = merge_partials(-inf, -inf);  // no key in either: O = 0, LSE = -inf, never NaN
+    CHECK(m.lse == -inf);
+    CHECK(m.scale_a == 0.0f);
+    CHECK(m.scale_b == 0.0f);
+    m = merge_partials(nan, 1.0f);  // a NaN is never hidden
+    CHECK(std::isnan(m.lse));
+    CHECK(std::isnan(m.scale_a));
+    m = merge_partials(1e4f, -1e4f);  // huge finite LSEs: the far smaller part weighs 0, no overflow
+    CHECK(m.lse == 1e4f);
+    CHECK(m.scale_a == 1.0f);
+    CHECK(m.scale_b == 0.0f);
+    m = merge_partials(std::log(3.0f), std::log(1.0f));  // weights 3/4 and 1/4
+    CHECK(m.lse == Approx(std::log(4.0f)).epsilon(1e-6));
+    CHECK(m.scale_a == Approx(0.75f).epsilon(1e-6));
+    CHECK(m.scale_b == Approx(0.25f).epsilon(1e-6));
+}
