@@ -90,6 +90,13 @@ struct AttentionProblem {
         const std::int64_t tc = ceil_div(seq_kv, block_mask.block_kv);
         return block_mask.data[(i / block_mask.block_q) * tc + j / block_mask.block_kv] != 0;
     }
+    // The last key (of keys 0 .. last) that the causal mask lets row i see among keys before
+    // `end`: a row's visible keys are a prefix, so a kernel masks a tile with one bound per row
+    // instead of a test per key. -1 (or less) when the mask hides every key.
+    FA_HOST_DEVICE std::int64_t last_causal_key(std::int64_t i, std::int64_t end) const {
+        const std::int64_t diagonal = i + causal_offset();
+        return causal && diagonal < end - 1 ? diagonal : end - 1;
+    }
     // May query row i attend key j? Both masks must allow it.
     FA_HOST_DEVICE bool key_visible(std::int64_t i, std::int64_t j) const {
         return causal_visible(i, j) && block_visible(i, j);

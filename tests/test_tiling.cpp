@@ -118,3 +118,19 @@ TEST_CASE("causal_key_tiles splits a row range's key tiles as the element-wise m
         }
     }
 }
+
+TEST_CASE("last_causal_key bounds exactly the keys the causal mask lets a row see") {
+    std::mt19937 gen(Catch::rngSeed() + 29);
+    for (int trial = 0; trial < 200; ++trial) {
+        AttentionProblem p;
+        p.seq_q = 1 + gen() % 70, p.seq_kv = 1 + gen() % 70, p.dim = 8;
+        p.causal = gen() % 4 != 0;
+        for (std::int64_t i = 0; i < p.seq_q; ++i)
+            for (std::int64_t end = 0; end <= p.seq_kv; ++end) {
+                const std::int64_t last = p.last_causal_key(i, end);
+                for (std::int64_t j = 0; j < end; ++j)
+                    REQUIRE(p.causal_visible(i, j) == (j <= last));
+                REQUIRE(last <= end - 1);
+            }
+    }
+}

@@ -173,8 +173,7 @@ __device__ __forceinline__ void fa1_scale_and_mask(float (&S)[Cfg::kMaxNT][4],
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const std::int64_t row = row0 + g + 8 * r;
-        std::int64_t last_key = col_end - 1;
-        if (p.causal) last_key = min(last_key, row + p.causal_offset());
+        const std::int64_t last_key = p.last_causal_key(row, col_end);
         // Clamped to [-1, kMaxBc], the per-entry test is a 32-bit compare.
         const std::int64_t last64 = last_key - col0 - 2 * t;
         const int last = int(last64 < -1 ? -1 : (last64 > Cfg::kMaxBc ? Cfg::kMaxBc : last64));

@@ -136,7 +136,7 @@ __device__ __forceinline__ void probabilities_and_score_gradients(
                 if constexpr (kBlockMask)
                     visible = visible && p.key_visible(row, key);
                 else
-                    visible = visible && (!p.causal || key <= row + p.causal_offset());
+                    visible = visible && p.causal_visible(row, key);
                 if (!visible) P = 0.0f, dS = 0.0f;
             }
             S[nt][e] = P;

@@ -57,8 +57,7 @@ __device__ __forceinline__ void mask_scores(float (&S)[Cfg::Bc / 8][4], const At
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + lane / 4 + 8 * r;
-            std::int64_t last_key = p.seq_kv - 1;
-            if (p.causal) last_key = min(last_key, row + p.causal_offset());
+            const std::int64_t last_key = p.last_causal_key(row, p.seq_kv);
             // Entry (nt, 2 r + e) is key col0 + 8 nt + 2 (lane % 4) + e; clamping the bound to
             // [-1, Bc] lets the per-entry test be a 32-bit compare.
             const std::int64_t last64 = last_key - col0 - 2 * (lane % 4);
