@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/registry.hpp"
+#include "common/score_range.hpp"
 
 namespace py = pybind11;
 
@@ -279,6 +280,9 @@ PYBIND11_MODULE(_flashattn, m) {
         .def(py::init<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                       std::int64_t>());
     m.def("validate", &python::validate_problem);
+    // The bound on |scores| the library computes within (common/score_range.hpp), for the
+    // package's check of CUDA tensors, which the library cannot read.
+    m.attr("score_limit") = kScoreLimit;
     m.def("attention_device", &python::attention_device);
     m.def("attention_backward_device", &python::attention_backward_device);
 }

@@ -62,7 +62,7 @@ def backend_info():
 # check is the library's own (_C.validate, the rules of common/problem.hpp), on shapes alone.
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-_SCORE_LIMIT = _FLOAT32_MAX / 2  # common/score_range.hpp's kScoreLimit
+_SCORE_LIMIT = _C.score_limit  # common/score_range.hpp's kScoreLimit
 _INT64_MAX = 2**63 - 1  # the C++ side's std::int64_t
 
 
@@ -367,6 +367,13 @@ def _max_finite_row_norm(x):
     return math.sqrt(squares.max().item()) if squares.numel() else 0.0
 
 
+def _max_finite_abs(x):
+    """The largest |element| of x over its finite elements (0 when there is none)."""
+    x = x.detach()
+    x = x[x.isfinite()].float()  # float32 holds every f16/bf16 value exactly
+    return float(x.abs().max().item()) if x.numel() else 0.0
+
+
 def _check_score_range(Q, K, scale):
     """The library refuses scores float32 cannot hold (common/score_range.hpp: an overflowed row
     would read as fully masked, O = 0 and LSE = -inf), but it cannot read tensors on a GPU, so the
@@ -377,9 +384,7 @@ def _check_score_range(Q, K, scale):
     d = Q.shape[-1]
     s = abs(float(np.float32(1.0 / math.sqrt(d)))) if math.isnan(scale) else abs(scale)
     factor = max(1.0, s)
-    finite = lambda x: x.detach()[x.detach().isfinite()].float()  # noqa: E731 (exact for f16/bf16)
-    q_abs, k_abs = (finite(x).abs().max().item() if finite(x).numel() else 0.0 for x in (Q, K))
-    if factor * d * float(q_abs) * float(k_abs) <= _SCORE_LIMIT:
+    if factor * d * _max_finite_abs(Q) * _max_finite_abs(K) <= _SCORE_LIMIT:
         return
     bound = factor * _max_finite_row_norm(Q) * _max_finite_row_norm(K)
     if bound > _SCORE_LIMIT:
