@@ -20,9 +20,8 @@
 #include <cstdint>
 #include <iterator>
 #include <stdexcept>
-#include <type_traits>
-
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace flashattn::cuda {
