@@ -162,4 +162,24 @@ FA_HOST_DEVICE inline PartialMerge merge_partials(float lse_a, float lse_b) {
     return {r.m_new + logf(r.l_new), r.old_scale * inv_l, r.block_scale * inv_l};
 }
 
+// S partial results of one row, (O_s, LSE_s) for s = 0 .. S-1, merged into (O, LSE) by folding
+// merge_partials over s in order (a fixed order, so the result does not depend on who calls it).
+// Part s's LSE is lse[s * lse_stride] and its O row starts at O_parts + s * o_stride. Only the
+// columns first, first + step, ... < d of O are written: a CPU caller passes (0, 1), a GPU warp
+// (lane, 32), each lane folding the same LSEs. Returns the merged LSE.
+FA_HOST_DEVICE inline float merge_partial_row(int S, const float* lse, std::int64_t lse_stride,
+                                              const float* O_parts, std::int64_t o_stride,
+                                              std::int64_t d, std::int64_t first,
+                                              std::int64_t step, float* O) {
+    float lse_merged = -INFINITY;
+    for (std::int64_t c = first; c < d; c += step) O[c] = 0.0f;
+    for (int s = 0; s < S; ++s) {
+        const PartialMerge m = merge_partials(lse_merged, lse[s * lse_stride]);
+        const float* O_s = O_parts + s * o_stride;
+        for (std::int64_t c = first; c < d; c += step) O[c] = m.scale_a * O[c] + m.scale_b * O_s[c];
+        lse_merged = m.lse;
+    }
+    return lse_merged;
+}
+
 }  // namespace flashattn

@@ -56,6 +56,10 @@ struct AttentionProblem {
     std::int64_t block_kv = 0;
     // M of Algorithm 1, counted in floats (the CLI's --sram-bytes / 4). 0 = the form's default.
     std::int64_t sram_floats = 0;
+    // Split-KV (decoding): the number of key chunks S whose partial results are merged
+    // (merge_partial_row, common/online_softmax.hpp). 0 = the backend chooses; 1 = no split.
+    // Backends without a split ignore it.
+    std::int64_t kv_splits = 0;
 
     BlockMask block_mask;
 
@@ -150,6 +154,8 @@ inline void validate(const AttentionProblem& p) {
     require((p.block_q == 0) == (p.block_kv == 0), "block_q/block_kv",
             str(p.block_q) + "/" + str(p.block_kv), "give both block sizes or neither");
     require(p.sram_floats >= 0, "sram_floats", str(p.sram_floats), "must not be negative");
+    require(p.kv_splits >= 0 && p.kv_splits <= 1024, "kv_splits", str(p.kv_splits),
+            "must be in [0, 1024] (0 = automatic)");
     if (p.sram_floats > 0)
         require(p.sram_floats >= 4 * p.dim, "sram_floats", str(p.sram_floats),
                 "must hold at least 4*dim = " + str(4 * p.dim) +
