@@ -35,6 +35,9 @@ public:
     // The tiles this run uses, in the paper's names ("Br = 64, Bc = 32"); empty for a form that
     // does not tile (Algorithm 0). `flashattn run` prints it.
     virtual std::string tiles() const { return {}; }
+    // Split-KV (decoding): the number of key chunks S the last execute() merged (1 = no split).
+    // `bench --json` reports it as "splits".
+    virtual std::int64_t kv_splits() const { return 1; }
 };
 
 // What the backward pass reads: the forward's inputs, its outputs O and LSE (L = m + log l, the
@@ -72,14 +75,28 @@ enum class TileSizes {
 // Arrays already on the device (CUDA), for a backend that can compute on them in place: nothing is
 // copied to or from the host. Q, K, V (and dO) hold values of `dtype` (float32, or the 16-bit
 // f16 / bf16 patterns for cuda-tc, whose Q must then be q_sign * Q as in cuda/host/half_bits.hpp); O,
-// LSE and the gradients are float32. `stream` is the caller's CUDA stream (a cudaStream_t;
-// nullptr for the default stream): the backend lets the work queued on it finish before reading
-// the inputs, and returns when the outputs are written.
+// LSE and the gradients are float32.
+//
+// Asynchronous, like a PyTorch operator: the backend queues its kernels on `stream` (a
+// cudaStream_t; nullptr for the default stream) behind the work already there and returns without
+// waiting; it allocates nothing and copies nothing to or from the host. Everything it needs
+// beyond inputs and outputs comes from the caller:
+//   - workspace: at least device_workspace_bytes(problem, dtype) bytes (the backward's own
+//     function for DeviceBackward) of device memory, 256-byte aligned, alive until the stream
+//     has run the queued work (PyTorch's caching allocator guarantees this for memory allocated
+//     on the same stream);
+//   - block_mask: the problem's block mask (problem.block_mask, a host array, is still what is
+//     validated) copied to the device, or nullptr without one.
+// Launch failures are thrown (std::runtime_error); a failure inside a kernel surfaces at the
+// caller's next synchronization, as it does in PyTorch.
 struct DeviceForward {
     const void *Q = nullptr, *K = nullptr, *V = nullptr;
     float *O = nullptr, *lse = nullptr;
     void* stream = nullptr;
     DType dtype = DType::f32;
+    void* workspace = nullptr;
+    std::size_t workspace_bytes = 0;
+    const std::uint8_t* block_mask = nullptr;
 };
 struct DeviceBackward {
     const void *Q = nullptr, *K = nullptr, *V = nullptr, *dO = nullptr;
@@ -87,6 +104,9 @@ struct DeviceBackward {
     float *dQ = nullptr, *dK = nullptr, *dV = nullptr;
     void* stream = nullptr;
     DType dtype = DType::f32;
+    void* workspace = nullptr;
+    std::size_t workspace_bytes = 0;
+    const std::uint8_t* block_mask = nullptr;
 };
 
 struct Backend {
@@ -108,6 +128,9 @@ struct Backend {
     // the backend has no such entry. Used by the Python package for CUDA tensors.
     std::function<void(const AttentionProblem&, const DeviceForward&)> run_device;
     std::function<void(const AttentionProblem&, const DeviceBackward&)> run_backward_device;
+    // The workspace the device entries need (DeviceForward::workspace); empty = none.
+    std::function<std::size_t(const AttentionProblem&, DType)> device_workspace_bytes;
+    std::function<std::size_t(const AttentionProblem&, DType)> device_backward_workspace_bytes;
 
     bool supports(DType t) const {
         return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();
