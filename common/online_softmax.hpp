@@ -163,22 +163,34 @@ FA_HOST_DEVICE inline PartialMerge merge_partials(float lse_a, float lse_b) {
     return {r.m_new + logf(r.l_new), r.old_scale * inv_l, r.block_scale * inv_l};
 }
 
-// S partial results of one row, (O_s, LSE_s) for s = 0 .. S-1, merged into (O, LSE) by folding
-// merge_partials over s in order (a fixed order, so the result does not depend on who calls it).
-// Part s's LSE is lse[s * lse_stride] and its O row starts at O_parts + s * o_stride. Only the
-// columns first, first + step, ... < d of O are written: a CPU caller passes (0, 1), a GPU warp
-// (lane, 32), each lane folding the same LSEs. Returns the merged LSE.
+// S partial results of one row, (O_s, LSE_s) for s = 0 .. S-1, merged: the two-part rule above
+// applied S - 1 times gives LSE = log(sum_s e^LSE_s) and O = sum_s e^(LSE_s - LSE) O_s. The LSE
+// is folded with merge_partials in a fixed order (s = 0, 1, ...), so the result does not depend
+// on who computes it; each O_s is then weighted by partial_weight.
+FA_HOST_DEVICE inline float merged_lse(int S, const float* lse, std::int64_t lse_stride) {
+    float merged = -INFINITY;
+    for (int s = 0; s < S; ++s) merged = merge_partials(merged, lse[s * lse_stride]).lse;
+    return merged;
+}
+// e^(LSE_s - LSE): part s's weight in the merged O. 0 for an empty part (LSE_s = -inf), and for
+// every part when all are empty (LSE = -inf, so O = 0); NaN when either LSE is NaN.
+FA_HOST_DEVICE inline float partial_weight(float lse_s, float lse) {
+    return lse == -INFINITY ? 0.0f : expf(lse_s - lse);
+}
+// One row, written out: part s's O row starts at O_parts + s * o_stride and its LSE is
+// lse[s * lse_stride]; the columns first, first + step, ... < d of O are written (a CPU caller
+// passes first = 0, step = 1). Returns the merged LSE. A GPU kernel keeps the sums in registers
+// instead (cuda/stages/combine.cuh) but uses the same two functions.
 FA_HOST_DEVICE inline float merge_partial_row(int S, const float* lse, std::int64_t lse_stride,
                                               const float* O_parts, std::int64_t o_stride,
                                               std::int64_t d, std::int64_t first,
                                               std::int64_t step, float* O) {
-    float lse_merged = -INFINITY;
+    const float lse_merged = merged_lse(S, lse, lse_stride);
     for (std::int64_t c = first; c < d; c += step) O[c] = 0.0f;
     for (int s = 0; s < S; ++s) {
-        const PartialMerge m = merge_partials(lse_merged, lse[s * lse_stride]);
+        const float w = partial_weight(lse[s * lse_stride], lse_merged);
         const float* O_s = O_parts + s * o_stride;
-        for (std::int64_t c = first; c < d; c += step) O[c] = m.scale_a * O[c] + m.scale_b * O_s[c];
-        lse_merged = m.lse;
+        for (std::int64_t c = first; c < d; c += step) O[c] += w * O_s[c];
     }
     return lse_merged;
 }

@@ -4,6 +4,7 @@
 // multiple of the block size, and every form must treat that ragged tail as the normal case.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/config.hpp"
@@ -83,6 +84,36 @@ FA_HOST_DEVICE inline bool needs_element_mask(TileVisibility seen, TileRange col
 // the longest are started first and the short ones fill the last wave. Without one, in order.
 FA_HOST_DEVICE inline std::int64_t longest_first(bool causal, std::int64_t t, std::int64_t T) {
     return causal ? T - 1 - t : t;
+}
+
+// Split-KV (decoding): chunk s of S of the tiles [0, T) is [s T / S, (s + 1) T / S). The
+// chunks cover every tile once, in order, and differ by at most one tile; with S > T some are
+// empty (their partial result is that of a row with no visible key: O = 0, LSE = -inf).
+FA_HOST_DEVICE inline TileRange split_chunk(std::int64_t T, std::int64_t S, std::int64_t s) {
+    return {s * T / S, (s + 1) * T / S};
+}
+
+// Split-KV's S when the caller leaves it to the backend: `work_items` independent tasks (query
+// tiles x heads x batch) on `slots` workers (CTAs resident at once, or threads). S = 1 when the
+// tasks already fill 80% of the slots. Otherwise S is the smallest count whose wave efficiency
+// -- tasks / (waves x slots) with tasks = work_items S -- is within 85% of the best over S = 1 ..
+// min(128, key_tiles / min_chunk_tiles), so every chunk keeps at least min_chunk_tiles tiles
+// (FlashAttention's split heuristic has the same shape). More splits cost partial results
+// written and merged, so the smallest good S wins.
+inline std::int64_t choose_kv_splits(std::int64_t work_items, std::int64_t slots,
+                                     std::int64_t key_tiles, std::int64_t min_chunk_tiles) {
+    if (work_items <= 0 || slots <= 0 || 10 * work_items >= 8 * slots) return 1;
+    const std::int64_t max_splits = std::max<std::int64_t>(
+        1, std::min<std::int64_t>(128, key_tiles / std::max<std::int64_t>(1, min_chunk_tiles)));
+    auto efficiency = [&](std::int64_t S) {
+        const std::int64_t tasks = work_items * S;
+        return double(tasks) / double(ceil_div(tasks, slots) * slots);
+    };
+    double best = 0.0;
+    for (std::int64_t S = 1; S <= max_splits; ++S) best = std::max(best, efficiency(S));
+    for (std::int64_t S = 1; S <= max_splits; ++S)
+        if (efficiency(S) >= 0.85 * best) return S;
+    return 1;
 }
 
 // classify_causal for every key tile of width `block` at once, for the query rows [rows): tiles

@@ -12,6 +12,7 @@
 // FlashAttention-2, Algorithm 1 (forward; Dao 2023, arXiv 2307.08691), and where each line lives:
 //
 //   L3       for 1 <= i <= Tr (one CTA each)       flash_forward: i from blockIdx.x, longest first
+//                                                  (split-KV: kv_splits CTAs, a key chunk each)
 //   L4       load Q_i                              Ops::load_q, then Ops::hold_q (registers)
 //   L5       O_i = 0, l_i = 0, m_i = -inf          O and RowSoftmax, in registers
 //   L6       for 1 <= j <= Tc                      the loop (tiles the masks hide are skipped)
@@ -50,8 +51,11 @@ __device__ __forceinline__ void flash_forward(const KernelParams& params, void* 
     const int seq_q = int(p.seq_q), seq_kv = int(p.seq_kv);
     Ops ops(params, smem, warp, lane);
 
-    // FA2 L3: this CTA is iteration i of the outer loop, for head h of batch b.
-    const int i = int(longest_first(p.causal, blockIdx.x, gridDim.x));
+    // FA2 L3: this CTA is iteration i of the outer loop, for head h of batch b. Under split-KV
+    // the grid's x holds kv_splits chunks of the key tiles per query tile (KernelParams).
+    const int Tr = int(gridDim.x) / params.kv_splits;
+    const int split = int(blockIdx.x) / Tr;
+    const int i = int(longest_first(p.causal, blockIdx.x % Tr, Tr));
     const std::int64_t h = blockIdx.y, b = blockIdx.z;
     const int row_begin = i * Cfg::Br, row_end = min(row_begin + Cfg::Br, seq_q);
     const TileRange rows = {row_begin, row_end};
@@ -62,6 +66,9 @@ __device__ __forceinline__ void flash_forward(const KernelParams& params, void* 
     const Element* V_head = static_cast<const Element*>(params.V) + p.kv_offset(b, h);
     // FA2 L6's range: causal masking hides every key tile past the last row's diagonal.
     const int Tc_seen = int(causal_key_tiles(p, rows, Bc).seen);
+    // Split-KV: this CTA's chunk [j_first, j_end) of those tiles (all of them without a split).
+    const TileRange chunk = split_chunk(Tc_seen, params.kv_splits, split);
+    const int j_first = int(chunk.begin), j_end = int(chunk.end);
 
     // FA2 L4 (issued): Q_i -> shared memory, cp.async group 0.
     ops.load_q(Q_head, row_begin, seq_q);
@@ -69,12 +76,12 @@ __device__ __forceinline__ void flash_forward(const KernelParams& params, void* 
     // FA2 L7 (issued ahead): the first kStages - 1 visible tiles K_j, V_j, one group each. Every
     // thread commits a group per slot even when there is nothing left to load, so that "wait
     // until at most N groups are pending" always means the same tile.
-    int j_load = next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc);
+    int j_load = next_key_tile<kBlockMask>(p, rows, j_first, j_end, Bc);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (j_load < Tc_seen) {
+        if (j_load < j_end) {
             ops.load_kv(s, K_head, V_head, j_load * Bc, seq_kv);
-            j_load = next_key_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
+            j_load = next_key_tile<kBlockMask>(p, rows, j_load + 1, j_end, Bc);
         }
         cp_async_commit();
     }
@@ -96,16 +103,16 @@ __device__ __forceinline__ void flash_forward(const KernelParams& params, void* 
 
     int stage = 0;  // ring slot of tile j
     // FA2 L6: for each key tile j that the CTA can see.
-    for (int j = next_key_tile<kBlockMask>(p, rows, 0, Tc_seen, Bc); j < Tc_seen;
-         j = next_key_tile<kBlockMask>(p, rows, j + 1, Tc_seen, Bc)) {
+    for (int j = next_key_tile<kBlockMask>(p, rows, j_first, j_end, Bc); j < j_end;
+         j = next_key_tile<kBlockMask>(p, rows, j + 1, j_end, Bc)) {
         // FA2 L7: tile j has landed (at most kStages - 2 younger groups still in flight), and the
         // barrier makes it visible to all warps -- and tells us every warp is done with the slot
         // used in the previous iteration, which the next copy may now overwrite.
         cp_async_wait<kStages - 2>();
         __syncthreads();
-        if (j_load < Tc_seen) {
+        if (j_load < j_end) {
             ops.load_kv((stage + kStages - 1) % kStages, K_head, V_head, j_load * Bc, seq_kv);
-            j_load = next_key_tile<kBlockMask>(p, rows, j_load + 1, Tc_seen, Bc);
+            j_load = next_key_tile<kBlockMask>(p, rows, j_load + 1, j_end, Bc);
         }
         cp_async_commit();
 
@@ -135,7 +142,7 @@ __device__ __forceinline__ void flash_forward(const KernelParams& params, void* 
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
         if (warp_begin + 16 * mt < row_end)
-            softmax[mt].finalize(O[mt], params, warp_begin + 16 * mt, b, h, lane);
+            softmax[mt].finalize(O[mt], params, warp_begin + 16 * mt, b, h, lane, split);
 }
 
 }  // namespace flashattn::mma

@@ -34,6 +34,13 @@ struct KernelParams {
     AttentionProblem problem;  // its block_mask.data (if any) points to device memory
     float scale_log2;          // c = |scale| log2(e) > 0 (a negative scale is folded into Q)
     float lse_scale;           // |scale|: LSE = m |scale| + log(l) for raw-score maxima m
+    // Split-KV (decoding): with kv_splits = S > 1 the grid's x holds S chunks of the key tiles
+    // (split_chunk, common/tiling.hpp) per query tile, and chunk s writes its partial result --
+    // O_s normalized over its own keys, and LSE_s -- at O_partial + s q_elements and lse_partial
+    // + s lse_elements instead of O and lse; cuda/stages/combine.cuh merges them.
+    int kv_splits = 1;
+    float* O_partial = nullptr;
+    float* lse_partial = nullptr;
 };
 
 // The parameters of one launch. The kernels need c = |scale| log2(e) > 0 (see exp2_shifted).
@@ -182,10 +189,15 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
 template <class Cfg>
 __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], const float (&m)[2],
                                              const float (&l)[2], const KernelParams& params,
-                                             int row0, std::int64_t b, std::int64_t h, int lane) {
+                                             int row0, std::int64_t b, std::int64_t h, int lane,
+                                             int split) {
     const AttentionProblem& p = params.problem;
-    float* O_head = params.O + p.q_offset(b, h);
-    float* lse_head = params.lse + p.lse_offset(b, h);
+    // Chunk `split` of a split-KV launch writes its partial result into its own slice.
+    const bool partial = params.kv_splits > 1;
+    float* O_head = (partial ? params.O_partial + split * p.q_elements() : params.O) +
+                    p.q_offset(b, h);
+    float* lse_head = (partial ? params.lse_partial + split * p.lse_elements() : params.lse) +
+                      p.lse_offset(b, h);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float l_row = l[r];
@@ -219,7 +231,8 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
 //   update_only  FA2 L9 alone, returning the rescale factors for a kernel whose O_i is still being
 //              accumulated by an asynchronous P V (cuda-fa3), which calls rescale(O, factors)
 //              once that product has landed;
-//   finalize   FA2 L12-L15: O_i / l_i and L_i written (write_output).
+//   finalize   FA2 L12-L15: O_i / l_i and L_i written (write_output), or chunk `split`'s partial
+//              result under split-KV.
 template <class Cfg, bool kExactDifference = false>
 struct RowSoftmax {
     float m[2] = {-INFINITY, -INFINITY};
@@ -239,8 +252,8 @@ struct RowSoftmax {
     }
     __device__ __forceinline__ void finalize(const float (&O)[Cfg::D / 8][4],
                                              const KernelParams& params, int row0, std::int64_t b,
-                                             std::int64_t h, int lane) const {
-        write_output<Cfg>(O, m, l, params, row0, b, h, lane);
+                                             std::int64_t h, int lane, int split = 0) const {
+        write_output<Cfg>(O, m, l, params, row0, b, h, lane, split);
     }
 };
 

@@ -14,6 +14,7 @@
 #include "cuda/host/check.hpp"
 #include "cuda/host/prepared.hpp"
 #include "cuda/host/prepared_backward.hpp"
+#include "cuda/host/split_kv.hpp"
 #include "cuda/tc/backward.hpp"
 #include "cuda/host/variants.hpp"
 
@@ -27,7 +28,10 @@ class PreparedTc final : public cuda::PreparedCuda {
 public:
     PreparedTc(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                DType dtype, const TcTileShape& tile)
-        : PreparedCuda("cuda-tc", p, Q, K, V, dtype, cuda::InputForm::bits16), tile_(tile) {}
+        : PreparedCuda("cuda-tc", p, Q, K, V, dtype, cuda::InputForm::bits16),
+          tile_(tile),
+          kv_splits_(tc_kv_splits(p, dtype, tile)),
+          partials_(workspace<unsigned char>(cuda::split_workspace_bytes(p, kv_splits_))) {}
 
     void execute() override {
         TcDeviceArgs args;
@@ -35,14 +39,21 @@ public:
         args.dtype = dtype_;
         args.Q = Q16_.data(), args.K = K16_.data(), args.V = V16_.data();
         args.O = O_.data(), args.lse = lse_.data();
+        args.kv_splits = kv_splits_, args.workspace = partials_.data();
         tc_forward(args, tile_);
         synchronize();
     }
-    // The kernel keeps everything in registers and shared memory: no working memory in HBM.
-    std::string tiles() const override { return "tile shape " + tile_.name(); }
+    // Working memory in HBM: only split-KV's partial results (extra_bytes counts them).
+    std::string tiles() const override {
+        return "tile shape " + tile_.name() +
+               (kv_splits_ > 1 ? ", split-KV S = " + std::to_string(kv_splits_) : "");
+    }
+    std::int64_t kv_splits() const override { return kv_splits_; }
 
 private:
     TcTileShape tile_;
+    std::int64_t kv_splits_;
+    cuda::DeviceBuffer<unsigned char> partials_;
 };
 
 // A compiled shape as a row of cuda/host/variants.hpp's chooser.

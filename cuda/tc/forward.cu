@@ -16,6 +16,7 @@
 #include "cuda/host/check.hpp"
 #include "cuda/host/device_buffer.hpp"
 #include "cuda/host/prepared.hpp"
+#include "cuda/host/split_kv.hpp"
 #include "cuda/host/variants.hpp"
 #include "cuda/tc/kernel.cuh"
 #include "cuda/host/tensor_core_eligibility.hpp"
@@ -50,14 +51,15 @@ struct CompiledTile {
     std::int64_t dim;
     TcTileShape shape;
     bool f16_only;  // a tuning alternative
-    void (*launch_f16)(const KernelParams&);
-    void (*launch_bf16)(const KernelParams&);  // nullptr for a tuning alternative
+    void (*launch_f16)(const KernelParams&, cudaStream_t);
+    void (*launch_bf16)(const KernelParams&, cudaStream_t);  // nullptr for a tuning alternative
+    int (*ctas_per_sm)();  // of the f16 kernel without a block mask (bf16's uses as many registers)
 };
 
 // Launches one compiled shape. kTuning: a tuning alternative, compiled without the block-mask
 // kernel (block-sparse problems run with the default shapes).
 template <class Cfg, bool kTuning>
-void launch(const KernelParams& params) {
+void launch(const KernelParams& params, cudaStream_t stream) {
     const AttentionProblem& p = params.problem;
     cuda::require_shared_memory(Cfg::kSmemBytes, "cuda-tc: tile Br" + std::to_string(Cfg::Br) +
                                                       "-Bc" + std::to_string(Cfg::Bc) +
@@ -72,18 +74,30 @@ void launch(const KernelParams& params) {
     }
     FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   Cfg::kSmemBytes));
-    const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Cfg::Br)),
+    // x: the query tiles, times the key chunks under split-KV (KernelParams::kv_splits).
+    const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Cfg::Br) * params.kv_splits),
                     static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(params);
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
     FA_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Cfg>
+int ctas_per_sm() {
+    auto kernel = tc_forward_kernel<Cfg, false>;
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg::kSmemBytes));
+    int n = 0;
+    FA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads,
+                                                                Cfg::kSmemBytes));
+    return n;
 }
 
 // One row of the table: the shape and its instantiations (f16, and bf16 unless a tuning
 // alternative), so that a shape is written once.
 template <int D, int W, int M, int Bc, int S, bool kTuning = false>
 CompiledTile tile() {
-    CompiledTile t{D, {W, M, Bc, S}, kTuning, &launch<TcTile<__half, D, W, M, Bc, S>, kTuning>,
-                   nullptr};
+    using F16 = TcTile<__half, D, W, M, Bc, S>;
+    CompiledTile t{D, {W, M, Bc, S}, kTuning, &launch<F16, kTuning>, nullptr, &ctas_per_sm<F16>};
     if constexpr (!kTuning) t.launch_bf16 = &launch<TcTile<__nv_bfloat16, D, W, M, Bc, S>, false>;
     return t;
 }
@@ -139,18 +153,42 @@ void tc_check_problem(const AttentionProblem& p, DType dtype) {
     if (!outside.empty()) throw std::invalid_argument(outside);
 }
 
+namespace {
+
+const CompiledTile& compiled_tile(std::int64_t dim, DType dtype, const TcTileShape& tile) {
+    for (const CompiledTile& t : compiled_tiles())
+        if (t.dim == dim && t.shape == tile && (dtype == DType::f16 || !t.f16_only)) return t;
+    throw std::invalid_argument("tile = " + tile.name() + ": not compiled for d = " +
+                                std::to_string(dim) + ", dtype " + to_string(dtype) +
+                                " (see tc_tile_shapes)");
+}
+
+}  // namespace
+
+std::int64_t tc_kv_splits(const AttentionProblem& p, DType dtype, const TcTileShape& tile) {
+    const CompiledTile& t = compiled_tile(p.dim, dtype, tile);
+    return cuda::kv_splits_for(p, tile_count(p.seq_q, tile.Br()), t.ctas_per_sm(),
+                               tile_count(p.seq_kv, tile.Bc));
+}
+
 void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
     const AttentionProblem& p = args.problem;
     tc_check_problem(p, args.dtype);
-    const KernelParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
-    for (const CompiledTile& t : compiled_tiles())
-        if (t.dim == p.dim && t.shape == tile && (args.dtype == DType::f16 || !t.f16_only)) {
-            (args.dtype == DType::f16 ? t.launch_f16 : t.launch_bf16)(params);
-            return;
-        }
-    throw std::invalid_argument("tile = " + tile.name() + ": not compiled for d = " +
-                                std::to_string(p.dim) + ", dtype " + to_string(args.dtype) +
-                                " (see tc_tile_shapes)");
+    const CompiledTile& t = compiled_tile(p.dim, args.dtype, tile);
+    KernelParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
+    const auto stream = static_cast<cudaStream_t>(args.stream);
+    const std::int64_t S = args.kv_splits;
+    if (S < 1 || S > 1024)
+        throw std::invalid_argument("kv_splits = " + std::to_string(S) + ": must be in [1, 1024]");
+    if (S > 1) {
+        require_array(args.workspace, "split-KV workspace");
+        const cuda::SplitWorkspace w = cuda::split_workspace(p, S, args.workspace);
+        params.kv_splits = int(S), params.O_partial = w.O_partial, params.lse_partial = w.lse_partial;
+    }
+    (args.dtype == DType::f16 ? t.launch_f16 : t.launch_bf16)(params, stream);
+    if (S > 1)
+        cuda::launch_combine(params.O_partial, params.lse_partial, S, p.lse_elements(), p.dim,
+                             args.O, args.lse, args.stream);
 }
 
 }  // namespace flashattn::tc

@@ -52,11 +52,21 @@ struct TcDeviceArgs {
     const void* V = nullptr;
     float* O = nullptr;
     float* lse = nullptr;
+    // Split-KV: S key chunks (tc_kv_splits), their partial results in `workspace` (at least
+    // cuda::split_workspace_bytes(problem, S) bytes; unused for S = 1), merged into O and LSE.
+    std::int64_t kv_splits = 1;
+    void* workspace = nullptr;
+    void* stream = nullptr;  // a cudaStream_t; nullptr: the default stream
 };
+
+// Split-KV: the S a launch of `tile` uses for problem p -- p.kv_splits when forced, else
+// cuda::kv_splits_for with this tile's query tiles and CTAs per SM (cuda/host/split_kv.hpp).
+std::int64_t tc_kv_splits(const AttentionProblem& p, DType dtype, const TcTileShape& tile);
 
 using cuda::q_sign;  // cuda/host/half_bits.hpp
 
-// Launches the kernel on the default stream (asynchronous). Throws std::invalid_argument for an
+// Launches the kernel (and, for S > 1, the merge of the partial results) on args.stream,
+// asynchronously. Throws std::invalid_argument for an
 // unsupported problem or tile shape, std::runtime_error for a CUDA failure (e.g. a device with too
 // little shared memory per block for this tile).
 void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile);

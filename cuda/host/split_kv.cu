@@ -1,0 +1,58 @@
+// cuda/host/split_kv.cu — see split_kv.hpp.
+#include "cuda/host/split_kv.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "common/tiling.hpp"
+#include "cuda/host/check.hpp"
+#include "cuda/host/prepared.hpp"
+#include "cuda/stages/combine.cuh"
+
+namespace flashattn::cuda {
+
+std::int64_t kv_splits_for(const AttentionProblem& p, std::int64_t query_tiles,
+                           std::int64_t ctas_per_sm, std::int64_t key_tiles) {
+    if (p.kv_splits > 0) return std::clamp<std::int64_t>(p.kv_splits, 1, std::max<std::int64_t>(1, key_tiles));
+    const std::int64_t slots = std::int64_t{device_limits().sm_count} * std::max<std::int64_t>(1, ctas_per_sm);
+    return choose_kv_splits(query_tiles * p.heads * p.batch, slots, key_tiles, 4);
+}
+
+namespace {
+constexpr std::size_t kAlign = 256;
+std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+std::size_t split_workspace_bytes(const AttentionProblem& p, std::int64_t S) {
+    if (S <= 1) return 0;
+    return aligned(sizeof(float) * std::size_t(S) * std::size_t(p.q_elements())) +
+           aligned(sizeof(float) * std::size_t(S) * std::size_t(p.lse_elements()));
+}
+
+SplitWorkspace split_workspace(const AttentionProblem& p, std::int64_t S, void* workspace) {
+    if (S <= 1) return {};
+    auto* bytes = static_cast<unsigned char*>(workspace);
+    SplitWorkspace w;
+    w.O_partial = reinterpret_cast<float*>(bytes);
+    w.lse_partial = reinterpret_cast<float*>(
+        bytes + aligned(sizeof(float) * std::size_t(S) * std::size_t(p.q_elements())));
+    return w;
+}
+
+void launch_combine(const float* O_partial, const float* lse_partial, std::int64_t S,
+                    std::int64_t rows, std::int64_t d, float* O, float* lse, void* stream) {
+    if (d < 1 || d > mma::kCombineMaxDim)
+        throw std::invalid_argument("dim = " + std::to_string(d) +
+                                    ": the merge of partial results takes d in [1, 256]");
+    if (rows == 0 || S == 0) return;
+    const std::int64_t blocks = ceil_div(rows, std::int64_t{mma::kCombineWarps});
+    mma::combine_partials_kernel<<<static_cast<unsigned>(blocks), 32 * mma::kCombineWarps, 0,
+                                   static_cast<cudaStream_t>(stream)>>>(
+        O_partial, lse_partial, int(S), rows, int(d), O, lse);
+    FA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,42 @@
+// cuda/stages/combine.cuh — split-KV's second kernel: S partial results per query row, (O_s, LSE_s)
+// over disjoint chunks of the keys, merged into the row's O and LSE. The rule is
+// common/online_softmax.hpp's (merged_lse, partial_weight: Algorithm 1's update applied to whole
+// chunks); this kernel only lays the work out.
+//
+// One warp per row: every lane folds the same S LSEs (S is at most a few hundred, and the loads
+// are broadcasts), then lane l sums columns l, l + 32, ... of the S partial rows in registers and
+// writes them once. Partial s of row r sits at O_partial[(s rows + r) d ...] and lse_partial[s rows
+// + r], the layout the forward kernels write (KernelParams::O_partial).
+#pragma once
+
+#include <cstdint>
+
+#include "common/online_softmax.hpp"
+
+namespace flashattn::mma {
+
+constexpr int kCombineWarps = 4;       // rows per CTA
+constexpr int kCombineMaxDim = 8 * 32;  // 8 columns per lane: d <= 256
+
+__global__ void __launch_bounds__(32 * kCombineWarps)
+    combine_partials_kernel(const float* O_partial, const float* lse_partial, int S,
+                            std::int64_t rows, int d, float* O, float* lse) {
+    const std::int64_t row = std::int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+    const int lane = int(threadIdx.x) % 32;
+    if (row >= rows) return;
+    const float lse_row = merged_lse(S, lse_partial + row, rows);
+    float sum[kCombineMaxDim / 32] = {};
+    for (int s = 0; s < S; ++s) {
+        const float w = partial_weight(lse_partial[s * rows + row], lse_row);
+        const float* O_s = O_partial + (s * rows + row) * d;
+#pragma unroll
+        for (int k = 0; k < kCombineMaxDim / 32; ++k)
+            if (lane + 32 * k < d) sum[k] += w * O_s[lane + 32 * k];
+    }
+#pragma unroll
+    for (int k = 0; k < kCombineMaxDim / 32; ++k)
+        if (lane + 32 * k < d) O[row * d + lane + 32 * k] = sum[k];
+    if (lane == 0) lse[row] = lse_row;
+}
+
+}  // namespace flashattn::mma
