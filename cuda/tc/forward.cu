@@ -50,14 +50,14 @@ struct CompiledTile {
     std::int64_t dim;
     TcTileShape shape;
     bool f16_only;  // a tuning alternative
-    void (*launch_f16)(const KernelParams&);
-    void (*launch_bf16)(const KernelParams&);  // nullptr for a tuning alternative
+    void (*launch_f16)(const KernelParams&, cudaStream_t);
+    void (*launch_bf16)(const KernelParams&, cudaStream_t);  // nullptr for a tuning alternative
 };
 
 // Launches one compiled shape. kTuning: a tuning alternative, compiled without the block-mask
 // kernel (block-sparse problems run with the default shapes).
 template <class Cfg, bool kTuning>
-void launch(const KernelParams& params) {
+void launch(const KernelParams& params, cudaStream_t stream) {
     const AttentionProblem& p = params.problem;
     cuda::require_shared_memory(Cfg::kSmemBytes, "cuda-tc: tile Br" + std::to_string(Cfg::Br) +
                                                       "-Bc" + std::to_string(Cfg::Bc) +
@@ -74,8 +74,8 @@ void launch(const KernelParams& params) {
                                   Cfg::kSmemBytes));
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Cfg::Br)),
                     static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(params);
-    FA_CUDA_CHECK(cudaGetLastError());
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+    FA_CUDA_CHECK_LAUNCH();
 }
 
 // One row of the table: the shape and its instantiations (f16, and bf16 unless a tuning
@@ -145,7 +145,8 @@ void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
     const KernelParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
     for (const CompiledTile& t : compiled_tiles())
         if (t.dim == p.dim && t.shape == tile && (args.dtype == DType::f16 || !t.f16_only)) {
-            (args.dtype == DType::f16 ? t.launch_f16 : t.launch_bf16)(params);
+            (args.dtype == DType::f16 ? t.launch_f16 : t.launch_bf16)(
+                params, static_cast<cudaStream_t>(args.stream));
             return;
         }
     throw std::invalid_argument("tile = " + tile.name() + ": not compiled for d = " +

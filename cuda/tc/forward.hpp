@@ -52,11 +52,12 @@ struct TcDeviceArgs {
     const void* V = nullptr;
     float* O = nullptr;
     float* lse = nullptr;
+    void* stream = nullptr;  // a cudaStream_t; nullptr for the default stream
 };
 
 using cuda::q_sign;  // cuda/host/half_bits.hpp
 
-// Launches the kernel on the default stream (asynchronous). Throws std::invalid_argument for an
+// Queues the kernel on args.stream (asynchronous). Throws std::invalid_argument for an
 // unsupported problem or tile shape, std::runtime_error for a CUDA failure (e.g. a device with too
 // little shared memory per block for this tile).
 void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile);
