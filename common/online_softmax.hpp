@@ -141,6 +141,27 @@ FA_HOST_DEVICE inline float log_sum_exp(SoftmaxState s) {
     return s.l == 0.0f ? -INFINITY : s.m + logf(s.l);
 }
 
+// The end of a row whose sum l is 0 (no key carried weight) has two causes, told apart by the
+// masks alone (has_visible_key: AttentionProblem::row_has_visible_key):
+//   * the row has no visible key: O = 0, LSE = -inf, the answer reserved for a fully masked row;
+//   * it has, but every visible score overflowed float32 to -inf (|scale q.k| too large): float32
+//     standard attention's softmax gives exp(-inf - (-inf)) = NaN there, and so do the kernels,
+//     O = NaN and LSE = NaN (final_output, final_lse), so that an overflow never reads as a mask.
+// has_visible_key is a callable, called only when l == 0: the common path pays one compare.
+template <class HasVisibleKey>
+FA_HOST_DEVICE inline bool scores_overflowed(float l, const HasVisibleKey& has_visible_key) {
+    return l == 0.0f && has_visible_key();
+}
+
+// A row's epilogue (FA2 Algorithm 1 lines 12-15): O / l and LSE = m + log(l), or NaN for a row
+// whose scores overflowed (scores_overflowed).
+FA_HOST_DEVICE inline float final_output(float o_unnormalized, float l, bool overflowed) {
+    return overflowed ? NAN : normalize_output(o_unnormalized, l);
+}
+FA_HOST_DEVICE inline float final_lse(SoftmaxState s, bool overflowed) {
+    return overflowed ? NAN : log_sum_exp(s);
+}
+
 // The merge of two partial results of one row over disjoint sets of keys: (O_a, LSE_a) and
 // (O_b, LSE_b), each O normalized by its own sum and LSE = m + log(l). This is the update above
 // applied to whole blocks: a part is the softmax state (m, l) = (LSE, 1), its sum measured from

@@ -105,6 +105,21 @@ struct AttentionProblem {
     FA_HOST_DEVICE bool key_visible(std::int64_t i, std::int64_t j) const {
         return causal_visible(i, j) && block_visible(i, j);
     }
+    // May query row i attend any key at all (both masks; seq_kv >= 1)? A kernel's epilogue asks
+    // only for a row whose softmax sum came out 0, to tell a fully masked row from one whose scores
+    // overflowed (scores_overflowed, common/online_softmax.hpp). Reads block_mask.data: in a
+    // kernel, the device copy. Visible keys are 0 .. last under the causal mask, so the mask row's
+    // tiles past `last` do not count.
+    FA_HOST_DEVICE bool row_has_visible_key(std::int64_t i) const {
+        const std::int64_t last = last_causal_key(i, seq_kv);
+        if (last < 0) return false;
+        if (!block_mask.active()) return true;
+        const std::int64_t tc = ceil_div(seq_kv, block_mask.block_kv);
+        const std::uint8_t* mask_row = block_mask.data + (i / block_mask.block_q) * tc;
+        for (std::int64_t bj = 0; bj <= last / block_mask.block_kv; ++bj)
+            if (mask_row[bj] != 0) return true;
+        return false;
+    }
 };
 
 // Largest sizes we accept: every element count must fit comfortably in int64 and size_t.

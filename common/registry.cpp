@@ -14,8 +14,9 @@ namespace {
 // chooses its own tiles refuses explicit ones (require_tile_choice), and no backend is given
 // scores float32 cannot hold (require_representable_scores: an overflowed row would read as
 // fully masked). An invalid problem is reported as such first (validate), so that its message
-// names the bad field. Device-resident inputs (run_device) cannot be read here: their caller
-// checks the scores' range (the Python package does, on the tensors).
+// names the bad field. Device-resident inputs (run_device) cannot be read here without waiting
+// for them: there the kernels mark a row whose scores overflowed NaN instead of reading as masked
+// (scores_overflowed, common/online_softmax.hpp).
 Backend with_tile_check(Backend b) {
     Backend checked;  // only what the check reads
     checked.name = b.name, checked.tile_sizes = b.tile_sizes;

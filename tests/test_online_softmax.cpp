@@ -7,6 +7,7 @@
 
 #include "catch.hpp"
 #include "common/online_softmax.hpp"
+#include "common/problem.hpp"
 
 using namespace flashattn;
 
@@ -255,4 +256,35 @@ TEST_CASE("merging partials: empty parts add nothing, two empty give the empty r
     CHECK(m.lse == Approx(std::log(4.0f)).epsilon(1e-6));
     CHECK(m.scale_a == Approx(0.75f).epsilon(1e-6));
     CHECK(m.scale_b == Approx(0.25f).epsilon(1e-6));
+}
+
+TEST_CASE("a row with l = 0 is NaN when it sees a key (its scores overflowed), O = 0 / LSE = -inf when it sees none") {
+    int asked = 0;
+    const auto sees_a_key = [&] { return ++asked, true; };
+    CHECK_FALSE(scores_overflowed(2.5f, sees_a_key));
+    CHECK(asked == 0);  // the predicate is not evaluated while l > 0
+    CHECK(scores_overflowed(0.0f, sees_a_key));
+    CHECK_FALSE(scores_overflowed(0.0f, [] { return false; }));
+    CHECK(std::isnan(final_output(0.0f, 0.0f, true)));
+    CHECK(std::isnan(final_lse(SoftmaxState{}, true)));
+    CHECK(final_output(0.0f, 0.0f, false) == 0.0f);
+    CHECK(final_lse(SoftmaxState{}, false) == -INFINITY);
+    CHECK(final_output(3.0f, 2.0f, false) == 1.5f);
+}
+
+TEST_CASE("row_has_visible_key follows the bottom-right causal mask and the block mask's row") {
+    AttentionProblem p;
+    p.seq_q = 40, p.seq_kv = 24, p.dim = 8, p.causal = true;  // rows 0..15 see no key
+    CHECK_FALSE(p.row_has_visible_key(15));
+    CHECK(p.row_has_visible_key(16));
+    // 8 x 8 blocks, Tc = 3: row block 2 (rows 16..23) all zero; row block 3 only its last block,
+    // which lies past the causal diagonal of rows 24..31 until row 32 - 1 = 31 (key 15 < 16).
+    const std::uint8_t mask[5 * 3] = {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0};
+    p.block_mask = {mask, 8, 8};
+    CHECK_FALSE(p.row_has_visible_key(20));
+    CHECK_FALSE(p.row_has_visible_key(31));  // sees keys 0..15, its mask row allows 16..23
+    CHECK(p.row_has_visible_key(32));        // row block 4: block 0 allowed
+    p.causal = false;
+    CHECK(p.row_has_visible_key(31));
+    CHECK_FALSE(p.row_has_visible_key(20));
 }

@@ -40,6 +40,7 @@
 #include "cuda/host/prepared.hpp"
 #include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/host/variants.hpp"
+#include "cuda/host/workspace.hpp"
 
 namespace flashattn::cuda {
 namespace {
@@ -57,7 +58,7 @@ struct Fa2Variant {
     int max_dim;
     std::size_t smem_bytes;
     void (*launch)(const AttentionProblem&, const float*, const float*, const float*, float*,
-                   float*);
+                   float*, KernelGate, cudaStream_t);
 };
 template <class C>
 constexpr Fa2Variant variant(const char* name) {
@@ -117,6 +118,17 @@ void require_fits(const Fa2Variant& v, const AttentionProblem& p) {
                                     std::to_string(have));
 }
 
+// Whether the device entry's default for this problem is the tensor-core kernel, which it then
+// queues behind the finiteness test.
+bool tensor_cores_on_device(const AttentionProblem& p) {
+    return std::string(choose_variant(p.dim, tf32_shape_allowed(p)).kind) == "tf32";
+}
+
+// The device entry's workspace: one int, the finiteness test's flag, where the test runs.
+int* cut_forward_workspace(const AttentionProblem& p, WorkspaceCarver& w) {
+    return tensor_cores_on_device(p) ? w.take<int>(1) : nullptr;
+}
+
 }  // namespace
 
 std::vector<Fa2VariantInfo> fa2_variants() {
@@ -137,7 +149,8 @@ public:
     }
 
     void execute() override {
-        variant_.launch(problem_, Q_.data(), K_.data(), V_.data(), O_.data(), lse_.data());
+        variant_.launch(problem_, Q_.data(), K_.data(), V_.data(), O_.data(), lse_.data(), {},
+                        nullptr);
         synchronize();
     }
 
@@ -158,23 +171,40 @@ Backend cuda_fa2_backend() {
         "tensor cores (3xTF32) for 16 <= d <= 128, FFMA register micro-tiles otherwise",
         TileSizes::own);
     add_cuda_fa2_backward(b);
-    // The device entry: the same kernels on the caller's device arrays, no copies.
+    // The device entry: the same kernels on the caller's device arrays, queued on the caller's
+    // stream (common/backend.hpp). The host cannot see whether the inputs are finite without
+    // waiting, so where the tensor-core kernel may run, both kernels are queued behind a test on
+    // the device (queue_nonfinite_test) and the flag in the workspace lets one of them run.
+    b.device_workspace_bytes = [](const AttentionProblem& p, DType) {
+        WorkspaceCarver counter;
+        cut_forward_workspace(p, counter);
+        return counter.bytes();
+    };
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
         if (a.dtype != DType::f32)
             throw std::invalid_argument("dtype = " + to_string(a.dtype) +
                                         ": cuda-fa2 computes in float32 only (cuda-tc runs f16/bf16)");
+        const AttentionProblem p = with_device_mask(problem, a.block_mask);
         const auto* Q = static_cast<const float*>(a.Q);
         const auto* K = static_cast<const float*>(a.K);
         const auto* V = static_cast<const float*>(a.V);
-        FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
-        AttentionProblem p = problem;
-        const DeviceBuffer<std::uint8_t> mask = upload_block_mask(p);
-        const Fa2Variant& v = choose_variant(p.dim, tf32_tensor_cores_allowed_on_device(p, Q, K, V));
-        require_fits(v, p);
-        v.launch(p, Q, K, V, a.O, a.lse);
-        synchronize_device();
+        const auto stream = static_cast<cudaStream_t>(a.stream);
+        WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-fa2");
+        int* nonfinite = cut_forward_workspace(p, workspace);
+        workspace.require_fits();
+        const Fa2Variant& ffma = choose_variant(p.dim, false);
+        const Fa2Variant& chosen = choose_variant(p.dim, tf32_shape_allowed(p));
+        require_fits(ffma, p), require_fits(chosen, p);
+        if (!tensor_cores_on_device(p)) {
+            chosen.launch(p, Q, K, V, a.O, a.lse, {}, stream);
+            return;
+        }
+        queue_nonfinite_test({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()}},
+                             nonfinite, stream);
+        chosen.launch(p, Q, K, V, a.O, a.lse, {nonfinite, false}, stream);
+        ffma.launch(p, Q, K, V, a.O, a.lse, {nonfinite, true}, stream);
     };
     return b;
 }

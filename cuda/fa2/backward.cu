@@ -21,6 +21,7 @@
 #include "cuda/host/prepared_backward.hpp"
 #include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/host/variants.hpp"
+#include "cuda/host/workspace.hpp"
 
 namespace flashattn::cuda {
 namespace {
@@ -48,8 +49,9 @@ void require_backward_fits(const AttentionProblem& p) {
         throw std::invalid_argument("seq_q/seq_kv: too many tiles for one launch");
 }
 
+// The FFMA kernels on `stream`: dK and dV, then dQ (D must be there already).
 template <class T>
-void launch(const fa2_backward::Params& a) {
+void launch(const fa2_backward::Params& a, cudaStream_t stream) {
     const AttentionProblem& p = a.p;
     const std::size_t bytes = static_cast<std::size_t>(T::smem_floats(p.dim)) * sizeof(float);
     const auto key_kernel = fa2_backward::key_gradients_kernel<T>;
@@ -60,22 +62,25 @@ void launch(const fa2_backward::Params& a) {
                                        static_cast<int>(bytes)));
     const dim3 key_grid(static_cast<unsigned>(tile_count(p.seq_kv, T::Bc)),
                         static_cast<unsigned>(p.batch * p.heads_kv));
-    key_kernel<<<key_grid, T::threads, bytes>>>(a);
+    key_kernel<<<key_grid, T::threads, bytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH();
     const dim3 query_grid(static_cast<unsigned>(tile_count(p.seq_q, T::Br)),
                           static_cast<unsigned>(p.batch * p.heads));
-    query_kernel<<<query_grid, T::threads, bytes>>>(a);
+    query_kernel<<<query_grid, T::threads, bytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH();
 }
 
-// The three kernels in order: D, then dK and dV, then dQ.
-void launch_all(const fa2_backward::Params& a) {
-    const AttentionProblem& p = a.p;
-    launch_delta(a.dO, a.O, a.D, p.batch * p.heads * p.seq_q, static_cast<int>(p.dim), nullptr);
-    if (p.dim <= 64)
-        launch<SmallD>(a);
+void launch_ffma(const fa2_backward::Params& a, cudaStream_t stream) {
+    if (a.p.dim <= 64)
+        launch<SmallD>(a, stream);
     else
-        launch<LargeD>(a);
+        launch<LargeD>(a, stream);
+}
+
+// D = rowsum(dO o O), on `stream`: the first kernel of both paths.
+void queue_delta(const AttentionProblem& p, const float* dO, const float* O, float* D,
+                 cudaStream_t stream) {
+    cuda::launch_delta(dO, O, D, p.batch * p.heads * p.seq_q, static_cast<int>(p.dim), stream);
 }
 
 // ---- the tensor-core kernel ---------------------------------------------------------------------
@@ -102,7 +107,7 @@ std::size_t turn_count(const AttentionProblem& p) {
 }
 
 template <class Cfg, bool kBlockMask, bool kDeterministic>
-void launch_tf32_kernel(const BackwardParams& params) {
+void launch_tf32_kernel(const BackwardParams& params, cudaStream_t stream) {
     const AttentionProblem& p = params.problem;
     const auto kernel = backward_kernel<Tf32BackwardOps<Cfg>, kBlockMask, kDeterministic>;
     require_shared_memory(Cfg::kSmemBytes,
@@ -111,34 +116,49 @@ void launch_tf32_kernel(const BackwardParams& params) {
                                        Cfg::kSmemBytes));
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
                     static_cast<unsigned>(p.batch * p.heads_kv));
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes>>>(params);
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
     FA_CUDA_CHECK_LAUNCH();
 }
 
 template <class Cfg>
-void launch_tf32(const BackwardParams& params, bool deterministic) {
+void launch_tf32(const BackwardParams& params, bool deterministic, cudaStream_t stream) {
     if (params.problem.block_mask.active())
-        deterministic ? launch_tf32_kernel<Cfg, true, true>(params)
-                      : launch_tf32_kernel<Cfg, true, false>(params);
+        deterministic ? launch_tf32_kernel<Cfg, true, true>(params, stream)
+                      : launch_tf32_kernel<Cfg, true, false>(params, stream);
     else
-        deterministic ? launch_tf32_kernel<Cfg, false, true>(params)
-                      : launch_tf32_kernel<Cfg, false, false>(params);
+        deterministic ? launch_tf32_kernel<Cfg, false, true>(params, stream)
+                      : launch_tf32_kernel<Cfg, false, false>(params, stream);
 }
 
-// D, dQ = 0 (and the turn counters), then the kernel; dq_turns may be null unless deterministic.
-void launch_all_tf32(const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                     const float* O, const float* dO, const float* lse, float* D, float* dQ,
-                     float* dK, float* dV, int* dq_turns, bool deterministic) {
-    launch_delta(dO, O, D, p.batch * p.heads * p.seq_q, static_cast<int>(p.dim), nullptr);
-    FA_CUDA_CHECK(cudaMemsetAsync(dQ, 0, sizeof(float) * std::size_t(p.q_elements())));
+// dQ = 0 (and the turn counters), then the tensor-core kernel behind `gate`, on `stream`; D must
+// be there already; dq_turns may be null unless deterministic.
+void launch_tf32_all(const BackwardParams& params, bool deterministic, cudaStream_t stream) {
+    const AttentionProblem& p = params.problem;
+    FA_CUDA_CHECK(
+        cudaMemsetAsync(params.dQ, 0, sizeof(float) * std::size_t(p.q_elements()), stream));
     if (deterministic)
-        FA_CUDA_CHECK(cudaMemsetAsync(dq_turns, 0, sizeof(int) * turn_count(p)));
-    const BackwardParams params =
-        make_backward_params(p, Q, K, V, dO, lse, D, dQ, dK, dV, dq_turns);
+        FA_CUDA_CHECK(cudaMemsetAsync(params.dq_turns, 0, sizeof(int) * turn_count(p), stream));
     if (p.dim <= 64)
-        launch_tf32<Tf32Small>(params, deterministic);
+        launch_tf32<Tf32Small>(params, deterministic, stream);
     else
-        launch_tf32<Tf32Large>(params, deterministic);
+        launch_tf32<Tf32Large>(params, deterministic, stream);
+}
+
+// The device entry's workspace: D, and where the tensor-core kernel may run, the finiteness
+// flag and (deterministic mode) the dQ turn counters.
+struct BackwardWorkspace {
+    float* D;
+    int* nonfinite;
+    int* dq_turns;
+};
+BackwardWorkspace cut_backward_workspace(const AttentionProblem& p, WorkspaceCarver& w) {
+    BackwardWorkspace parts{w.take<float>(static_cast<std::size_t>(p.lse_elements())), nullptr,
+                            nullptr};
+    if (use_tensor_cores(p, tf32_shape_allowed(p))) {
+        parts.nonfinite = w.take<int>(1);
+        if (deterministic_requested()) parts.dq_turns = w.take<int>(turn_count(p));
+    }
+    return parts;
 }
 
 class PreparedFa2Backward final : public PreparedCudaBackward {
@@ -153,13 +173,16 @@ public:
     }
 
     void execute() override {
+        queue_delta(problem_, dO_.data(), O_.data(), D_.data(), nullptr);
         if (tensor_cores_) {
-            launch_all_tf32(problem_, Q_.data(), K_.data(), V_.data(), O_.data(), dO_.data(),
-                            lse_.data(), D_.data(), dQ_.data(), dK_.data(), dV_.data(),
-                            turns_.data(), deterministic_);
+            launch_tf32_all(make_backward_params(problem_, Q_.data(), K_.data(), V_.data(),
+                                                 dO_.data(), lse_.data(), D_.data(), dQ_.data(),
+                                                 dK_.data(), dV_.data(), turns_.data()),
+                            deterministic_, nullptr);
         } else {
-            launch_all({problem_, Q_.data(), K_.data(), V_.data(), O_.data(), dO_.data(),
-                        lse_.data(), D_.data(), dQ_.data(), dK_.data(), dV_.data()});
+            launch_ffma({problem_, Q_.data(), K_.data(), V_.data(), O_.data(), dO_.data(),
+                         lse_.data(), D_.data(), dQ_.data(), dK_.data(), dV_.data(), {}},
+                        nullptr);
         }
         synchronize_device();
     }
@@ -174,7 +197,14 @@ private:
 
 void add_cuda_fa2_backward(Backend& b) {
     add_cuda_backward<PreparedFa2Backward>(b);
-    // The device entry: the same kernels on the caller's device arrays, no copies.
+    // The device entry: the same kernels on the caller's device arrays, queued on the caller's
+    // stream (common/backend.hpp). As in the forward, where the tensor-core kernel may run, both
+    // kernels are queued behind the finiteness test on the device, which picks one of them.
+    b.device_backward_workspace_bytes = [](const AttentionProblem& p, DType) {
+        WorkspaceCarver counter;
+        cut_backward_workspace(p, counter);
+        return counter.bytes();
+    };
     b.run_backward_device = [](const AttentionProblem& problem, const DeviceBackward& a) {
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE"), require_array(a.dO, "dO");
@@ -183,23 +213,30 @@ void add_cuda_fa2_backward(Backend& b) {
         if (a.dtype != DType::f32)
             throw std::invalid_argument("dtype = " + to_string(a.dtype) +
                                         ": cuda-fa2's backward computes in float32 only");
-        FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
-        AttentionProblem p = problem;
-        const DeviceBuffer<std::uint8_t> mask = upload_block_mask(p);
-        DeviceBuffer<float> D(static_cast<std::size_t>(p.lse_elements()));
+        const AttentionProblem p = with_device_mask(problem, a.block_mask);
+        const bool tensor_cores = use_tensor_cores(p, tf32_shape_allowed(p));
+        const bool deterministic = deterministic_requested();
+        WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-fa2's backward");
+        const BackwardWorkspace parts = cut_backward_workspace(p, workspace);
+        workspace.require_fits();
+        const auto stream = static_cast<cudaStream_t>(a.stream);
         const auto f32 = [](const void* x) { return static_cast<const float*>(x); };
-        if (use_tensor_cores(p, tf32_backward_allowed_on_device(p, f32(a.Q), f32(a.K), f32(a.V),
-                                                                a.O, f32(a.dO)))) {
-            const bool deterministic = deterministic_requested();
-            DeviceBuffer<int> turns(deterministic ? turn_count(p) : 0);
-            launch_all_tf32(p, f32(a.Q), f32(a.K), f32(a.V), a.O, f32(a.dO), a.lse, D.data(),
-                            a.dQ, a.dK, a.dV, turns.data(), deterministic);
-            synchronize_device();
+        const float *Q = f32(a.Q), *K = f32(a.K), *V = f32(a.V), *dO = f32(a.dO);
+        queue_delta(p, dO, a.O, parts.D, stream);
+        fa2_backward::Params ffma{p, Q, K, V, a.O, dO, a.lse, parts.D, a.dQ, a.dK, a.dV, {}};
+        if (!tensor_cores) {
+            launch_ffma(ffma, stream);
             return;
         }
-        launch_all({p, f32(a.Q), f32(a.K), f32(a.V), a.O, f32(a.dO), a.lse, D.data(), a.dQ,
-                    a.dK, a.dV});
-        synchronize_device();
+        queue_nonfinite_test({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()},
+                              {a.O, p.q_elements()}, {dO, p.q_elements()}},
+                             parts.nonfinite, stream);
+        BackwardParams tf32 = make_backward_params(p, Q, K, V, dO, a.lse, parts.D, a.dQ, a.dK,
+                                                   a.dV, parts.dq_turns);
+        tf32.gate = {parts.nonfinite, false};
+        launch_tf32_all(tf32, deterministic, stream);
+        ffma.gate = {parts.nonfinite, true};
+        launch_ffma(ffma, stream);
     };
 }
 

@@ -26,6 +26,7 @@
 #include "common/backward.hpp"
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
+#include "cuda/host/tensor_core_eligibility.hpp"
 
 namespace flashattn::cuda::fa2_backward {
 
@@ -34,6 +35,7 @@ struct Params {
     const float *Q, *K, *V, *O, *dO, *lse;
     float* D;  // B H N_q floats, written by delta_kernel
     float *dQ, *dK, *dV;
+    KernelGate gate;  // closed where the device entry's finiteness test chose the tensor cores
 };
 
 template <int kBr, int kBc, int kThreads>
@@ -110,6 +112,7 @@ __device__ void tile_scores(const AttentionProblem& p, const Smem<T>& s, TileRan
 
 template <class T>
 __global__ void __launch_bounds__(T::threads) key_gradients_kernel(const Params a) {
+    if (a.gate.closed()) return;
     extern __shared__ float smem[];
     const AttentionProblem& p = a.p;
     const int d = static_cast<int>(p.dim);
@@ -155,6 +158,7 @@ __global__ void __launch_bounds__(T::threads) key_gradients_kernel(const Params 
 
 template <class T>
 __global__ void __launch_bounds__(T::threads) query_gradient_kernel(const Params a) {
+    if (a.gate.closed()) return;
     extern __shared__ float smem[];
     const AttentionProblem& p = a.p;
     const int d = static_cast<int>(p.dim);

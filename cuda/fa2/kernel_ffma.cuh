@@ -24,7 +24,8 @@
 //   l = alpha * l + rowsum P            per lane; lanes are summed once at the end
 //   O = alpha * O + P V_j               P V_j into a fresh accumulator, then one FMA per entry;
 //                                       on tiles with masked keys, a masked key is skipped
-// End: O / l (normalize_output), LSE = m + log l (log_sum_exp), one write each.
+// End: O / l, LSE = m + log l (final_output, final_lse: NaN for a row whose visible scores all
+// overflowed), one write each.
 //
 #pragma once
 
@@ -207,12 +208,14 @@ __device__ inline void online_softmax_tile(const AttentionProblem& p, float (&s)
     }
 }
 
-// One thread block = one query tile Q_i of one (batch, head).
+// One thread block = one query tile Q_i of one (batch, head). gate: closed when the device
+// entry's finiteness test chose the tensor-core kernel (cuda/host/tensor_core_eligibility.hpp).
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     fa2_forward_kernel(const AttentionProblem p, const float* __restrict__ Q,
                        const float* __restrict__ K, const float* __restrict__ V,
-                       float* __restrict__ O, float* __restrict__ lse) {
+                       float* __restrict__ O, float* __restrict__ lse, const KernelGate gate) {
+    if (gate.closed()) return;
     extern __shared__ float4 smem_float4[];
     float* Q_i = reinterpret_cast<float*>(smem_float4);
     float* K_j = Q_i + C::Br * C::Q_STRIDE;
@@ -294,34 +297,37 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         j = next;
     }
 
-    // O_i = diag(l)^-1 O_i and LSE = m + log(l), written once.
+    // O_i = diag(l)^-1 O_i and LSE = m + log(l), written once (NaN where the scores overflowed).
     const bool vector_store = d % 4 == 0;
 #pragma unroll
     for (int t = 0; t < C::TM; ++t) {
         const int r = rg + C::RG * t;
         const float l_row = lanes_sum<C::CG>(l[t]);
         if (r >= rows.size()) continue;
+        const bool overflowed =
+            scores_overflowed(l_row, [&] { return p.row_has_visible_key(rows.begin + r); });
 #pragma unroll
         for (int v = 0; v < C::TD / 4; ++v) {
             const int col = 4 * cg + 4 * C::CG * v;
             if (col >= d) continue;
-            const float4 out = {normalize_output(o[t][4 * v + 0], l_row),
-                                normalize_output(o[t][4 * v + 1], l_row),
-                                normalize_output(o[t][4 * v + 2], l_row),
-                                normalize_output(o[t][4 * v + 3], l_row)};
+            const float4 out = {final_output(o[t][4 * v + 0], l_row, overflowed),
+                                final_output(o[t][4 * v + 1], l_row, overflowed),
+                                final_output(o[t][4 * v + 2], l_row, overflowed),
+                                final_output(o[t][4 * v + 3], l_row, overflowed)};
             if (vector_store) {
                 *reinterpret_cast<float4*>(&O[r * d + col]) = out;
             } else {
                 for (int e = 0; e < 4 && col + e < d; ++e) O[r * d + col + e] = component(out, e);
             }
         }
-        if (cg == 0) lse[r] = log_sum_exp({m[t], l_row});
+        if (cg == 0) lse[r] = final_lse({m[t], l_row}, overflowed);
     }
 }
 
+// The launches, queued on `stream` (asynchronous), each behind `gate`.
 template <class C>
 void launch_fa2(const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                float* O, float* lse) {
+                float* O, float* lse, KernelGate gate, cudaStream_t stream) {
     const std::int64_t blocks = tile_count(p.seq_q, C::Br) * p.batch * p.heads;
     if (blocks > 0x7fffffff)
         throw std::invalid_argument("batch*heads*ceil(seq_q/" + std::to_string(C::Br) +
@@ -330,20 +336,21 @@ void launch_fa2(const AttentionProblem& p, const float* Q, const float* K, const
     FA_CUDA_CHECK(cudaFuncSetAttribute(fa2_forward_kernel<C>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(C::SMEM_BYTES)));
-    fa2_forward_kernel<C><<<unsigned(blocks), C::THREADS, C::SMEM_BYTES>>>(p, Q, K, V, O, lse);
+    fa2_forward_kernel<C><<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(p, Q, K, V, O,
+                                                                                   lse, gate);
     FA_CUDA_CHECK_LAUNCH();
 }
 
 // The tensor-core kernel (cuda/fa2/kernel_tf32.cuh) on its 3D grid (Tr, heads, batch).
 template <class C>
 void launch_fa2_tf32(const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                     float* O, float* lse) {
+                     float* O, float* lse, KernelGate gate, cudaStream_t stream) {
     const mma::KernelParams params = mma::make_params(p, Q, K, V, O, lse);
     auto kernel = p.block_mask.active() ? fa2_tf32_kernel<C, true> : fa2_tf32_kernel<C, false>;
     FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(C::SMEM_BYTES)));
     const dim3 grid(unsigned(tile_count(p.seq_q, C::Br)), unsigned(p.heads), unsigned(p.batch));
-    kernel<<<grid, C::THREADS, C::SMEM_BYTES>>>(params);
+    kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(params, gate);
     FA_CUDA_CHECK_LAUNCH();
 }
 

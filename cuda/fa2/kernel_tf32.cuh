@@ -47,6 +47,7 @@
 #include "cuda/stages/warp_softmax.cuh"
 #include "cuda/stages/flash_forward.cuh"
 #include "cuda/stages/mma_stages.cuh"
+#include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/ptx/tf32_mma.cuh"
 
 namespace flashattn::cuda {
@@ -221,10 +222,12 @@ struct Tf32ForwardOps {
 };
 
 // One CTA = one query tile of one (batch, head). Grid (Tr, heads, batch), as cuda-tc's.
-// kBlockMask: a separate instantiation for problems with a block mask.
+// kBlockMask: a separate instantiation for problems with a block mask. gate: closed when the
+// device entry's finiteness test chose the FFMA kernel (cuda/host/tensor_core_eligibility.hpp).
 template <class Cfg, bool kBlockMask>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
-    fa2_tf32_kernel(const mma::KernelParams params) {
+    fa2_tf32_kernel(const mma::KernelParams params, const KernelGate gate) {
+    if (gate.closed()) return;
     extern __shared__ float4 smem_float4[];
     mma::flash_forward<Tf32ForwardOps<Cfg>, kBlockMask>(params, smem_float4);
 }

@@ -21,6 +21,7 @@
 #include "cuda/host/prepared.hpp"
 #include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/host/variants.hpp"
+#include "cuda/host/workspace.hpp"
 
 namespace flashattn::fa3 {
 namespace {
@@ -79,9 +80,11 @@ CUtensorMap tile_map(const void* base, DType dtype, std::int64_t heads, std::int
     return map;
 }
 
-// next_item: one int of device memory, the work-tile counter (zeroed here before the launch).
+// next_item: one int of device memory, the work-tile counter (zeroed on `stream` before the
+// launch). The tensor maps are host structs passed in the kernel's parameters: nothing else is
+// allocated or copied.
 template <class Cfg>
-void launch(const KernelParams& base, DType dtype, int* next_item) {
+void launch(const KernelParams& base, DType dtype, int* next_item, cudaStream_t stream) {
     const AttentionProblem& p = base.problem;
     Fa3Params params;
     params.base = base;
@@ -98,8 +101,8 @@ void launch(const KernelParams& base, DType dtype, int* next_item) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     // One CTA per SM (the registers allow no more), each taking work tiles until none is left.
     const int grid = std::min(params.items, cuda::device_limits().sm_count);
-    FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int)));
-    kernel<<<grid, Cfg::kThreads, kSmem>>>(params);
+    FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), stream));
+    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
     FA_CUDA_CHECK_LAUNCH();
 }
 
@@ -112,15 +115,16 @@ struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own
     int dim;
-    void (*run)(const KernelParams&, DType, int* next_item);
+    void (*run)(const KernelParams&, DType, int* next_item, cudaStream_t);
 };
 
 template <int D, int Bc, int kStages, bool kPingPong>
-void run_variant(const KernelParams& params, DType dtype, int* next_item) {
+void run_variant(const KernelParams& params, DType dtype, int* next_item, cudaStream_t stream) {
     if (dtype == DType::f16)
-        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong>>(params, dtype, next_item);
+        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong>>(params, dtype, next_item, stream);
     else
-        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong>>(params, dtype, next_item);
+        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong>>(params, dtype, next_item,
+                                                                   stream);
 }
 
 const Variant kVariants[] = {
@@ -136,6 +140,18 @@ const Variant& choose_variant(const AttentionProblem& p) {
         [&](const Variant& v) { return v.dim == p.dim; }, "dim = " + std::to_string(p.dim));
 }
 
+// The device entry's workspace: the work-tile counter.
+int* cut_workspace(cuda::WorkspaceCarver& w) { return w.take<int>(1); }
+
+// TMA reads global memory from 16-byte aligned addresses only (cuTensorMapEncodeTiled).
+void require_tma_aligned(const void* array, const char* name) {
+    const auto address = reinterpret_cast<std::uintptr_t>(array);
+    if (address % 16 != 0)
+        throw std::invalid_argument(std::string(name) + " = " + std::to_string(address) +
+                                    ": cuda-fa3 reads it with TMA, which needs a 16-byte aligned "
+                                    "address");
+}
+
 class PreparedFa3 final : public cuda::PreparedCuda {
 public:
     PreparedFa3(const AttentionProblem& p, const float* Q, const float* K, const float* V,
@@ -147,7 +163,7 @@ public:
     void execute() override {
         variant_.run(mma::make_params(problem_, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
                                       lse_.data()),
-                     dtype_, next_item_.data());
+                     dtype_, next_item_.data(), nullptr);
         synchronize();
     }
     std::string tiles() const override {
@@ -192,6 +208,26 @@ Backend fa3_backend() {
         check_problem(p, dtype);
         require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
         return std::make_unique<PreparedFa3>(p, Q, K, V, dtype);
+    };
+    // The device entry: the same kernels on the caller's 16-bit arrays (Q times q_sign, as
+    // cuda-tc's), queued on the caller's stream (common/backend.hpp). Its workspace is the
+    // persistent CTAs' work-tile counter.
+    b.device_workspace_bytes = [](const AttentionProblem&, DType) {
+        cuda::WorkspaceCarver counter;
+        cut_workspace(counter);
+        return counter.bytes();
+    };
+    b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
+        check_problem(problem, a.dtype);
+        require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
+        require_array(a.O, "O"), require_array(a.lse, "LSE");
+        require_tma_aligned(a.Q, "Q"), require_tma_aligned(a.K, "K"), require_tma_aligned(a.V, "V");
+        const AttentionProblem p = cuda::with_device_mask(problem, a.block_mask);
+        cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-fa3");
+        int* next_item = cut_workspace(workspace);
+        workspace.require_fits();
+        choose_variant(p).run(mma::make_params(p, a.Q, a.K, a.V, a.O, a.lse), a.dtype, next_item,
+                              static_cast<cudaStream_t>(a.stream));
     };
     return b;
 }

@@ -11,7 +11,8 @@ namespace flashattn::fa3 {
 // current device can run them (compute capability 9.0).
 bool fa3_available();
 
-// "cuda-fa3": fp16/bf16, d = 64, forward only (for now).
+// "cuda-fa3": fp16/bf16, d = 64 or 128, forward only; host arrays (prepare) or device arrays
+// (run_device, asynchronous on the caller's stream).
 Backend fa3_backend();
 
 }  // namespace flashattn::fa3

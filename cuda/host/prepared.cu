@@ -109,6 +109,17 @@ DeviceBuffer<std::uint8_t> upload_block_mask(AttentionProblem& problem) {
     return mask;
 }
 
+AttentionProblem with_device_mask(const AttentionProblem& problem, const std::uint8_t* device_mask) {
+    if (problem.block_mask.active() != (device_mask != nullptr))
+        throw std::invalid_argument(
+            problem.block_mask.active()
+                ? "block_mask = null: the problem has a block mask, so its device copy is required"
+                : "block_mask: a device copy was given for a problem without a block mask");
+    AttentionProblem p = problem;
+    p.block_mask.data = device_mask;
+    return p;
+}
+
 void synchronize_device() {
     FA_CUDA_CHECK(cudaGetLastError());
     FA_CUDA_CHECK(cudaDeviceSynchronize());

@@ -47,7 +47,12 @@ DeviceBuffer<std::uint16_t> upload_bits(const float* x, std::int64_t n, DType dt
 // The problem's block mask (if any) in a new device array; problem.block_mask.data then points to
 // it, so host code must not read through it.
 DeviceBuffer<std::uint8_t> upload_block_mask(AttentionProblem& problem);
-// Waits for the device and turns any asynchronous error into an exception.
+// The problem as a device entry's kernels see it (common/backend.hpp): block_mask.data replaced by
+// the caller's device copy. Throws std::invalid_argument when the problem has a block mask and no
+// device copy was given, or the other way round.
+AttentionProblem with_device_mask(const AttentionProblem& problem, const std::uint8_t* device_mask);
+// Waits for the device and turns any asynchronous error into an exception. The prepared (host
+// array) paths only: the device entries never wait.
 void synchronize_device();
 
 class PreparedCuda : public PreparedAttention {

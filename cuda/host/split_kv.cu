@@ -21,29 +21,15 @@ std::int64_t kv_splits_for(const AttentionProblem& p, std::int64_t query_tiles,
     return choose_kv_splits(query_tiles * p.heads * p.batch, slots, key_tiles, 4);
 }
 
-namespace {
-constexpr std::size_t kAlign = 256;
-std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-}  // namespace
-
-std::size_t split_workspace_bytes(const AttentionProblem& p, std::int64_t S) {
-    if (S <= 1) return 0;
-    return aligned(sizeof(float) * std::size_t(S) * std::size_t(p.q_elements())) +
-           aligned(sizeof(float) * std::size_t(S) * std::size_t(p.lse_elements()));
-}
-
-SplitWorkspace split_workspace(const AttentionProblem& p, std::int64_t S, void* workspace) {
+SplitPartials cut_split_partials(const AttentionProblem& p, std::int64_t S, WorkspaceCarver& w) {
     if (S <= 1) return {};
-    auto* bytes = static_cast<unsigned char*>(workspace);
-    SplitWorkspace w;
-    w.O_partial = reinterpret_cast<float*>(bytes);
-    w.lse_partial = reinterpret_cast<float*>(
-        bytes + aligned(sizeof(float) * std::size_t(S) * std::size_t(p.q_elements())));
-    return w;
+    return {w.take<float>(std::size_t(S) * std::size_t(p.q_elements())),
+            w.take<float>(std::size_t(S) * std::size_t(p.lse_elements()))};
 }
 
 void launch_combine(const float* O_partial, const float* lse_partial, std::int64_t S,
-                    std::int64_t rows, std::int64_t d, float* O, float* lse, void* stream) {
+                    std::int64_t rows, std::int64_t d, float* O, float* lse, void* stream,
+                    const AttentionProblem* problem) {
     if (d < 1 || d > mma::kCombineMaxDim)
         throw std::invalid_argument("dim = " + std::to_string(d) +
                                     ": the merge of partial results takes d in [1, 256]");
@@ -51,7 +37,8 @@ void launch_combine(const float* O_partial, const float* lse_partial, std::int64
     const std::int64_t blocks = ceil_div(rows, std::int64_t{mma::kCombineWarps});
     mma::combine_partials_kernel<<<static_cast<unsigned>(blocks), 32 * mma::kCombineWarps, 0,
                                    static_cast<cudaStream_t>(stream)>>>(
-        O_partial, lse_partial, int(S), rows, int(d), O, lse);
+        O_partial, lse_partial, int(S), rows, int(d), O, lse,
+        problem ? *problem : AttentionProblem{}, problem != nullptr);
     FA_CUDA_CHECK_LAUNCH();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/problem.hpp"
+#include "cuda/host/workspace.hpp"
 
 namespace flashattn::cuda {
 
@@ -16,19 +17,20 @@ namespace flashattn::cuda {
 std::int64_t kv_splits_for(const AttentionProblem& p, std::int64_t query_tiles,
                            std::int64_t ctas_per_sm, std::int64_t key_tiles);
 
-// Bytes of the partial results of S chunks: S (O, LSE) pairs in fp32; 0 for S = 1.
-std::size_t split_workspace_bytes(const AttentionProblem& p, std::int64_t S);
-
-// Where the partial O and LSE live inside a workspace of split_workspace_bytes(p, S).
-struct SplitWorkspace {
-    float* O_partial = nullptr;
-    float* lse_partial = nullptr;
+// The partial results of S chunks, S (O, LSE) pairs in fp32, cut from a device entry's workspace
+// (cuda/host/workspace.hpp; a counting carver gives their bytes). Null pointers for S = 1.
+struct SplitPartials {
+    float* O = nullptr;
+    float* lse = nullptr;
 };
-SplitWorkspace split_workspace(const AttentionProblem& p, std::int64_t S, void* workspace);
+SplitPartials cut_split_partials(const AttentionProblem& p, std::int64_t S, WorkspaceCarver& w);
 
-// Merges S partial results per row into O and LSE (float32, the problem's shapes), queued on
-// `stream`. rows = B H N_q; d <= 256.
+// Merges S partial results per row into O and LSE (float32, rows x d and rows), queued on
+// `stream`; d <= 256. With `problem` (rows = its B H N_q; its block mask, if any, on the device),
+// rows whose scores all overflowed become NaN (cuda/stages/combine.cuh); without, the partials
+// are merged as given (flashattn.merge_partials).
 void launch_combine(const float* O_partial, const float* lse_partial, std::int64_t S,
-                    std::int64_t rows, std::int64_t d, float* O, float* lse, void* stream);
+                    std::int64_t rows, std::int64_t d, float* O, float* lse, void* stream,
+                    const AttentionProblem* problem = nullptr);
 
 }  // namespace flashattn::cuda

@@ -6,7 +6,6 @@
 #include <cstdint>
 
 #include "cuda/host/check.hpp"
-#include "cuda/host/device_buffer.hpp"
 
 namespace flashattn::cuda {
 namespace {
@@ -19,19 +18,6 @@ __global__ void find_nonfinite_kernel(const float* __restrict__ x, std::int64_t 
     for (std::int64_t e = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < n;
          e += std::int64_t{gridDim.x} * blockDim.x)
         if (!isfinite(x[e])) *found = 1;  // any thread's write of 1 will do
-}
-
-// The same test on arrays in device memory: one pass over each, one int back to the host.
-bool all_finite_on_device(std::initializer_list<std::pair<const float*, std::int64_t>> arrays) {
-    DeviceBuffer<int> found(1);
-    FA_CUDA_CHECK(cudaMemset(found.data(), 0, sizeof(int)));
-    for (const auto& [x, n] : arrays) {
-        find_nonfinite_kernel<<<1024, 256>>>(x, n, found.data());
-        FA_CUDA_CHECK_LAUNCH();
-    }
-    int host = 0;
-    found.download(&host);
-    return host == 0;
 }
 
 }  // namespace
@@ -50,14 +36,8 @@ std::string mma_grid_limits(const AttentionProblem& p) {
 
 bool tf32_tensor_cores_allowed(const AttentionProblem& p, const float* Q, const float* K,
                                const float* V) {
-    return p.dim >= 16 && mma_grid_limits(p).empty() && all_finite(Q, p.q_elements()) &&
+    return tf32_shape_allowed(p) && all_finite(Q, p.q_elements()) &&
            all_finite(K, p.kv_elements()) && all_finite(V, p.kv_elements());
-}
-
-bool tf32_tensor_cores_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
-                                         const float* V) {
-    return p.dim >= 16 && mma_grid_limits(p).empty() &&
-           all_finite_on_device({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()}});
 }
 
 bool tf32_backward_allowed(const AttentionProblem& p, const float* Q, const float* K,
@@ -66,11 +46,18 @@ bool tf32_backward_allowed(const AttentionProblem& p, const float* Q, const floa
            all_finite(dO, p.q_elements());
 }
 
-bool tf32_backward_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
-                                     const float* V, const float* O, const float* dO) {
-    return p.dim >= 16 && mma_grid_limits(p).empty() &&
-           all_finite_on_device({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()},
-                                 {O, p.q_elements()}, {dO, p.q_elements()}});
+bool tf32_shape_allowed(const AttentionProblem& p) {
+    return p.dim >= 16 && mma_grid_limits(p).empty();
+}
+
+void queue_nonfinite_test(std::initializer_list<std::pair<const float*, std::int64_t>> arrays,
+                          int* flag, void* stream) {
+    const auto s = static_cast<cudaStream_t>(stream);
+    FA_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), s));
+    for (const auto& [x, n] : arrays) {
+        find_nonfinite_kernel<<<1024, 256, 0, s>>>(x, n, flag);
+        FA_CUDA_CHECK_LAUNCH();
+    }
 }
 
 }  // namespace flashattn::cuda

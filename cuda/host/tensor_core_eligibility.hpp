@@ -3,7 +3,12 @@
 // refused) and the fp32 backends cuda-fa1 and cuda-fa2 (which fall back to their FFMA kernels).
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
+
+#include "common/config.hpp"
 
 #include "common/problem.hpp"
 
@@ -26,17 +31,27 @@ std::string mma_grid_limits(const AttentionProblem& p);
 bool tf32_tensor_cores_allowed(const AttentionProblem& p, const float* Q, const float* K,
                                const float* V);
 
-// The same for Q, K, V in device memory (the device entry points): the finiteness test runs on
-// the GPU.
-bool tf32_tensor_cores_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
-                                         const float* V);
-
 // The backward's (cuda-fa2's 3xTF32 backward): the same, with O and dO finite too (O through
-// D = rowsum(dO o O) and dO as an operand both reach the split products). Host arrays, or device
-// arrays for the _on_device form.
+// D = rowsum(dO o O) and dO as an operand both reach the split products).
 bool tf32_backward_allowed(const AttentionProblem& p, const float* Q, const float* K,
                            const float* V, const float* O, const float* dO);
-bool tf32_backward_allowed_on_device(const AttentionProblem& p, const float* Q, const float* K,
-                                     const float* V, const float* O, const float* dO);
+
+// The part of the test above that does not read the inputs: d >= 16 and the grid limits.
+bool tf32_shape_allowed(const AttentionProblem& p);
+
+// The device entries cannot look at their inputs without waiting for them (common/backend.hpp).
+// So cuda-fa2's entries queue the finiteness test on the device, and both kernels behind it, each
+// with a gate: queue_nonfinite_test sets *flag (zeroed first) to 1 on `stream` (a cudaStream_t)
+// when any of the arrays holds a NaN or inf; a gated kernel returns at once unless the flag
+// selects it. The kernel not chosen costs a launch of CTAs that exit at their first instruction.
+struct KernelGate {
+    const int* nonfinite = nullptr;  // nullptr: open (the host chose this kernel)
+    bool runs_on_nonfinite = false;  // the FFMA kernels: true; the tensor-core kernels: false
+    FA_HOST_DEVICE bool closed() const {
+        return nonfinite != nullptr && (*nonfinite != 0) != runs_on_nonfinite;
+    }
+};
+void queue_nonfinite_test(std::initializer_list<std::pair<const float*, std::int64_t>> arrays,
+                          int* flag, void* stream);
 
 }  // namespace flashattn::cuda

@@ -7,11 +7,16 @@
 // are broadcasts), then lane l sums columns l, l + 32, ... of the S partial rows in registers and
 // writes them once. Partial s of row r sits at O_partial[(s rows + r) d ...] and lse_partial[s rows
 // + r], the layout the forward kernels write (KernelParams::O_partial).
+//
+// With the problem given (a split forward's combine), a merged row with no weight (LSE = -inf)
+// that has a visible key had every score overflow: it becomes NaN (scores_overflowed), as the
+// unsplit kernels' epilogue does; an empty chunk alone is not that, so the chunks do not test it.
 #pragma once
 
 #include <cstdint>
 
 #include "common/online_softmax.hpp"
+#include "common/problem.hpp"
 
 namespace flashattn::mma {
 
@@ -20,11 +25,17 @@ constexpr int kCombineMaxDim = 8 * 32;  // 8 columns per lane: d <= 256
 
 __global__ void __launch_bounds__(32 * kCombineWarps)
     combine_partials_kernel(const float* O_partial, const float* lse_partial, int S,
-                            std::int64_t rows, int d, float* O, float* lse) {
+                            std::int64_t rows, int d, float* O, float* lse,
+                            const AttentionProblem problem, bool mark_overflow) {
     const std::int64_t row = std::int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
     const int lane = int(threadIdx.x) % 32;
     if (row >= rows) return;
-    const float lse_row = merged_lse(S, lse_partial + row, rows);
+    float lse_row = merged_lse(S, lse_partial + row, rows);
+    // l = e^LSE: 0 exactly when LSE = -inf.
+    if (mark_overflow && scores_overflowed(lse_row == -INFINITY ? 0.0f : 1.0f, [&] {
+            return problem.row_has_visible_key(row % problem.seq_q);
+        }))
+        lse_row = NAN;  // every weight becomes NaN, and so does O
     float sum[kCombineMaxDim / 32] = {};
     for (int s = 0; s < S; ++s) {
         const float w = partial_weight(lse_partial[s * rows + row], lse_row);

@@ -59,6 +59,7 @@
 #include "common/backward.hpp"
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
+#include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/stages/async_copy.cuh"
 #include "cuda/stages/mma_stages.cuh"
 
@@ -80,6 +81,7 @@ struct BackwardParams {
     float scale_log2;          // c = |scale| log2(e), as the forward's
     float scale;               // the signed softmax scale: dQ = scale dS K
     float abs_scale;           // |scale|
+    KernelGate gate;           // cuda-fa2's device entry: closed where its FFMA kernels run instead
 };
 
 inline BackwardParams make_backward_params(const AttentionProblem& p, const void* Q, const void* K,
@@ -88,7 +90,8 @@ inline BackwardParams make_backward_params(const AttentionProblem& p, const void
                                            int* dq_turns) {
     const float abs_scale = std::fabs(p.softmax_scale());
     return {Q, K, V, dO, lse, D, dQ, dK, dV, dq_turns, p,
-            abs_scale > 0 ? abs_scale * kLog2e : 1e-30f, p.softmax_scale(), abs_scale};
+            abs_scale > 0 ? abs_scale * kLog2e : 1e-30f, p.softmax_scale(), abs_scale,
+            KernelGate{}};
 }
 
 // Algorithm 2 L9 (the statistics): L_i and D_i of query tile i, head h, into shared memory;
@@ -227,6 +230,7 @@ __device__ __forceinline__ void write_key_gradients(const BackwardParams& params
 // Key tile 0 sees the most query tiles under a causal mask and is launched first.
 template <class Ops, bool kBlockMask, bool kDeterministic>
 __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardParams params) {
+    if (params.gate.closed()) return;
     constexpr int Br = Ops::Br, Bc = Ops::Bc, D = Ops::D;
     extern __shared__ float4 smem_base[];
     const typename Ops::Shared sh(smem_base);

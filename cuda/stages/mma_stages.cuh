@@ -182,7 +182,8 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
 }
 
 // FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),
-// written for the rows that exist. l_i is first summed over the quad (each lane held a partial
+// written for the rows that exist (NaN for a row whose visible scores all overflowed:
+// scores_overflowed, common/online_softmax.hpp). l_i is first summed over the quad (each lane held a partial
 // sum over its own columns). O's rows are p.dim floats apart; columns p.dim..D-1 (the zero padding
 // of a head dim that is not one of the compiled D, as cuda-fa2's tensor-core kernel has) are not
 // written.
@@ -205,22 +206,27 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
         l_row += __shfl_xor_sync(0xffffffffu, l_row, 2);
         const int row = row0 + lane / 4 + 8 * r;
         if (row >= p.seq_q) continue;
+        // A chunk of a split may hold none of a row's visible keys: its partial is then the empty
+        // one, and the overflow test waits for the merge (cuda/stages/combine.cuh).
+        const bool overflowed =
+            !partial && scores_overflowed(l_row, [&] { return p.row_has_visible_key(row); });
         float* O_row = O_head + std::int64_t(row) * p.dim + 2 * (lane % 4);
         if (p.dim == Cfg::D) {
 #pragma unroll
             for (int dt = 0; dt < Cfg::D / 8; ++dt)
                 *reinterpret_cast<float2*>(O_row + 8 * dt) =
-                    make_float2(normalize_output(O[dt][2 * r], l_row),
-                                normalize_output(O[dt][2 * r + 1], l_row));
+                    make_float2(final_output(O[dt][2 * r], l_row, overflowed),
+                                final_output(O[dt][2 * r + 1], l_row, overflowed));
         } else {  // padded d (possibly odd: no 8-byte stores)
 #pragma unroll
             for (int dt = 0; dt < Cfg::D / 8; ++dt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
                     if (8 * dt + 2 * (lane % 4) + e < p.dim)
-                        O_row[8 * dt + e] = normalize_output(O[dt][2 * r + e], l_row);
+                        O_row[8 * dt + e] = final_output(O[dt][2 * r + e], l_row, overflowed);
         }
-        if (lane % 4 == 0) lse_head[row] = log_sum_exp(SoftmaxState{m[r] * params.lse_scale, l_row});
+        if (lane % 4 == 0)
+            lse_head[row] = final_lse(SoftmaxState{m[r] * params.lse_scale, l_row}, overflowed);
     }
 }
 

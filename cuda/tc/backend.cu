@@ -17,6 +17,7 @@
 #include "cuda/host/split_kv.hpp"
 #include "cuda/tc/backward.hpp"
 #include "cuda/host/variants.hpp"
+#include "cuda/host/workspace.hpp"
 
 namespace flashattn::tc {
 
@@ -30,8 +31,13 @@ public:
                DType dtype, const TcTileShape& tile)
         : PreparedCuda("cuda-tc", p, Q, K, V, dtype, cuda::InputForm::bits16),
           tile_(tile),
-          kv_splits_(tc_kv_splits(p, dtype, tile)),
-          partials_(workspace<unsigned char>(cuda::split_workspace_bytes(p, kv_splits_))) {}
+          kv_splits_(tc_kv_splits(p, dtype, tile)) {
+        cuda::WorkspaceCarver counter;
+        cuda::cut_split_partials(p, kv_splits_, counter);
+        memory_ = workspace<unsigned char>(counter.bytes());
+        cuda::WorkspaceCarver carver(memory_.data(), counter.bytes(), "cuda-tc");
+        partials_ = cuda::cut_split_partials(p, kv_splits_, carver);
+    }
 
     void execute() override {
         TcDeviceArgs args;
@@ -39,7 +45,8 @@ public:
         args.dtype = dtype_;
         args.Q = Q16_.data(), args.K = K16_.data(), args.V = V16_.data();
         args.O = O_.data(), args.lse = lse_.data();
-        args.kv_splits = kv_splits_, args.workspace = partials_.data();
+        args.kv_splits = kv_splits_;
+        args.O_partial = partials_.O, args.lse_partial = partials_.lse;
         tc_forward(args, tile_);
         synchronize();
     }
@@ -53,7 +60,8 @@ public:
 private:
     TcTileShape tile_;
     std::int64_t kv_splits_;
-    cuda::DeviceBuffer<unsigned char> partials_;
+    cuda::DeviceBuffer<unsigned char> memory_;
+    cuda::SplitPartials partials_;
 };
 
 // A compiled shape as a row of cuda/host/variants.hpp's chooser.
@@ -83,6 +91,20 @@ TcTileShape choose_tile(std::int64_t dim, DType dtype) {
 // FLASHATTN_VARIANT=cuda-tc-backward=<name>.
 TcBackwardShape choose_backward_shape(std::int64_t dim, DType dtype) {
     return choose_shape("cuda-tc-backward", tc_backward_shapes(dim, dtype), dim, dtype);
+}
+
+// The backward device entry's workspace: D = rowsum(dO o O) and, in deterministic mode, the dQ
+// turn counters.
+struct BackwardWorkspace {
+    float* D;
+    int* dq_turns;
+};
+BackwardWorkspace cut_backward_workspace(const AttentionProblem& p, const TcBackwardShape& shape,
+                                         cuda::WorkspaceCarver& w) {
+    BackwardWorkspace parts{w.take<float>(static_cast<std::size_t>(p.lse_elements())), nullptr};
+    if (cuda::deterministic_requested())
+        parts.dq_turns = w.take<int>(tc_backward_turn_count(p, shape));
+    return parts;
 }
 
 class PreparedTcBackward final : public cuda::PreparedCudaBackward {
@@ -137,39 +159,51 @@ Backend tc_backend() {
         tc_check_backward_problem(p, dtype);
         return std::make_unique<PreparedTcBackward>(p, in, dtype);
     };
-    // The device entries: the same kernels on the caller's 16-bit arrays, no copies. Like
-    // cuda-fa2's, they wait for the caller's stream, launch, and wait for the result.
+    // The device entries: the same kernels on the caller's 16-bit arrays, queued on the caller's
+    // stream (common/backend.hpp). The forward needs no workspace; the backward's is D and, in
+    // deterministic mode, the dQ turn counters (cut_backward_workspace).
+    // The device entry's workspace: split-KV's partial results (none when S = 1).
+    b.device_workspace_bytes = [](const AttentionProblem& p, DType dtype) {
+        cuda::WorkspaceCarver counter;
+        cuda::cut_split_partials(p, tc_kv_splits(p, dtype, choose_tile(p.dim, dtype)), counter);
+        return counter.bytes();
+    };
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
         tc_check_problem(problem, a.dtype);
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
-        FA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
         TcDeviceArgs args;
-        args.problem = problem;
-        const cuda::DeviceBuffer<std::uint8_t> mask = cuda::upload_block_mask(args.problem);
+        args.problem = cuda::with_device_mask(problem, a.block_mask);
         args.dtype = a.dtype;
         args.Q = a.Q, args.K = a.K, args.V = a.V, args.O = a.O, args.lse = a.lse;
-        tc_forward(args, choose_tile(problem.dim, a.dtype));
-        cuda::synchronize_device();
+        args.stream = a.stream;
+        const TcTileShape tile = choose_tile(problem.dim, a.dtype);
+        args.kv_splits = tc_kv_splits(problem, a.dtype, tile);
+        cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-tc");
+        const cuda::SplitPartials partials = cuda::cut_split_partials(problem, args.kv_splits, workspace);
+        workspace.require_fits();
+        args.O_partial = partials.O, args.lse_partial = partials.lse;
+        tc_forward(args, tile);
+    };
+    b.device_backward_workspace_bytes = [](const AttentionProblem& p, DType dtype) {
+        cuda::WorkspaceCarver counter;
+        cut_backward_workspace(p, choose_backward_shape(p.dim, dtype), counter);
+        return counter.bytes();
     };
     b.run_backward_device = [](const AttentionProblem& problem, const DeviceBackward& a) {
         tc_check_backward_problem(problem, a.dtype);
         const TcBackwardShape shape = choose_backward_shape(problem.dim, a.dtype);
-        const bool deterministic = cuda::deterministic_requested();
-        const auto stream = static_cast<cudaStream_t>(a.stream);
         TcBackwardArgs args;
-        args.problem = problem;
-        const cuda::DeviceBuffer<std::uint8_t> mask = cuda::upload_block_mask(args.problem);
-        cuda::DeviceBuffer<float> D(static_cast<std::size_t>(problem.lse_elements()));
-        cuda::DeviceBuffer<int> turns(deterministic ? tc_backward_turn_count(problem, shape) : 0);
+        args.problem = cuda::with_device_mask(problem, a.block_mask);
+        cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-tc's backward");
+        const BackwardWorkspace parts = cut_backward_workspace(problem, shape, workspace);
+        workspace.require_fits();
         args.dtype = a.dtype;
         args.Q = a.Q, args.K = a.K, args.V = a.V, args.dO = a.dO, args.O = a.O, args.lse = a.lse;
-        args.D = D.data(), args.dq_turns = turns.data();
+        args.D = parts.D, args.dq_turns = parts.dq_turns;
         args.dQ = a.dQ, args.dK = a.dK, args.dV = a.dV;
         args.stream = a.stream;
-        tc_backward(args, shape, deterministic);  // queued behind the caller's work on `stream`
-        FA_CUDA_CHECK(cudaStreamSynchronize(stream));
-        cuda::synchronize_device();
+        tc_backward(args, shape, cuda::deterministic_requested());
     };
     return b;
 }

@@ -78,7 +78,7 @@ void launch(const KernelParams& params, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Cfg::Br) * params.kv_splits),
                     static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
-    FA_CUDA_CHECK(cudaGetLastError());
+    FA_CUDA_CHECK_LAUNCH();
 }
 
 template <class Cfg>
@@ -181,14 +181,15 @@ void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
     if (S < 1 || S > 1024)
         throw std::invalid_argument("kv_splits = " + std::to_string(S) + ": must be in [1, 1024]");
     if (S > 1) {
-        require_array(args.workspace, "split-KV workspace");
-        const cuda::SplitWorkspace w = cuda::split_workspace(p, S, args.workspace);
-        params.kv_splits = int(S), params.O_partial = w.O_partial, params.lse_partial = w.lse_partial;
+        require_array(args.O_partial, "split-KV's partial O"),
+            require_array(args.lse_partial, "split-KV's partial LSE");
+        params.kv_splits = int(S), params.O_partial = args.O_partial,
+        params.lse_partial = args.lse_partial;
     }
     (args.dtype == DType::f16 ? t.launch_f16 : t.launch_bf16)(params, stream);
     if (S > 1)
         cuda::launch_combine(params.O_partial, params.lse_partial, S, p.lse_elements(), p.dim,
-                             args.O, args.lse, args.stream);
+                             args.O, args.lse, args.stream, &p);
 }
 
 }  // namespace flashattn::tc

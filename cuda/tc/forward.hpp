@@ -52,10 +52,11 @@ struct TcDeviceArgs {
     const void* V = nullptr;
     float* O = nullptr;
     float* lse = nullptr;
-    // Split-KV: S key chunks (tc_kv_splits), their partial results in `workspace` (at least
-    // cuda::split_workspace_bytes(problem, S) bytes; unused for S = 1), merged into O and LSE.
+    // Split-KV: S key chunks (tc_kv_splits), their partial results in O_partial / lse_partial
+    // (cuda::cut_split_partials; unused for S = 1), merged into O and LSE.
     std::int64_t kv_splits = 1;
-    void* workspace = nullptr;
+    float* O_partial = nullptr;
+    float* lse_partial = nullptr;
     void* stream = nullptr;  // a cudaStream_t; nullptr: the default stream
 };
 

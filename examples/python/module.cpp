@@ -207,17 +207,38 @@ const Backend& device_backend(const std::string& name, bool backward) {
     if (backward ? !b.run_backward_device : !b.run_device)
         throw std::invalid_argument("backend = " + name + ": takes no device arrays" +
                                     (backward ? " in its backward pass" : "") +
-                                    " (cuda-fa2 does in float32, cuda-tc in f16/bf16)");
+                                    " (cuda-fa2 does in float32, cuda-tc and cuda-fa3 (forward) "
+                                    "in f16/bf16)");
     return b;
 }
 
+// The workspace a device entry needs for this problem (Backend::device_workspace_bytes, or the
+// backward's), in bytes: the caller allocates it, 256-byte aligned, on the stream it then passes.
+std::size_t device_workspace_bytes(const std::string& backend_name, const Shape& shape,
+                                   bool causal, double scale, const std::optional<MaskArray>& mask,
+                                   std::int64_t mask_block_q, std::int64_t mask_block_kv,
+                                   const std::string& dtype_name, bool backward) {
+    const AttentionProblem p =
+        with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
+    const DType dtype = parse_dtype(dtype_name);
+    const Backend& b = device_backend(backend_name, backward);
+    const auto& bytes = backward ? b.device_backward_workspace_bytes : b.device_workspace_bytes;
+    return bytes ? bytes(p, dtype) : 0;
+}
+
 // Q, K, V (and dO) hold values of `dtype_name` ("f32", "f16", "bf16"; for f16/bf16, Q times the
-// sign of the scale, as cuda-tc expects); O, LSE and the gradients are float32.
+// sign of the scale, as cuda-tc expects); O, LSE and the gradients are float32. The call queues
+// the work on `stream` and returns (common/backend.hpp, DeviceForward): `workspace` holds
+// `workspace_bytes` bytes of device memory (device_workspace_bytes above; 0 where it is 0), and
+// `block_mask` the device copy of `mask` (0 without one); both stay alive until the stream has run
+// the work. `mask` itself (host) is what is validated.
 void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
                       std::uintptr_t lse, const Shape& shape, bool causal, double scale,
                       const std::string& backend_name, const std::optional<MaskArray>& mask,
                       std::int64_t mask_block_q, std::int64_t mask_block_kv,
-                      std::uintptr_t stream, const std::string& dtype_name) {
+                      std::uintptr_t stream, const std::string& dtype_name,
+                      std::uintptr_t workspace, std::size_t workspace_bytes,
+                      std::uintptr_t block_mask) {
     const AttentionProblem p =
         with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
     DeviceForward a;
@@ -226,6 +247,8 @@ void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std:
     a.O = pointer<float>(o, "o"), a.lse = pointer<float>(lse, "lse");
     a.stream = reinterpret_cast<void*>(stream);  // 0 is the default stream
     a.dtype = parse_dtype(dtype_name);
+    a.workspace = reinterpret_cast<void*>(workspace), a.workspace_bytes = workspace_bytes;
+    a.block_mask = reinterpret_cast<const std::uint8_t*>(block_mask);
     const Backend& backend = device_backend(backend_name, false);
     without_gil([&] { backend.run_device(p, a); });
 }
@@ -237,7 +260,8 @@ void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_
                                const std::string& backend_name,
                                const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
                                std::int64_t mask_block_kv, std::uintptr_t stream,
-                               const std::string& dtype_name) {
+                               const std::string& dtype_name, std::uintptr_t workspace,
+                               std::size_t workspace_bytes, std::uintptr_t block_mask) {
     const AttentionProblem p =
         with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
     DeviceBackward a;
@@ -248,6 +272,8 @@ void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_
     a.dV = pointer<float>(dV, "dv");
     a.stream = reinterpret_cast<void*>(stream);  // 0 is the default stream
     a.dtype = parse_dtype(dtype_name);
+    a.workspace = reinterpret_cast<void*>(workspace), a.workspace_bytes = workspace_bytes;
+    a.block_mask = reinterpret_cast<const std::uint8_t*>(block_mask);
     const Backend& backend = device_backend(backend_name, true);
     without_gil([&] { backend.run_backward_device(p, a); });
 }
@@ -283,6 +309,7 @@ PYBIND11_MODULE(_flashattn, m) {
     // The bound on |scores| the library computes within (common/score_range.hpp), for the
     // package's check of CUDA tensors, which the library cannot read.
     m.attr("score_limit") = kScoreLimit;
+    m.def("device_workspace_bytes", &python::device_workspace_bytes);
     m.def("attention_device", &python::attention_device);
     m.def("attention_backward_device", &python::attention_backward_device);
 }

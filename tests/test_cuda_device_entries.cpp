@@ -1,0 +1,426 @@
+// tests/test_cuda_device_entries.cpp — the device entries (Backend::run_device and
+// run_backward_device, common/backend.hpp) keep their asynchronous contract: work queued on the
+// caller's stream behind what is already there, no wait, the caller's workspace (of exactly
+// device_workspace_bytes) and device block mask, and an overflowed row marked NaN where a fully
+// masked row gives O = 0, LSE = -inf. Results are compared with the same backend's host path (the
+// same kernels, checked against float64 attention by the other suites). Exits 77 (CTest's
+// "skipped") without a CUDA device.
+//
+// How "no wait" is tested: a host function queued first holds the stream until the test releases
+// it after the entry has returned. An entry that synchronized would find it held; the host
+// function gives up after kHoldSeconds and the test then fails (instead of hanging).
+#include "catch.hpp"
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/registry.hpp"
+#include "common/tiling.hpp"
+#include "cpu/reference.hpp"
+#include "cuda/fa2/backend.hpp"
+#include "cuda/fa3/backend.hpp"
+#include "cuda/host/device_buffer.hpp"
+#include "cuda/host/half_bits.hpp"
+#include "cuda/tc/backend.hpp"
+#include "helpers.hpp"
+
+using namespace flashattn;
+
+namespace {
+
+constexpr double kHoldSeconds = 20.0;
+
+// A stream of its own that does not synchronize with the legacy default stream, so a launch on
+// the default stream by mistake is not ordered behind it.
+struct Stream {
+    cudaStream_t s = nullptr;
+    Stream() { FA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+    ~Stream() { (void)cudaStreamDestroy(s); }
+};
+
+// Holds a stream until release(): what is queued behind it cannot start before.
+struct Hold {
+    std::atomic<bool> released{false}, gave_up{false};
+    static void CUDART_CB wait(void* self) {
+        auto* h = static_cast<Hold*>(self);
+        const auto start = std::chrono::steady_clock::now();
+        while (!h->released.load()) {
+            if (std::chrono::steady_clock::now() - start > std::chrono::duration<double>(kHoldSeconds)) {
+                h->gave_up = true;
+                return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
+    void queue(cudaStream_t s) { FA_CUDA_CHECK(cudaLaunchHostFunc(s, &Hold::wait, this)); }
+};
+
+// Page-locked host memory: cudaMemcpyAsync from it is queued, not performed on the spot.
+struct Pinned {
+    void* p = nullptr;
+    explicit Pinned(std::size_t bytes) { FA_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1)); }
+    ~Pinned() { (void)cudaFreeHost(p); }
+};
+
+// An input array as the device entries read it: float32, or 16-bit values of dtype (times `sign`).
+std::vector<std::uint8_t> as_bytes(const std::vector<float>& x, DType dtype, float sign = 1.0f) {
+    if (dtype == DType::f32) {
+        std::vector<std::uint8_t> out(x.size() * 4);
+        std::memcpy(out.data(), x.data(), out.size());
+        return out;
+    }
+    std::vector<std::uint8_t> out(x.size() * 2);
+    for (std::size_t k = 0; k < x.size(); ++k) {
+        const std::uint16_t bits = cuda::to_bits(sign * x[k], dtype);
+        std::memcpy(out.data() + 2 * k, &bits, 2);
+    }
+    return out;
+}
+
+// A device copy of `host` bytes, written on `stream` from pinned memory after the array was
+// filled with 0xFF (so a read before the copy sees NaN or garbage, not the right values).
+struct Staged {
+    cuda::DeviceBuffer<std::uint8_t> device;
+    Pinned pinned;
+    explicit Staged(const std::vector<std::uint8_t>& host)
+        : device(host.size()), pinned(host.size()) {
+        std::memcpy(pinned.p, host.data(), host.size());
+    }
+    void poison(cudaStream_t s) {
+        if (device.bytes()) FA_CUDA_CHECK(cudaMemsetAsync(device.data(), 0xFF, device.bytes(), s));
+    }
+    void copy(cudaStream_t s) {
+        if (device.bytes())
+            FA_CUDA_CHECK(cudaMemcpyAsync(device.data(), pinned.p, device.bytes(),
+                                          cudaMemcpyHostToDevice, s));
+    }
+    const void* data() const { return device.data(); }
+};
+
+// The caller's workspace: device_workspace_bytes (at least one byte, so the address is real),
+// filled with 0xFF on the stream before the call.
+struct Workspace {
+    std::size_t bytes;
+    cuda::DeviceBuffer<std::uint8_t> buffer;
+    Workspace(std::size_t need, cudaStream_t s) : bytes(need), buffer(need ? need : 1) {
+        FA_CUDA_CHECK(cudaMemsetAsync(buffer.data(), 0xFF, buffer.bytes(), s));
+    }
+};
+
+std::vector<float> download(const cuda::DeviceBuffer<float>& x) {
+    std::vector<float> host(x.size());
+    x.download(host.data());
+    return host;
+}
+
+// Equal element by element, NaN where the other has NaN; the largest difference otherwise.
+double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    double worst = 0;
+    for (std::size_t k = 0; k < a.size(); ++k) {
+        if (std::isnan(a[k]) || std::isnan(b[k])) {
+            if (std::isnan(a[k]) != std::isnan(b[k])) return std::numeric_limits<double>::infinity();
+            continue;
+        }
+        if (a[k] == b[k]) continue;  // the same infinity too
+        worst = std::max(worst, std::fabs(double(a[k]) - double(b[k])));
+    }
+    return worst;
+}
+
+double max_abs(const std::vector<float>& x) {
+    double m = 0;
+    for (float v : x)
+        if (std::isfinite(v)) m = std::max(m, double(std::fabs(v)));
+    return m;
+}
+
+struct Case {
+    std::string backend;
+    DType dtype;
+    std::int64_t dim;
+};
+
+// The device entries of this build and device: cuda-fa2 (float32; d = 64 runs the tensor-core
+// kernel behind the on-device finiteness test, d = 8 the FFMA kernel alone), cuda-tc, cuda-fa3.
+std::vector<Case> forward_cases() {
+    std::vector<Case> cases = {{"cuda-fa2", DType::f32, 64},
+                               {"cuda-fa2", DType::f32, 8},
+                               {"cuda-tc", DType::f16, 64},
+                               {"cuda-tc", DType::bf16, 64}};
+    if (fa3::fa3_available()) {
+        cases.push_back({"cuda-fa3", DType::f16, 64});
+        cases.push_back({"cuda-fa3", DType::bf16, 128});
+    }
+    return cases;
+}
+
+// A (Tr, Tc) block mask of 8 x 8 blocks with a few zero entries, and one whole row of blocks
+// zero (its query rows see no key).
+std::vector<std::uint8_t> sparse_mask(const AttentionProblem& p) {
+    const std::int64_t Tr = tile_count(p.seq_q, 8), Tc = tile_count(p.seq_kv, 8);
+    std::vector<std::uint8_t> mask(static_cast<std::size_t>(Tr * Tc));
+    for (std::int64_t r = 0; r < Tr; ++r)
+        for (std::int64_t c = 0; c < Tc; ++c) mask[r * Tc + c] = (r != 2) && ((r + c) % 3 != 1);
+    return mask;
+}
+
+// The forward through the device entry with everything queued behind a held stream: inputs
+// poisoned, then (held) copied, workspace poisoned, the call, then the release.
+struct DeviceOutputs {
+    std::vector<float> O, lse;
+    bool entry_waited;
+};
+DeviceOutputs run_forward_on_stream(const Backend& backend, const AttentionProblem& p,
+                                    const ProblemData& in, DType dtype,
+                                    const std::vector<std::uint8_t>& mask) {
+    Stream stream;
+    const cudaStream_t s = stream.s;
+    Staged Q(as_bytes(in.Q, dtype, dtype == DType::f32 ? 1.0f : cuda::q_sign(p)));
+    Staged K(as_bytes(in.K, dtype)), V(as_bytes(in.V, dtype));
+    Staged mask_device(mask);
+    cuda::DeviceBuffer<float> O(p.q_elements()), lse(p.lse_elements());
+    Workspace workspace(backend.device_workspace_bytes ? backend.device_workspace_bytes(p, dtype) : 0,
+                        s);
+    for (Staged* x : {&Q, &K, &V, &mask_device}) x->poison(s);
+    FA_CUDA_CHECK(cudaMemsetAsync(O.data(), 0xFF, O.bytes(), s));
+    FA_CUDA_CHECK(cudaMemsetAsync(lse.data(), 0xFF, lse.bytes(), s));
+    Hold hold;
+    hold.queue(s);
+    for (Staged* x : {&Q, &K, &V, &mask_device}) x->copy(s);
+
+    DeviceForward a;
+    a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.O = O.data(), a.lse = lse.data();
+    a.stream = s, a.dtype = dtype;
+    a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+    a.block_mask = p.block_mask.active() ? mask_device.device.data() : nullptr;
+    backend.run_device(p, a);
+    const bool still_held = cudaStreamQuery(s) == cudaErrorNotReady;
+    hold.released = true;
+    FA_CUDA_CHECK(cudaStreamSynchronize(s));
+    return {download(O), download(lse), hold.gave_up.load() || !still_held};
+}
+
+}  // namespace
+
+TEST_CASE("device entries queue behind the caller's stream, return at once, and match the host path") {
+    for (const Case& c : forward_cases()) {
+        const Backend& backend = find_backend(c.backend);
+        REQUIRE(backend.run_device);
+        for (bool causal : {false, true})
+            for (bool masked : {false, true})
+                for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                         {113, 203}, {203, 113}}) {
+                    AttentionProblem p = test::make_problem(2, 4, 2, Nq, Nkv, c.dim, causal);
+                    const std::vector<std::uint8_t> mask = masked ? sparse_mask(p) : std::vector<std::uint8_t>{};
+                    if (masked) p.block_mask = {mask.data(), 8, 8};
+                    const std::uint64_t seed = test::next_seed();
+                    INFO(c.backend << " " << to_string(c.dtype) << " " << test::describe(p)
+                                   << " mask=" << masked << " seed=" << seed);
+                    const ProblemData in = random_problem_data(p, seed);
+                    const test::Outputs host = test::run_poisoned(backend, p, in, c.dtype);
+                    const DeviceOutputs device = run_forward_on_stream(backend, p, in, c.dtype, mask);
+                    CHECK_FALSE(device.entry_waited);
+                    // The same kernels on the same values: the same bits.
+                    CHECK(max_difference(device.O, host.O) == 0.0);
+                    CHECK(max_difference(device.lse, host.lse) == 0.0);
+                }
+    }
+}
+
+TEST_CASE("device backward entries queue behind the caller's stream and match the host path") {
+    struct BackwardCase {
+        std::string backend;
+        DType dtype;
+        std::int64_t dim;
+    };
+    const std::vector<BackwardCase> cases = {{"cuda-fa2", DType::f32, 64},
+                                             {"cuda-fa2", DType::f32, 8},
+                                             {"cuda-tc", DType::f16, 64},
+                                             {"cuda-tc", DType::bf16, 128}};
+    test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+    for (const std::string& mode : std::vector<std::string>{"0", "1"}) {
+        deterministic.set(mode);
+        for (const BackwardCase& c : cases)
+            for (bool causal : {false, true})
+                for (bool masked : {false, true}) {
+                    const Backend& backend = find_backend(c.backend);
+                    REQUIRE(backend.run_backward_device);
+                    AttentionProblem p = test::make_problem(2, 4, 2, 113, 203, c.dim, causal);
+                    const std::vector<std::uint8_t> mask = masked ? sparse_mask(p) : std::vector<std::uint8_t>{};
+                    if (masked) p.block_mask = {mask.data(), 8, 8};
+                    const std::uint64_t seed = test::next_seed();
+                    INFO(c.backend << " " << to_string(c.dtype) << " " << test::describe(p)
+                                   << " mask=" << masked << " deterministic=" << mode
+                                   << " seed=" << seed);
+                    const ProblemData in = random_problem_data(p, seed);
+                    const test::Outputs fwd = test::run_poisoned(backend, p, in, c.dtype);
+                    const std::vector<float> dO = random_problem_data(p, seed + 1).Q;
+                    const BackwardInputs host_in{in.Q.data(), in.K.data(), in.V.data(),
+                                                 fwd.O.data(), fwd.lse.data(), dO.data()};
+                    std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
+                    run_backward(backend, p, host_in, dQ.data(), dK.data(), dV.data(), c.dtype);
+
+                    Stream stream;
+                    const cudaStream_t s = stream.s;
+                    const float sign = c.dtype == DType::f32 ? 1.0f : cuda::q_sign(p);
+                    Staged Q(as_bytes(in.Q, c.dtype, sign)), K(as_bytes(in.K, c.dtype));
+                    Staged V(as_bytes(in.V, c.dtype)), dO_device(as_bytes(dO, c.dtype));
+                    Staged O(as_bytes(fwd.O, DType::f32)), lse(as_bytes(fwd.lse, DType::f32));
+                    Staged mask_device(mask);
+                    cuda::DeviceBuffer<float> dQ_d(p.q_elements()), dK_d(p.kv_elements()),
+                        dV_d(p.kv_elements());
+                    Workspace workspace(backend.device_backward_workspace_bytes(p, c.dtype), s);
+                    for (Staged* x : {&Q, &K, &V, &dO_device, &O, &lse, &mask_device}) x->poison(s);
+                    for (auto* g : {&dQ_d, &dK_d, &dV_d})
+                        FA_CUDA_CHECK(cudaMemsetAsync(g->data(), 0xFF, g->bytes(), s));
+                    Hold hold;
+                    hold.queue(s);
+                    for (Staged* x : {&Q, &K, &V, &dO_device, &O, &lse, &mask_device}) x->copy(s);
+                    DeviceBackward a;
+                    a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.dO = dO_device.data();
+                    a.O = static_cast<const float*>(O.data());
+                    a.lse = static_cast<const float*>(lse.data());
+                    a.dQ = dQ_d.data(), a.dK = dK_d.data(), a.dV = dV_d.data();
+                    a.stream = s, a.dtype = c.dtype;
+                    a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+                    a.block_mask = masked ? mask_device.device.data() : nullptr;
+                    backend.run_backward_device(p, a);
+                    CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
+                    hold.released = true;
+                    FA_CUDA_CHECK(cudaStreamSynchronize(s));
+                    CHECK_FALSE(hold.gave_up.load());
+                    // dQ is summed with atomics (in an order that may change) unless
+                    // deterministic: equal up to rounding; dK and dV have one order.
+                    const double dq_tolerance = mode == "1" ? 0.0 : 1e-5 * (1.0 + max_abs(dQ));
+                    CHECK(max_difference(download(dQ_d), dQ) <= dq_tolerance);
+                    CHECK(max_difference(download(dK_d), dK) == 0.0);
+                    CHECK(max_difference(download(dV_d), dV) == 0.0);
+                }
+    }
+}
+
+TEST_CASE("device entries refuse a workspace smaller than device_workspace_bytes, or misaligned") {
+    const AttentionProblem p = test::make_problem(1, 2, 2, 64, 64, 64, false);
+    struct Entry {
+        std::string backend;
+        DType dtype;
+        bool backward;
+    };
+    std::vector<Entry> entries = {{"cuda-fa2", DType::f32, false},
+                                  {"cuda-fa2", DType::f32, true},
+                                  {"cuda-tc", DType::f16, true}};
+    if (fa3::fa3_available()) entries.push_back({"cuda-fa3", DType::bf16, false});
+    cuda::DeviceBuffer<std::uint16_t> Q(p.q_elements()), K(p.kv_elements()), V(p.kv_elements());
+    cuda::DeviceBuffer<float> O(p.q_elements()), lse(p.lse_elements()), dQ(p.q_elements()),
+        dK(p.kv_elements()), dV(p.kv_elements());
+    cuda::DeviceBuffer<float> f32_in(3 * p.q_elements());
+    for (const Entry& e : entries) {
+        INFO(e.backend << (e.backward ? " backward" : " forward"));
+        const Backend& backend = find_backend(e.backend);
+        const std::size_t need = e.backward ? backend.device_backward_workspace_bytes(p, e.dtype)
+                                            : backend.device_workspace_bytes(p, e.dtype);
+        REQUIRE(need > 0);
+        CHECK(need % 256 == 0);
+        cuda::DeviceBuffer<std::uint8_t> workspace(need + 256);
+        const void* in = e.dtype == DType::f32 ? static_cast<const void*>(f32_in.data()) : Q.data();
+        const auto call = [&](void* base, std::size_t bytes) {
+            if (e.backward) {
+                DeviceBackward a;
+                a.Q = in, a.K = in, a.V = in, a.dO = in, a.O = O.data(), a.lse = lse.data();
+                a.dQ = dQ.data(), a.dK = dK.data(), a.dV = dV.data(), a.dtype = e.dtype;
+                a.workspace = base, a.workspace_bytes = bytes;
+                backend.run_backward_device(p, a);
+            } else {
+                DeviceForward a;
+                a.Q = in, a.K = in, a.V = in, a.O = O.data(), a.lse = lse.data(), a.dtype = e.dtype;
+                a.workspace = base, a.workspace_bytes = bytes;
+                backend.run_device(p, a);
+            }
+        };
+        CHECK_THROWS_AS(call(workspace.data(), need - 1), std::invalid_argument);
+        CHECK_THROWS_WITH(call(workspace.data(), need - 1),
+                          Catch::Contains("workspace_bytes = " + std::to_string(need - 1)));
+        CHECK_THROWS_WITH(call(workspace.data(), need - 1),
+                          Catch::Contains("at least " + std::to_string(need) + " bytes"));
+        CHECK_THROWS_AS(call(nullptr, 0), std::invalid_argument);
+        CHECK_THROWS_AS(call(workspace.data() + 16, need), std::invalid_argument);
+        CHECK_NOTHROW(call(workspace.data(), need));
+    }
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST_CASE("device entries need the block mask on the device when the problem has one") {
+    AttentionProblem p = test::make_problem(1, 1, 1, 16, 16, 64, false);
+    const std::vector<std::uint8_t> mask(4, 1);
+    p.block_mask = {mask.data(), 8, 8};
+    const Backend& backend = find_backend("cuda-tc");
+    cuda::DeviceBuffer<std::uint16_t> X(p.q_elements());
+    cuda::DeviceBuffer<float> O(p.q_elements()), lse(p.lse_elements());
+    DeviceForward a;
+    a.Q = X.data(), a.K = X.data(), a.V = X.data(), a.O = O.data(), a.lse = lse.data();
+    a.dtype = DType::f16;
+    CHECK_THROWS_AS(backend.run_device(p, a), std::invalid_argument);  // no device copy
+    p.block_mask = {};
+    a.block_mask = reinterpret_cast<const std::uint8_t*>(X.data());
+    CHECK_THROWS_AS(backend.run_device(p, a), std::invalid_argument);  // a copy of no mask
+}
+
+// A row whose every visible score overflows float32 gets NaN (what float32 standard attention
+// gives it), and a row with no visible key O = 0, LSE = -inf, in the same call. Built so the
+// kernels meet the overflow in the scores they form: raw q.k = -inf (|q| = |k| = 2e19, float32
+// and bf16 hold them) or, for f16 (which cannot), |scale| so large that scale q.k of the row
+// passes float32's range. Causal with N_q > N_kv hides every key from rows 0 .. N_q - N_kv - 1,
+// and the block mask's third row of blocks hides rows 16 .. 23.
+TEST_CASE("device entries mark a row whose scores overflow NaN, and keep O = 0, LSE = -inf for a fully masked row") {
+    for (const Case& c : forward_cases()) {
+        const Backend& backend = find_backend(c.backend);
+        for (bool masked : {false, true}) {
+            AttentionProblem p = test::make_problem(1, 2, 1, 40, 24, c.dim, true);
+            const std::vector<std::uint8_t> mask = sparse_mask(p);
+            if (masked) p.block_mask = {mask.data(), 8, 8};
+            const std::int64_t overflow_row = 30, empty_row = masked ? 20 : 5;
+            REQUIRE(p.row_has_visible_key(overflow_row));
+            REQUIRE_FALSE(p.row_has_visible_key(empty_row));
+            ProblemData in = random_problem_data(p, test::next_seed());
+            const std::int64_t d = p.dim;
+            const bool by_scale = c.dtype == DType::f16;
+            for (std::int64_t j = 0; j < p.batch * p.heads_kv * p.seq_kv; ++j)
+                for (std::int64_t k = 0; k < d; ++k) in.K[j * d + k] = k == 0 ? (by_scale ? 1.0f : 2e19f) : 0.0f;
+            for (std::int64_t i = 0; i < p.batch * p.heads * p.seq_q; ++i) {
+                const bool over = i % p.seq_q == overflow_row;
+                for (std::int64_t k = 0; k < d; ++k)
+                    in.Q[i * d + k] = k != 0 ? 0.0f
+                                      : by_scale ? (over ? -4.0f : 0.5f)
+                                                 : (over ? -2e19f : 1e-19f * float(i % 7));
+            }
+            if (by_scale) p.scale = -1e38f;  // scale q.k = 4e38 on the overflow row
+            INFO(c.backend << " " << to_string(c.dtype) << " mask=" << masked);
+            const DeviceOutputs out = run_forward_on_stream(backend, p, in, c.dtype, mask);
+            CHECK_FALSE(out.entry_waited);
+            for (std::int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+                const std::int64_t over = bh * p.seq_q + overflow_row, empty = bh * p.seq_q + empty_row;
+                CHECK(std::isnan(out.lse[over]));
+                CHECK(out.lse[empty] == -std::numeric_limits<float>::infinity());
+                for (std::int64_t k = 0; k < d; ++k) {
+                    CHECK(std::isnan(out.O[over * d + k]));
+                    CHECK(out.O[empty * d + k] == 0.0f);
+                }
+                for (std::int64_t r = 0; r < p.seq_q; ++r)  // every other row seen by a key: finite
+                    if (r != overflow_row && p.row_has_visible_key(r))
+                        CHECK(std::isfinite(out.lse[bh * p.seq_q + r]));
+            }
+        }
+    }
+}
