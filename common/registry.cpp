@@ -95,4 +95,15 @@ std::string device_name(const std::string& device) {
     return device;
 }
 
+void merge_partials_device(const float* O_parts, const float* lse_parts, std::int64_t S,
+                           std::int64_t rows, std::int64_t d, float* O, float* lse, void* stream) {
+    if (S < 1) throw std::invalid_argument("S = " + std::to_string(S) + ": no partial results");
+#ifdef FLASHATTN_WITH_CUDA
+    cuda_merge_partials(O_parts, lse_parts, S, rows, d, O, lse, stream);
+#else
+    (void)O_parts, (void)lse_parts, (void)rows, (void)d, (void)O, (void)lse, (void)stream;
+    throw std::runtime_error("merge_partials on the GPU: this build has no CUDA");
+#endif
+}
+
 }  // namespace flashattn

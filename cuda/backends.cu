@@ -8,6 +8,7 @@
 #include "cuda/fa1/backend.hpp"
 #include "cuda/fa2/backend.hpp"
 #include "cuda/fa3/backend.hpp"
+#include "cuda/host/split_kv.hpp"
 #include "cuda/minimal/backend.hpp"
 #include "cuda/standard/backend.hpp"
 #include "cuda/tc/backend.hpp"
@@ -30,6 +31,11 @@ std::string cuda_device_name() {
         return "cuda";
     }
     return prop.name;
+}
+
+void cuda_merge_partials(const float* O_parts, const float* lse_parts, std::int64_t S,
+                         std::int64_t rows, std::int64_t d, float* O, float* lse, void* stream) {
+    cuda::launch_combine(O_parts, lse_parts, S, rows, d, O, lse, stream);
 }
 
 std::vector<Backend> cuda_backends() {
