@@ -280,14 +280,14 @@ void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_
 
 // flashattn.merge_partials on CUDA tensors: (S, rows, d) and (S, rows) float32 partial results
 // at o_parts / lse_parts merged into (rows, d) and (rows) at o / lse, queued on `stream`.
-void merge_partials_device(std::uintptr_t o_parts, std::uintptr_t lse_parts, std::int64_t S,
-                           std::int64_t rows, std::int64_t d, std::uintptr_t o, std::uintptr_t lse,
+void merge_partials_device(std::uintptr_t o_parts, std::uintptr_t l_parts, std::int64_t S,
+                           std::int64_t rows, std::int64_t d, std::uintptr_t o, std::uintptr_t l,
                            std::uintptr_t stream) {
     if (rows < 0) throw std::invalid_argument("rows = " + std::to_string(rows) + ": must be >= 0");
     const float* O_parts = pointer<const float>(o_parts, "outputs");
-    const float* lse_parts = pointer<const float>(lse_parts, "lses");
+    const float* lse_parts = pointer<const float>(l_parts, "lses");
     float* O = pointer<float>(o, "O");
-    float* L = pointer<float>(lse, "LSE");
+    float* L = pointer<float>(l, "LSE");
     without_gil([&] {
         flashattn::merge_partials_device(O_parts, lse_parts, S, rows, d, O, L,
                                          reinterpret_cast<void*>(stream));
