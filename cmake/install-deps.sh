@@ -7,7 +7,7 @@ set -e
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PACKAGES="cmake g++ make libeigen3-dev catch2 libcli11-dev nlohmann-json3-dev python3-matplotlib
-  python3-dev python3-numpy python3-pytest pybind11-dev"
+  python3-dev python3-numpy python3-pytest python3-torch pybind11-dev"
 if [ "${1:-}" = "--dev" ]; then
   PACKAGES="$PACKAGES clang libclang-rt-14-dev libomp-dev"
 fi

@@ -288,3 +288,90 @@ TEST_CASE("row_has_visible_key follows the bottom-right causal mask and the bloc
     CHECK(p.row_has_visible_key(31));
     CHECK_FALSE(p.row_has_visible_key(20));
 }
+
+namespace {
+
+// The merge of S parts computed independently in float64: LSE = log sum_s e^(LSE_s) (shifted by
+// the largest finite LSE_s), O = sum_s e^(LSE_s - LSE) O_s; no finite part gives O = 0, LSE = -inf.
+Part log_sum_exp_merge(const std::vector<double>& lse, const std::vector<std::vector<double>>& O,
+                       std::size_t d) {
+    double m = -INFINITY;
+    for (double x : lse) m = std::max(m, x);
+    Part r{std::vector<double>(d, 0.0), -INFINITY};
+    if (m == -INFINITY) return r;
+    double sum = 0;
+    for (double x : lse) sum += std::exp(x - m);
+    r.lse = m + std::log(sum);
+    for (std::size_t s = 0; s < lse.size(); ++s)
+        for (std::size_t c = 0; c < d; ++c) r.O[c] += std::exp(lse[s] - r.lse) * O[s][c];
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("merge_partial_row folds S strided parts into the float64 log-sum-exp merge") {
+    std::mt19937 gen(Catch::rngSeed() + 29);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (int trial = 0; trial < 300; ++trial) {
+        const int S = 1 + int(gen() % 8);
+        const std::size_t d = 1 + gen() % 40;
+        const float spread = 1.0f + float(trial % 4) * 30.0f;  // LSEs up to ~ +-400
+        // Parts laid out as a caller's arrays: LSE_s at lse[s * 3], O_s's row at O_parts + s * (d + 5).
+        const std::int64_t lse_stride = 3, o_stride = std::int64_t(d) + 5;
+        std::vector<float> lse(std::size_t(S * lse_stride), NAN), O_parts(std::size_t(S * o_stride), NAN);
+        std::vector<double> lse64(S);
+        std::vector<std::vector<double>> O64(S, std::vector<double>(d));
+        for (int s = 0; s < S; ++s) {
+            const bool empty = gen() % 4 == 0;  // a part that saw no key: LSE = -inf, O = 0
+            lse[s * lse_stride] = empty ? -INFINITY : spread * dist(gen);
+            lse64[s] = lse[s * lse_stride];
+            for (std::size_t c = 0; c < d; ++c) {
+                O_parts[s * o_stride + c] = empty ? 0.0f : dist(gen);
+                O64[s][c] = O_parts[s * o_stride + c];
+            }
+        }
+        const Part expected = log_sum_exp_merge(lse64, O64, d);
+        std::vector<float> O(d, NAN);
+        const float merged = merge_partial_row(S, lse.data(), lse_stride, O_parts.data(), o_stride,
+                                               std::int64_t(d), 0, 1, O.data());
+        INFO("trial " << trial << ", S = " << S << ", d = " << d);
+        if (expected.lse == -INFINITY) {  // every part empty: the empty row, never NaN
+            CHECK(merged == -INFINITY);
+            for (float o : O) CHECK(o == 0.0f);
+            continue;
+        }
+        // Each fold step rounds the running LSE and the two weights to float32: a few ulp of
+        // the largest |LSE| per step, relative to the weights.
+        double largest = 1;
+        for (double x : lse64) largest = std::max(largest, std::isfinite(x) ? std::fabs(x) : 0.0);
+        const double tol = 4 * S * 1.2e-7 * largest;
+        CHECK(std::fabs(merged - expected.lse) <= tol);
+        for (std::size_t c = 0; c < d; ++c)
+            CHECK(std::fabs(O[c] - expected.O[c]) <= 2 * tol * 4.0 + 1e-6);  // |O_s| < ~4
+
+        // A warp's split of the columns (first, step) writes its own columns, the same values.
+        std::vector<float> lanes(d, 12345.0f);
+        for (std::int64_t first = 0; first < 3; first += 2)  // lanes 0 and 2 of 3; lane 1 idle
+            CHECK(merge_partial_row(S, lse.data(), lse_stride, O_parts.data(), o_stride,
+                                    std::int64_t(d), first, 3, lanes.data()) == merged);
+        for (std::size_t c = 0; c < d; ++c) CHECK(lanes[c] == (c % 3 == 1 ? 12345.0f : O[c]));
+    }
+}
+
+TEST_CASE("merge_partial_row: a NaN LSE makes the row NaN, a NaN in one O_s its column") {
+    const int S = 3;
+    const std::int64_t d = 4;
+    std::vector<float> lse = {0.5f, -INFINITY, 2.0f};
+    std::vector<float> O_parts = {1, 2, 3, 4, 0, 0, 0, 0, 5, 6, 7, 8};
+    std::vector<float> O(d);
+    O_parts[2 * d + 1] = NAN;  // part 2, column 1
+    float merged = merge_partial_row(S, lse.data(), 1, O_parts.data(), d, d, 0, 1, O.data());
+    CHECK(std::isfinite(merged));
+    CHECK(std::isnan(O[1]));
+    CHECK((std::isfinite(O[0]) && std::isfinite(O[2]) && std::isfinite(O[3])));
+    O_parts[2 * d + 1] = 6;
+    lse[1] = NAN;  // the NaN sits in the empty part's place: it must not be taken for -inf
+    merged = merge_partial_row(S, lse.data(), 1, O_parts.data(), d, d, 0, 1, O.data());
+    CHECK(std::isnan(merged));
+    for (float o : O) CHECK(std::isnan(o));
+}

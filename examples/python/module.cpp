@@ -1,7 +1,8 @@
 // examples/python/module.cpp — the C++ half of `import flashattn` (pybind11): the backend registry
 // reached from Python. The Python half (src/flashattn/__init__.py) checks every argument, names the bad
 // one in its error, reshapes (N, d) to (1, 1, N, d) and handles PyTorch tensors; this file takes
-// C-contiguous float32 arrays of shape (B, H, N, d) and runs one backend on them.
+// C-contiguous float32 arrays of shape (B, H, N, d) and runs one backend on them, or merges
+// partial results with the library's LSE merge (merge_partials).
 //
 // This module is importable on its own (flashattn._flashattn), so it trusts nothing it is given:
 // every array is checked against the problem (a backend reads exactly the elements the problem
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/online_softmax.hpp"
 #include "common/registry.hpp"
 #include "common/score_range.hpp"
 
@@ -169,6 +171,33 @@ py::tuple attention_backward(const FloatArray& q, const FloatArray& k, const Flo
         prepared->fetch(dQ_data, dK_data, dV_data);
     });
     return py::make_tuple(dQ, dK, dV);
+}
+
+// The LSE merge of S partial results over disjoint key sets (split-KV, ring attention): O_parts
+// is (S, R, d), lse_parts (S, R), one row r of part s being (O_s[r], LSE_s[r]); returns the
+// merged O (R, d) and LSE (R,). Each row is folded by merge_partial_row (common/online_softmax.hpp),
+// the one place the rule is written, in the order s = 0 .. S-1.
+py::tuple merge_partials(const FloatArray& O_parts, const FloatArray& lse_parts) {
+    if (O_parts.ndim() != 3)
+        throw std::invalid_argument("O_parts has shape " + shape_string(shape_of(O_parts)) +
+                                    ": must be 3-dimensional (S, R, d)");
+    const std::int64_t S = O_parts.shape(0), R = O_parts.shape(1), d = O_parts.shape(2);
+    if (S < 1 || S > std::numeric_limits<int>::max())
+        throw std::invalid_argument("O_parts has S = " + std::to_string(S) +
+                                    " parts: must be in [1, 2**31 - 1]");
+    require_shape("lse_parts", lse_parts, {S, R});
+    FloatArray O(std::vector<py::ssize_t>{R, d});
+    FloatArray lse(std::vector<py::ssize_t>{R});
+    const float* O_in = O_parts.data();
+    const float* lse_in = lse_parts.data();
+    float* O_out = O.mutable_data();
+    float* lse_out = lse.mutable_data();
+    without_gil([&] {
+        for (std::int64_t r = 0; r < R; ++r)
+            lse_out[r] = merge_partial_row(static_cast<int>(S), lse_in + r, R, O_in + r * d, R * d,
+                                           d, 0, 1, O_out + r * d);
+    });
+    return py::make_tuple(O, lse);
 }
 
 // The device entries (Backend::run_device): tensors already on the GPU, passed as addresses
@@ -318,6 +347,7 @@ PYBIND11_MODULE(_flashattn, m) {
     });
     m.def("attention", &python::attention);
     m.def("attention_backward", &python::attention_backward);
+    m.def("merge_partials", &python::merge_partials);
     py::class_<python::Shape>(m, "Shape")
         .def(py::init<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                       std::int64_t>());

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import _flashattn as _C
 
-__all__ = ["backends", "backend_info", "attention", "attention_backward"]
+__all__ = ["backends", "backend_info", "attention", "attention_backward", "merge_partials"]
 
 _DEFAULT_BACKEND = "omp"  # the fast CPU form; any name of backends() may be given
 
@@ -538,3 +538,92 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, backend
         return _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask,
                                block_size)
     return _numpy_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)
+
+
+# --- merging partial results ----------------------------------------------------------------
+
+
+def _check_parts(outputs, lses):
+    """outputs and lses: equally long, non-empty lists of float32 arrays, all NumPy or all torch
+    (one device); every output of one shape, (B, H, N, d) or (N, d), every LSE that shape
+    without d. Returns the torch module when they are tensors, else None."""
+    for name, parts in (("outputs", outputs), ("lses", lses)):
+        if not isinstance(parts, (list, tuple)):
+            raise TypeError(f"{name} must be a list or tuple of arrays (one per part), got "
+                            f"{type(parts).__name__}")
+    if len(outputs) != len(lses):
+        raise ValueError(f"outputs has {len(outputs)} parts and lses {len(lses)}: must be equal")
+    if not outputs:
+        raise ValueError("outputs and lses are empty: merge_partials needs at least one part")
+    named = [(f"outputs[{s}]", x) for s, x in enumerate(outputs)] + \
+            [(f"lses[{s}]", x) for s, x in enumerate(lses)]
+    torch = _torch() if _is_torch(*outputs, *lses) else None
+    for name, x in named:
+        if torch is not None:
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} is a {type(x).__name__}: outputs and lses must be all "
+                                f"torch tensors or all NumPy arrays")
+            _check_tensor(name, x)
+            if x.dtype != torch.float32:
+                raise TypeError(f"{name}.dtype is {x.dtype}: must be torch.float32")
+        else:
+            if not isinstance(x, np.ndarray):
+                raise TypeError(f"{name} must be a numpy.ndarray or a torch.Tensor, got "
+                                f"{type(x).__name__}")
+            if x.dtype.kind != "f" or x.dtype.itemsize != 4:
+                raise TypeError(f"{name}.dtype is {x.dtype}: must be float32")
+    if torch is not None:
+        devices = {str(x.device) for _, x in named}
+        if len(devices) > 1:
+            raise ValueError(f"outputs and lses are on different devices: "
+                             f"{', '.join(sorted(devices))}")
+    shape = _check_shape("outputs[0]", outputs[0].shape)
+    for name, x in named:
+        expected = shape if name.startswith("outputs") else shape[:-1]
+        if tuple(x.shape) != expected:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}: must be {expected} (every "
+                             f"output has outputs[0]'s shape, every LSE that shape without d)")
+    return torch
+
+
+def merge_partials(outputs, lses):
+    """The LSE merge: S partial attention results over disjoint sets of keys, merged into one.
+
+    outputs[s] and lses[s] are what attention(q, k_s, v_s, return_lse=True) returns for the same
+    queries and the s-th set of keys (the sets disjoint): O_s, shape (B, H, N, d) or (N, d), and
+    LSE_s, shape (B, H, N) or (N,). The result is the attention over all the keys together,
+        LSE = log sum_s e^(LSE_s),    O = sum_s e^(LSE_s - LSE) O_s,
+    computed by the library's rule (merge_partial_row in common/online_softmax.hpp), which folds
+    the parts in the order given. A part whose row saw no key (LSE = -inf) adds nothing; a row
+    that saw no key in any part gives O = 0, LSE = -inf; a NaN in an O_s or LSE_s stays NaN.
+    Split-KV decoding and ring attention (flashattn.distributed) merge their parts this way.
+
+    float32 NumPy arrays, or float32 torch tensors all on one device (CPU or CUDA; on CUDA on
+    PyTorch's current stream); returns (O, LSE) of the same kind, on the same device. Not
+    differentiable: tensors that require grad are refused while grad mode is on.
+    """
+    torch = _check_parts(outputs, lses)
+    shape = tuple(outputs[0].shape)
+    S, d = len(outputs), shape[-1]
+    R = math.prod(shape[:-1])  # rows: every (batch, head, query) of the output
+    if torch is None:
+        O, L = _C.merge_partials(np.stack([_float32(x).reshape(R, d) for x in outputs]),
+                                 np.stack([_float32(x).reshape(R) for x in lses]))
+        return O.reshape(shape), L.reshape(shape[:-1])
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (*outputs, *lses)):
+        raise TypeError("merge_partials is not differentiable, and outputs or lses require "
+                        "grad: call it under torch.no_grad() or on detached tensors")
+    device = outputs[0].device
+    if device.type == "cuda" and not hasattr(_C, "merge_partials_device"):
+        raise RuntimeError("this build of flashattn has no CUDA (no merge_partials_device): "
+                           "CUDA tensors cannot be merged; pass CPU tensors or build with CUDA")
+    O_parts = torch.stack([x.detach().reshape(R, d) for x in outputs])  # (S, R, d), contiguous
+    L_parts = torch.stack([x.detach().reshape(R) for x in lses])        # (S, R)
+    if device.type == "cpu":
+        O, L = _C.merge_partials(O_parts.numpy(), L_parts.numpy())
+        return torch.from_numpy(O).reshape(shape), torch.from_numpy(L).reshape(shape[:-1])
+    O = torch.empty((R, d), dtype=torch.float32, device=device)
+    L = torch.empty((R,), dtype=torch.float32, device=device)
+    _cuda_call(device, lambda stream: _C.merge_partials_device(
+        O_parts.data_ptr(), L_parts.data_ptr(), S, R, d, O.data_ptr(), L.data_ptr(), stream))
+    return O.reshape(shape), L.reshape(shape[:-1])

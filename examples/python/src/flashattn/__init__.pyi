@@ -42,3 +42,7 @@ def attention_backward(
     block_mask: Optional[Union[npt.ArrayLike, Any]] = ...,  # or a torch.Tensor
     block_size: Optional[Tuple[int, int]] = ...,
 ) -> Tuple[Array, Array, Array]: ...
+def merge_partials(
+    outputs: Sequence[Array],
+    lses: Sequence[Array],
+) -> Tuple[Array, Array]: ...

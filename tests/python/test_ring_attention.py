@@ -1,0 +1,303 @@
+"""tests/python/test_ring_attention.py — flashattn.distributed: ring attention on gloo CPU ranks.
+
+Each world size (2 and 4) is launched once: W processes of tests/python/ring_worker.py join a gloo
+group through a FileStore in a temporary folder and run every case, writing their shards of O,
+LSE, dQ, dK, dV. Here the shards are put back together with shard_indices and checked against
+the float64 reference of the whole sequence (tests/python/reference.py) by the rule of
+docs/design.md (2x the error of float32 standard attention, + 1e-6), O, LSE and each gradient;
+single-process flashattn.attention on the whole sequence, with autograd, must meet the same
+bound (the ring is held to what one process gives). Cases: causal and not, both layouts, GQA,
+N_local of 7, 13, 14, 33 and 34 (no tile multiple), d = 16 and 24, a sub-group of ranks 1 and 3
+(group ranks differ from global ones) and a ring of one rank. Error cases check that a bad
+argument on one rank raises on every rank (none left waiting), and the group still works after.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian: python3-torch)")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("this PyTorch has no torch.distributed with gloo", allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(__file__))
+import reference  # noqa: E402
+from test_flashattn import check_rule, lse_eps  # noqa: E402
+
+import flashattn  # noqa: E402
+from flashattn import distributed as fd  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(__file__), "ring_worker.py")
+SEED = int(os.environ.get("FLASHATTN_TEST_SEED", "2024"))
+TIMEOUT_S = 120  # a hung ring fails the test instead of blocking CI
+
+
+# --- in one process: sharding, the step plan, the checks -------------------------------------
+
+
+@pytest.mark.parametrize("layout", fd.LAYOUTS)
+@pytest.mark.parametrize("W", [1, 2, 3, 4, 8])
+def test_shard_indices_partition_the_sequence(W, layout):
+    n = 2 * W * 7
+    shards = [fd.shard_indices(n, W, r, layout) for r in range(W)]
+    assert all(s.dtype == torch.int64 and len(s) == n // W for s in shards)
+    assert torch.equal(torch.sort(torch.cat(shards)).values, torch.arange(n))
+    for r, s in enumerate(shards):
+        assert torch.equal(s, torch.sort(s).values)  # increasing: a shard keeps token order
+        if layout == "zigzag":  # chunks r and 2W - 1 - r of 2W chunks of 7
+            c = 7
+            expected = list(range(r * c, (r + 1) * c)) + list(range((2 * W - 1 - r) * c,
+                                                                    (2 * W - r) * c))
+            assert s.tolist() == expected
+        else:
+            assert s.tolist() == list(range(r * 2 * 7, (r + 1) * 2 * 7))
+
+
+def test_zigzag_balances_causal_work_and_contiguous_does_not():
+    W, n = 4, 8 * 5
+    for layout, balanced in (("zigzag", True), ("contiguous", False)):
+        work = []
+        for r in range(W):
+            idx = fd.shard_indices(n, W, r, layout)
+            work.append(int((idx[:, None] >= torch.arange(n)[None, :]).sum()))  # visible pairs
+        assert (len(set(work)) == 1) == balanced, (layout, work)
+
+
+def test_shard_indices_refuses_bad_arguments():
+    with pytest.raises(ValueError, match=r"n = 10: layout 'zigzag' .* multiple of 8"):
+        fd.shard_indices(10, 4, 0, "zigzag")
+    with pytest.raises(ValueError, match=r"n = 10: layout 'contiguous' .* multiple of 4"):
+        fd.shard_indices(10, 4, 0)
+    with pytest.raises(ValueError, match=r"rank = 4: must be less than world_size = 4"):
+        fd.shard_indices(16, 4, 4)
+    with pytest.raises(ValueError, match=r"layout = 'diagonal'"):
+        fd.shard_indices(16, 4, 0, "diagonal")
+    with pytest.raises(TypeError, match=r"world_size must be an int"):
+        fd.shard_indices(16, True, 0)
+    with pytest.raises(ValueError, match=r"n = 0"):
+        fd.shard_indices(0, 1, 0)
+
+
+@pytest.mark.parametrize("layout", fd.LAYOUTS)
+@pytest.mark.parametrize("W", [1, 2, 3, 5])
+def test_each_steps_plan_covers_exactly_the_visible_pairs(W, layout):
+    """The block plan of every (rank, source) pair against the causal mask of the whole sequence
+    on the tokens the two ranks hold: the planned rectangle (lower triangle when causal) must be
+    the set of visible (query, key) pairs, and a skipped step must have none."""
+    n_local = 2 * 3
+    n = W * n_local
+    for rank in range(W):
+        queries = fd.shard_indices(n, W, rank, layout)
+        for src in range(W):
+            keys = fd.shard_indices(n, W, src, layout)
+            for causal in (False, True):
+                visible = (keys[None, :] <= queries[:, None]) if causal else \
+                    torch.ones(n_local, n_local, dtype=torch.bool)
+                planned = torch.zeros(n_local, n_local, dtype=torch.bool)
+                plan = fd._block_plan(causal, layout, rank, src, n_local)
+                if plan is not None:
+                    rows, cols, block_causal = plan
+                    block = planned[rows, cols]
+                    block[:] = True
+                    if block_causal:
+                        block[:] = torch.ones_like(block).tril()
+                    planned[rows, cols] = block
+                assert torch.equal(planned, visible), (rank, src, causal)
+
+
+def test_the_transport_must_carry_the_tensors_device():
+    with pytest.raises(ValueError, match=r"q is on cpu: the process group's backend is nccl"):
+        fd._check_transport("nccl", torch.zeros(1))
+    fd._check_transport("gloo", torch.zeros(1))  # the pair the tests run
+    fd._check_transport("mpi", torch.zeros(1))   # not judged here: the backend's own rules
+
+
+def test_import_flashattn_works_without_torch_and_distributed_says_what_it_needs():
+    code = ("import sys; sys.modules['torch'] = None\n"  # `import torch` now fails
+            "import flashattn\n"
+            "assert 'attention' in dir(flashattn)\n"
+            "try:\n"
+            "    import flashattn.distributed\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "flashattn.distributed needs PyTorch" in out.stdout
+
+
+def test_calling_without_an_initialized_process_group_says_so():
+    if dist.is_initialized():
+        pytest.skip("a process group exists in this process")
+    x = torch.zeros(1, 1, 4, 8)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        fd.ring_attention(x, x, x)
+
+
+# --- W processes: results against float64, errors on every rank ------------------------------
+
+
+def result_cases(W):
+    """(id, case) pairs: both layouts, causal and not, two shapes; sub-groups for W = 4."""
+    cases = []
+    for layout in fd.LAYOUTS:
+        for causal in (False, True):
+            # N_local: 13 and 7 contiguous, 14 and 34 zigzag (two chunks of 7 and 17 tokens)
+            for B, H, Hkv, n_local, d in ((1, 4, 2, 13, 16), (2, 3, 1, 33, 24)):
+                if layout == "zigzag":
+                    n_local = 14 if n_local == 13 else 34
+                cases.append(dict(layout=layout, causal=causal, B=B, H=H, Hkv=Hkv,
+                                  n=W * n_local, d=d, W=W))
+    if W == 4:
+        cases.append(dict(layout="zigzag", causal=True, B=1, H=2, Hkv=2, n=2 * 14, d=16, W=2,
+                          ranks=[1, 3]))
+        cases.append(dict(layout="contiguous", causal=True, B=1, H=2, Hkv=1, n=9, d=16, W=1,
+                          ranks=[2]))
+    for i, case in enumerate(cases):
+        case.update(kind="result", id=f"W{W}-{i}", seed=SEED * 100 + 10 * W + i)
+    return cases
+
+
+# Error cases: (id, change, on which rank, expected exception, text its message must contain).
+ERROR_CASES = [
+    ("rows", ("rows", 1), 1, ValueError, "q shape differ across ranks"),
+    ("dtype", ("q_dtype", "bfloat16"), 1, ValueError, "q dtype differ across ranks"),
+    ("causal", ("causal", False), 0, ValueError, "causal differ across ranks"),
+    ("numpy", ("k_numpy", None), 1, TypeError, "rank 1: k must be a torch.Tensor"),
+    ("zigzag-odd", ("layout", "zigzag"), "all", ValueError, "N_local must be even"),
+    ("layout", ("layout", "spiral"), 1, ValueError, "rank 1: layout = 'spiral'"),
+    ("scores", ("q_filled", 1e38), 1, ValueError, "beyond what float32 holds"),
+]
+
+
+def error_cases(W):
+    cases = [dict(kind="error", id=name, change=change, on_rank=rank, n_local=7 if
+                  name == "zigzag-odd" else 6) for name, change, rank, _, _ in ERROR_CASES]
+    return cases
+
+
+def all_result_cases(W):
+    """The result cases, then one after the error cases: the group must still work once every
+    rank has raised."""
+    cases = result_cases(W)
+    last = dict(cases[5], id=f"W{W}-after-errors", seed=SEED * 100 + 99)
+    return cases + [last]
+
+
+def launch(W, tmp):
+    """Runs W ranks on every case; returns the errors each rank saw, by case id."""
+    results = all_result_cases(W)
+    with open(tmp / "cases.json", "w") as f:
+        json.dump(results[:-1] + error_cases(W) + results[-1:], f)
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # W ranks share the machine's cores
+    procs = [subprocess.Popen([sys.executable, WORKER, str(W), str(r), str(tmp / "store"),
+                               str(tmp / "cases.json"), str(tmp)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(W)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"ring of {W} ranks did not finish within {TIMEOUT_S} s (a rank hung)")
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{log}"
+    errors = []
+    for r in range(W):
+        with open(tmp / f"errors_rank{r}.jsonl") as f:
+            errors.append({e["id"]: e for e in map(json.loads, f)})
+    return errors
+
+
+_RUNS = {}  # W -> (folder, errors): each world size is launched once for all its tests
+
+
+def ring_run(W, tmp_path_factory):
+    if W not in _RUNS:
+        tmp = tmp_path_factory.mktemp(f"ring{W}")
+        _RUNS[W] = tmp, launch(W, tmp)
+    return _RUNS[W]
+
+
+def unsharded(case, tmp):
+    """The ranks' shards of O, LSE, dQ, dK, dV put back in sequence order."""
+    W, n = case["W"], case["n"]
+    ranks = case.get("ranks") or list(range(W))
+    parts = [np.load(tmp / f"case_{case['id']}_rank{r}.npz") for r in ranks]
+    whole = {}
+    for name in ("o", "lse", "dq", "dk", "dv"):
+        shape = list(parts[0][name].shape)
+        shape[2] = n
+        whole[name] = np.full(shape, np.nan, np.float32)  # a token no rank wrote stays NaN
+        for group_rank, part in enumerate(parts):
+            idx = fd.shard_indices(n, W, group_rank, case["layout"]).numpy()
+            assert np.array_equal(part["idx"], idx)
+            whole[name][:, :, idx] = part[name]
+    return whole
+
+
+def full_inputs(case):
+    """The case's q, k, v, do, as tests/python/ring_worker.py draws them from the seed."""
+    rng = np.random.default_rng(case["seed"])
+    B, H, Hkv, n, d = case["B"], case["H"], case["Hkv"], case["n"], case["d"]
+    return [rng.standard_normal(s).astype(np.float32)
+            for s in ((B, H, n, d), (B, Hkv, n, d), (B, Hkv, n, d), (B, H, n, d))]
+
+
+def single_process(q, k, v, do, causal):
+    """flashattn.attention on the whole sequence, its gradients through autograd."""
+    tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
+    o, lse = flashattn.attention(tq, tk, tv, causal=causal, return_lse=True)
+    o.backward(torch.from_numpy(do))
+    return dict(o=o.detach().numpy(), lse=lse.numpy(), dq=tq.grad.numpy(), dk=tk.grad.numpy(),
+                dv=tv.grad.numpy())
+
+
+def case_id(W, case):
+    ranks = f"-ranks{''.join(map(str, case['ranks']))}" if case.get("ranks") else ""
+    return (f"W{W}-{case['layout']}-{'causal' if case['causal'] else 'full'}-"
+            f"n{case['n']}-d{case['d']}-H{case['H']}kv{case['Hkv']}{ranks}"
+            f"{'-after-errors' if case['id'].endswith('after-errors') else ''}")
+
+
+RESULT_PARAMS = [(W, i) for W in (2, 4) for i in range(len(all_result_cases(W)))]
+
+
+@pytest.mark.parametrize("W,i", RESULT_PARAMS,
+                         ids=[case_id(W, all_result_cases(W)[i]) for W, i in RESULT_PARAMS])
+def test_ring_attention_and_its_gradients_equal_whole_sequence_attention(W, i,
+                                                                         tmp_path_factory):
+    tmp, _ = ring_run(W, tmp_path_factory)
+    case = all_result_cases(W)[i]
+    q, k, v, do = full_inputs(case)
+    causal = case["causal"]
+    ring = unsharded(case, tmp)
+    ref_o, ref_lse = reference.attention(q, k, v, np.float64, causal=causal)
+    std_o, std_lse = reference.attention(q, k, v, np.float32, causal=causal)
+    ref_grads = reference.attention_backward(q, k, v, do, np.float64, causal=causal)
+    std_grads = reference.attention_backward(q, k, v, do, np.float32, causal=causal)
+    one = single_process(q, k, v, do, causal)
+    for result, who in ((ring, "ring"), (one, "single process")):
+        check_rule(f"{who}: O", result["o"], std_o, ref_o, 1e-6)
+        check_rule(f"{who}: LSE", result["lse"], std_lse, ref_lse, lse_eps(ref_lse))
+        for name, ref, std in zip(("dq", "dk", "dv"), ref_grads, std_grads):
+            check_rule(f"{who}: {name}", result[name], std, ref, 1e-6)
+
+
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("name,change,on_rank,error,text", ERROR_CASES,
+                         ids=[c[0] for c in ERROR_CASES])
+def test_a_bad_argument_on_any_rank_raises_on_every_rank(W, name, change, on_rank, error, text,
+                                                         tmp_path_factory):
+    _, errors = ring_run(W, tmp_path_factory)
+    for rank in range(W):
+        seen = errors[rank][name]
+        assert seen["raised"] == error.__name__, f"rank {rank}: {seen}"
+        assert text in seen["message"], f"rank {rank}: {seen['message']}"
+    assert len({errors[r][name]["message"] for r in range(W)}) == 1  # the same words everywhere
