@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""cuda/tools/compare_decode.py — decoding (a few query rows against a long KV cache) side by side:
+our split-KV forwards (`flashattn bench`, one process, interleaved) against PyTorch's SDPA
+backends (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION) on the same shapes, in fp16 or bf16.
+
+Decoding is memory-bound: the least it can cost is one read of K and V, 2 B H_kv N_kv d bytes of
+16-bit values. The table gives each time, the bandwidth it implies (K + V + Q + O bytes / time)
+and that bandwidth as a share of the HBM peak (--peak-tbs, 3.35 TB/s for an H100 SXM).
+
+  python3 cuda/tools/compare_decode.py --bin-dir build/release/bin --dtype f16 --out $OUT
+"""
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+
+SHAPES = [  # (B, H, H_kv, N_q, N_kv, d)
+    (b, 32, hk, nq, nkv, d)
+    for b, hk, nq, nkv, d in itertools.product((1, 8), (8, 32), (1, 4), (8192, 32768, 131072),
+                                               (64, 128))
+]
+TORCH_BACKENDS = ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"]
+
+
+def kv_bytes(B, H, Hk, Nq, Nkv, d, elem=2):
+    """The bytes a decode step must move at least: K and V, Q read, O written (16-bit)."""
+    return elem * (2 * B * Hk * Nkv * d + 2 * B * H * Nq * d)
+
+
+def ours(bin_dir, backends, shape, dtype, repeat, splits=None):
+    B, H, Hk, Nq, Nkv, d = shape
+    cmd = [os.path.join(bin_dir, "flashattn"), "bench", "--backends", ",".join(backends),
+           "--batch", str(B), "--heads", str(H), "--heads-kv", str(Hk), "--seq", str(Nq),
+           "--seq-kv", str(Nkv), "--dim", str(d), "--dtype", dtype, "--repeat", str(repeat),
+           "--json"]
+    if splits:
+        cmd += ["--splits", str(splits)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    if r.returncode != 0 or not rows:
+        raise RuntimeError(" ".join(cmd) + "\n" + r.stderr[-1500:])
+    return {row["backend"]: row for row in rows}
+
+
+def torch_ms(shape, dtype, backend_name, repeat):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, H, Hk, Nq, Nkv, d = shape
+    t = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, H, Nq, d, device="cuda", dtype=t, generator=g)
+    k = torch.randn(B, Hk, Nkv, d, device="cuda", dtype=t, generator=g)
+    v = torch.randn(B, Hk, Nkv, d, device="cuda", dtype=t, generator=g)
+    try:
+        with sdpa_kernel(getattr(SDPBackend, backend_name)):
+            call = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=Hk != H)
+            for _ in range(5):
+                call()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(repeat):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                call()
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b))
+        return statistics.median(times)
+    except RuntimeError:
+        return None  # this backend does not take the shape (e.g. GQA)
+    finally:
+        del q, k, v
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--dtype", default="f16", choices=["f16", "bf16"])
+    ap.add_argument("--backends", default="cuda-tc")
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--peak-tbs", type=float, default=3.35)
+    ap.add_argument("--quick", action="store_true", help="only B = 1, N_q = 1, d = 128")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    backends = args.backends.split(",")
+    shapes = [s for s in SHAPES if not args.quick or (s[0] == 1 and s[3] == 1 and s[5] == 128)]
+    header = ("| B | H | H_kv | N_q | N_kv | d | " + " | ".join(f"{b} µs (S)" for b in backends) +
+              " | best SDPA µs (backend) | ours / best SDPA | ours TB/s | % of peak |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    print(header, flush=True)
+    records = []
+    for shape in shapes:
+        rows = ours(args.bin_dir, backends, shape, args.dtype, args.repeat)
+        sdpa = {b: torch_ms(shape, args.dtype, b, args.repeat) for b in TORCH_BACKENDS}
+        best_name, best = min(((b, t) for b, t in sdpa.items() if t is not None),
+                              key=lambda x: x[1], default=(None, None))
+        ours_best = min(rows[b]["median_ms"] for b in backends)
+        tbs = kv_bytes(*shape) / (ours_best * 1e-3) / 1e12
+        cells = [f"{1e3 * rows[b]['median_ms']:.1f} ({rows[b].get('splits', '?')})" for b in backends]
+        line = ("| " + " | ".join(str(x) for x in shape) + " | " + " | ".join(cells) +
+                f" | {1e3 * best:.1f} ({best_name}) | {best / ours_best:.2f}× | {tbs:.2f} | "
+                f"{100 * tbs / args.peak_tbs:.0f}% |" if best else " | - | - |")
+        print(line, flush=True)
+        lines.append(line)
+        records.append({"shape": shape, "ours": rows, "sdpa_ms": sdpa})
+    with open(os.path.join(args.out, f"decode_{args.dtype}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(args.out, f"decode_{args.dtype}.json"), "w") as f:
+        json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
