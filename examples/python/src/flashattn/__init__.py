@@ -588,8 +588,8 @@ def _device_forward(Q, K, V, O, L, shape, options, backend, mask, dtype):
     with _on_device(device):
         stream = _current_stream(device)
         if not _ASYNC_DEVICE_ENTRIES:
-            if mask is not None and host_mask is None:
-                host_mask = _host_mask_values(mask.cpu().numpy())
+            if mask is not None and host_mask is None:  # nonzero = visible, as documented
+                host_mask = (mask != 0).to(torch.uint8).cpu().numpy()
             _C.attention_device(Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(),
                                 L.data_ptr(), shape, causal, scale, backend, host_mask, Br, Bc,
                                 stream, dtype)
@@ -608,8 +608,8 @@ def _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, shape, options, backend, mas
     with _on_device(device):
         stream = _current_stream(device)
         if not _ASYNC_DEVICE_ENTRIES:
-            if mask is not None and host_mask is None:
-                host_mask = _host_mask_values(mask.cpu().numpy())
+            if mask is not None and host_mask is None:  # nonzero = visible, as documented
+                host_mask = (mask != 0).to(torch.uint8).cpu().numpy()
             _C.attention_backward_device(
                 Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(),
                 dO.data_ptr(), dQ.data_ptr(), dK.data_ptr(), dV.data_ptr(), shape, causal, scale,
