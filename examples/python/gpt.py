@@ -6,13 +6,22 @@ The two loss curves must agree within float32 noise; the script prints both, the
 difference, each run's tokens/s, and writes a CSV (docs/scripts/plot_gpt.py draws it).
 
 The text is this repository's own documentation (README.md and docs/*.md) unless --text names a
-file. --device cuda runs both on the GPU (flashattn in float32 on cuda-fa2, in place).
+file. --device cuda runs both on the GPU (flashattn in place, on PyTorch's stream).
+
+As a benchmark: --preset gpu is a GPT-2-small-sized model (12 layers, d_model 768, 12 heads of
+d = 64, context 1024) trained in bfloat16 autocast on the GPU; --compile wraps both models in
+torch.compile(fullgraph=True). Each run is timed after --warmup steps (compilation and first-use
+setup stay out), and the script prints tokens/s and peak GPU memory (torch.cuda.max_memory_allocated)
+of both side by side, then a markdown row for docs/python.md.
 
 Usage:
   PYTHONPATH=build/release/python python3 examples/python/gpt.py [--steps 300] [--csv out.csv]
       [--backend omp] [--threads N] [--layers 2] [--heads 4] [--embd 64] [--block 64] [--batch 16]
+  PYTHONPATH=build/gpu/python python3 examples/python/gpt.py --preset gpu [--compile]
+      [--autocast none]        # float32 instead of bfloat16 autocast
 """
 import argparse
+import contextlib
 import csv
 import glob
 import math
@@ -23,9 +32,15 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
+
+# --preset gpu: GPT-2 small's shape (12 layers, d_model 768, 12 heads, context 1024) in bfloat16
+# autocast; any option given on the command line wins over these.
+PRESETS = {
+    "gpu": dict(device="cuda", layers=12, embd=768, heads=12, block=1024, batch=8, steps=60,
+                warmup=10, every=10, lr=6e-4, autocast="bfloat16", attn_dtype="auto"),
+}
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,11 +65,13 @@ class Attention(nn.Module):
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2).to(self.attn_dtype)
-                   for t in (q, k, v))  # the attention alone in --attn-dtype, both kinds
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        if self.attn_dtype is not None:  # the attention alone in --attn-dtype, both kinds
+            q, k, v = (t.to(self.attn_dtype) for t in (q, k, v))
         if self.kind == "flashattn":
             y = flashattn.attention(q, k, v, causal=True, backend=self.backend)
         elif self.kind == "sdpa-math":  # PyTorch's other implementation (--noise)
+            from torch.nn.attention import SDPBackend, sdpa_kernel
             with sdpa_kernel(SDPBackend.MATH):
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -91,39 +108,65 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+def synchronize(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def train(kind, data, val, vocab, a):
+    """Trains one model; returns its losses, tokens/s over the steps after --warmup, the
+    validation loss and the peak GPU memory in bytes (None on the CPU)."""
     torch.manual_seed(a.seed)  # the same initial weights for both kinds
+    attn_dtype = None if a.attn_dtype == "auto" else getattr(torch, a.attn_dtype)
     model = GPT(vocab, a.block, a.embd, a.heads, a.layers, kind, a.backend,
-                getattr(torch, a.attn_dtype)).to(a.device)
+                attn_dtype).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+    step_model = torch.compile(model, fullgraph=True) if a.compile else model
+    autocast = (torch.autocast(a.device, dtype=getattr(torch, a.autocast))
+                if a.autocast != "none" else contextlib.nullcontext())
     batches = torch.Generator().manual_seed(a.seed + 1)  # the same batches too
-    losses, start = [], time.perf_counter()
+    if a.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    losses = []  # loss tensors: reading each would wait for the GPU at every step
     for step in range(a.steps):
+        if step == a.warmup:  # compilation and first-use setup stay out of the timing
+            synchronize(a.device)
+            start = time.perf_counter()
         ix = torch.randint(len(data) - a.block - 1, (a.batch,), generator=batches)
-        x = torch.stack([data[i:i + a.block] for i in ix]).to(a.device)
-        y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix]).to(a.device)
-        loss = model(x, y)
+        x = torch.stack([data[i:i + a.block] for i in ix]).to(a.device, non_blocking=True)
+        y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix]).to(a.device, non_blocking=True)
+        with autocast:
+            loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(loss.item())  # (also waits for the GPU, so the timing is honest)
+        losses.append(loss.detach())
         if step % a.every == 0 or step == a.steps - 1:
             print(f"  {kind:9s} step {step:4d}  loss {loss.item():.4f}", flush=True)
+    synchronize(a.device)
     seconds = time.perf_counter() - start
-    with torch.no_grad():
+    peak = torch.cuda.max_memory_allocated() if a.device == "cuda" else None
+    with torch.no_grad(), autocast:
         gen = torch.Generator().manual_seed(a.seed + 2)
-        ix = torch.randint(len(val) - a.block - 1, (64,), generator=gen)
+        ix = torch.randint(len(val) - a.block - 1, (min(64, 8 * a.batch),), generator=gen)
         x = torch.stack([val[i:i + a.block] for i in ix]).to(a.device)
         y = torch.stack([val[i + 1:i + 1 + a.block] for i in ix]).to(a.device)
         val_loss = model(x, y).item()
-    return losses, a.steps * a.batch * a.block / seconds, val_loss
+    tokens = (a.steps - a.warmup) * a.batch * a.block
+    return torch.stack(losses).tolist(), tokens / seconds, val_loss, peak
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS),
+                    help="gpu: 12 layers, d_model 768, 12 heads, context 1024, batch 8, bfloat16 "
+                         "autocast, 60 steps of which 10 warm-up (options given still win)")
     ap.add_argument("--text", help="training text (default: the repository's README and docs)")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="steps left out of tokens/s (compilation, first-use setup)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--block", type=int, default=64, help="context length (tokens)")
     ap.add_argument("--embd", type=int, default=64)
@@ -132,12 +175,17 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--attn-dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+    ap.add_argument("--autocast", default="none", choices=["none", "bfloat16", "float16"],
+                    help="train under torch.autocast in this dtype (both kinds)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile(model, fullgraph=True), both kinds")
+    ap.add_argument("--attn-dtype", default="float32",
+                    choices=["auto", "float32", "float16", "bfloat16"],
                     help="precision of the attention alone (q, k, v cast to it, the output cast "
-                         "back); the rest of the model stays float32")
+                         "back); the rest of the model stays float32. auto: as q, k, v come "
+                         "(under --autocast, its dtype)")
     ap.add_argument("--backend", help="flashattn backend with a backward pass (default: omp on "
-                                      "the CPU; on CUDA cuda-fa2 in float32, cuda-tc in "
-                                      "float16/bfloat16)")
+                                      "the CPU; on CUDA the fastest for the device and dtype)")
     ap.add_argument("--threads", type=int, default=0,
                     help="PyTorch's threads (0: its default); flashattn's are OMP_NUM_THREADS's")
     ap.add_argument("--every", type=int, default=50, help="print the loss every N steps")
@@ -148,19 +196,27 @@ def main():
                          "two correct implementations drift apart is the yardstick; flashattn "
                          "must stay within 2x of it (+0.01)")
     a = ap.parse_args()
+    if a.preset:  # the preset's values for the options not given on the command line
+        ap.set_defaults(**PRESETS[a.preset])
+        a = ap.parse_args()
     for name in ("steps", "batch", "block", "embd", "heads", "layers", "every"):
         if getattr(a, name) < 1:
             ap.error(f"--{name} must be at least 1")
+    if not 0 <= a.warmup < a.steps:
+        ap.error(f"--warmup ({a.warmup}) must be in [0, --steps)")
     if a.embd % a.heads:
         ap.error(f"--embd ({a.embd}) must be a multiple of --heads ({a.heads})")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: PyTorch sees no CUDA device")
     info = {b["name"]: b for b in flashattn.backend_info()}
-    a.backend = a.backend or ("omp" if a.device == "cpu" else
-                              "cuda-fa2" if a.attn_dtype == "float32" else "cuda-tc")
-    ok = a.backend in info and info[a.backend]["backward"] and (
-        info[a.backend]["device"] == "cpu" if a.device == "cpu" else info[a.backend]["device_arrays"])
-    if not ok:
-        ap.error(f"--backend {a.backend}: needs a backward pass and, for --device cuda, a device "
-                 "entry (cuda-fa2 in float32, cuda-tc in float16/bfloat16)")
+    a.backend = a.backend or ("omp" if a.device == "cpu" else None)  # CUDA: flashattn's default
+    if a.backend is not None:
+        ok = a.backend in info and info[a.backend]["backward"] and (
+            info[a.backend]["device"] == "cpu" if a.device == "cpu"
+            else info[a.backend]["device_arrays"])
+        if not ok:
+            ap.error(f"--backend {a.backend}: needs a backward pass and, for --device cuda, a "
+                     "device entry (cuda-fa2 in float32, cuda-tc in float16/bfloat16)")
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # both runs in real float32
         torch.backends.cudnn.allow_tf32 = False
@@ -175,24 +231,44 @@ def main():
     data, val = encoded[:split], encoded[split:]
     if len(val) <= a.block + 1:
         ap.error("the text is too short for this --block")
+    where = (torch.cuda.get_device_name() if a.device == "cuda"
+             else f"cpu ({torch.get_num_threads()} threads)")
+    precision = (f"{a.autocast} autocast" if a.autocast != "none" else "float32") + (
+        f", attention in {a.attn_dtype}" if a.attn_dtype != "auto" else "")
     print(f"text: {len(text)} characters, vocabulary {len(chars)}; model: {a.layers} layers, "
           f"{a.heads} heads, d_model {a.embd} (d = {a.embd // a.heads}), context {a.block}, "
-          f"batch {a.batch}; {a.device} ({torch.get_num_threads()} threads); flashattn backend "
-          f"{a.backend}; attention in {a.attn_dtype}")
+          f"batch {a.batch}; {where}; flashattn backend {a.backend or 'default'}; {precision}"
+          f"{'; torch.compile' if a.compile else ''}; torch {torch.__version__}")
 
     kinds = ("flashattn", "sdpa") + (("sdpa-math",) if a.noise else ())
     results = {kind: train(kind, data, val, len(chars), a) for kind in kinds}
-    (ours, ours_tps, ours_val), (theirs, theirs_tps, theirs_val) = results["flashattn"], results["sdpa"]
+    (ours, ours_tps, ours_val, ours_peak) = results["flashattn"]
+    (theirs, theirs_tps, theirs_val, theirs_peak) = results["sdpa"]
     worst = max(abs(x - y) for x, y in zip(ours, theirs))
-    print(f"flashattn: {ours_tps:9.0f} tokens/s, final train loss {ours[-1]:.4f}, val loss {ours_val:.4f}")
-    print(f"sdpa:      {theirs_tps:9.0f} tokens/s, final train loss {theirs[-1]:.4f}, val loss {theirs_val:.4f}")
+
+    def memory(peak):
+        return "" if peak is None else f", peak memory {peak / 2**20:8.0f} MiB"
+
+    print(f"flashattn: {ours_tps:9.0f} tokens/s{memory(ours_peak)}, final train loss "
+          f"{ours[-1]:.4f}, val loss {ours_val:.4f}")
+    print(f"sdpa:      {theirs_tps:9.0f} tokens/s{memory(theirs_peak)}, final train loss "
+          f"{theirs[-1]:.4f}, val loss {theirs_val:.4f}")
+    print(f"flashattn / sdpa: {ours_tps / theirs_tps:.2f}x tokens/s (steps {a.warmup}..{a.steps - 1})")
     print(f"largest |loss difference| over {a.steps} steps: {worst:.2e}")
+    mib = (lambda p: "-" if p is None else f"{p / 2**20:,.0f}")  # noqa: E731
+    print("markdown row (docs/python.md):")
+    print("| model | precision | compile | flashattn tokens/s | SDPA tokens/s | ratio | "
+          "flashattn peak MiB | SDPA peak MiB |")
+    print(f"| {a.layers} layers, d_model {a.embd}, {a.heads} heads (d = {a.embd // a.heads}), "
+          f"context {a.block}, batch {a.batch} | {precision} | {'yes' if a.compile else 'no'} | "
+          f"{ours_tps:,.0f} | {theirs_tps:,.0f} | {ours_tps / theirs_tps:.2f} | "
+          f"{mib(ours_peak)} | {mib(theirs_peak)} |")
     # Agreement: the two runs differ only in the attention's rounding (in --attn-dtype), which
     # training carries forward. Without a yardstick, 0.05; with --noise, within 2x of how far
     # PyTorch's own two attentions drift apart (+0.01). A real divergence is a bug.
     bound = 0.05
     if a.noise:
-        math_losses, math_tps, math_val = results["sdpa-math"]
+        math_losses, math_tps, math_val, _ = results["sdpa-math"]
         noise = max(abs(x - y) for x, y in zip(math_losses, theirs))
         bound = 2 * noise + 0.01
         print(f"sdpa MATH: {math_tps:9.0f} tokens/s, final train loss {math_losses[-1]:.4f}, "

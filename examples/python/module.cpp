@@ -255,12 +255,26 @@ std::size_t device_workspace_bytes(const std::string& backend_name, const Shape&
     return bytes ? bytes(p, dtype) : 0;
 }
 
+// The problem of a device entry: with `mask` (host), validated against it as with_mask does;
+// with only the device copy at `block_mask` (a CUDA tensor the caller checked by shape and dtype:
+// its values cannot be read without waiting), the problem's mask is that device array.
+AttentionProblem device_entry_problem(const Shape& shape, bool causal, double scale,
+                                      const std::optional<MaskArray>& mask,
+                                      std::int64_t mask_block_q, std::int64_t mask_block_kv,
+                                      std::uintptr_t block_mask) {
+    AttentionProblem p = device_problem(shape, causal, scale);
+    if (mask || block_mask == 0) return with_mask(p, mask, mask_block_q, mask_block_kv);
+    p.block_mask = {reinterpret_cast<const std::uint8_t*>(block_mask), mask_block_q, mask_block_kv};
+    validate(p);
+    return p;
+}
+
 // Q, K, V (and dO) hold values of `dtype_name` ("f32", "f16", "bf16"; for f16/bf16, Q times the
 // sign of the scale, as cuda-tc expects); O, LSE and the gradients are float32. The call queues
 // the work on `stream` and returns (common/backend.hpp, DeviceForward): `workspace` holds
 // `workspace_bytes` bytes of device memory (device_workspace_bytes above; 0 where it is 0), and
-// `block_mask` the device copy of `mask` (0 without one); both stay alive until the stream has run
-// the work. `mask` itself (host) is what is validated.
+// `block_mask` the device copy of the mask (0 without one); both stay alive until the stream has
+// run the work. A host `mask`, when given, is what is validated (device_entry_problem).
 void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
                       std::uintptr_t lse, const Shape& shape, bool causal, double scale,
                       const std::string& backend_name, const std::optional<MaskArray>& mask,
@@ -268,8 +282,8 @@ void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std:
                       std::uintptr_t stream, const std::string& dtype_name,
                       std::uintptr_t workspace, std::size_t workspace_bytes,
                       std::uintptr_t block_mask) {
-    const AttentionProblem p =
-        with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
+    const AttentionProblem p = device_entry_problem(shape, causal, scale, mask, mask_block_q,
+                                                    mask_block_kv, block_mask);
     DeviceForward a;
     a.Q = pointer<const void>(q, "q"), a.K = pointer<const void>(k, "k");
     a.V = pointer<const void>(v, "v");
@@ -291,8 +305,8 @@ void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_
                                std::int64_t mask_block_kv, std::uintptr_t stream,
                                const std::string& dtype_name, std::uintptr_t workspace,
                                std::size_t workspace_bytes, std::uintptr_t block_mask) {
-    const AttentionProblem p =
-        with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
+    const AttentionProblem p = device_entry_problem(shape, causal, scale, mask, mask_block_q,
+                                                    mask_block_kv, block_mask);
     DeviceBackward a;
     a.Q = pointer<const void>(q, "q"), a.K = pointer<const void>(k, "k");
     a.V = pointer<const void>(v, "v"), a.dO = pointer<const void>(dO, "do");

@@ -478,15 +478,15 @@ def test_module_device_entries_check_before_any_device_work():
     shape = _C.Shape(1, 2, 1, 9, 11, 8)
     good = dict(mask=None, bq=0, bkv=0)
     with pytest.raises(ValueError, match="q = null"):
-        _C.attention_device(0, 8, 8, 8, 8, shape, False, NAN, "omp", None, 0, 0, 0, "f32")
+        _C.attention_device(0, 8, 8, 8, 8, shape, False, NAN, "omp", None, 0, 0, 0, "f32", 0, 0, 0)
     with pytest.raises(ValueError, match="dv = null"):
         _C.attention_backward_device(8, 8, 8, 8, 8, 8, 8, 8, 0, shape, False, NAN, "omp",
-                                     good["mask"], good["bq"], good["bkv"], 0, "f32")
+                                     good["mask"], good["bq"], good["bkv"], 0, "f32", 0, 0, 0)
     with pytest.raises(ValueError, match="block_mask has shape"):
         _C.attention_device(8, 8, 8, 8, 8, shape, False, NAN, "omp", np.ones((1, 1), np.uint8),
-                            2, 3, 0, "f32")
+                            2, 3, 0, "f32", 0, 0, 0)
     with pytest.raises(ValueError, match="heads_kv = 3"):
         _C.attention_device(8, 8, 8, 8, 8, _C.Shape(1, 2, 3, 9, 11, 8), False, NAN, "omp", None,
-                            0, 0, 0, "f32")
+                            0, 0, 0, "f32", 0, 0, 0)
     with pytest.raises(ValueError, match="takes no device arrays"):
-        _C.attention_device(8, 8, 8, 8, 8, shape, False, NAN, "omp", None, 0, 0, 0, "f32")
+        _C.attention_device(8, 8, 8, 8, 8, shape, False, NAN, "omp", None, 0, 0, 0, "f32", 0, 0, 0)

@@ -206,8 +206,9 @@ def launch(W, tmp):
         for p in procs:
             p.kill()
         pytest.fail(f"ring of {W} ranks did not finish within {TIMEOUT_S} s (a rank hung)")
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{log}"
+    failed = [f"rank {r} exited with {p.returncode}:\n{log}"
+              for r, (p, log) in enumerate(zip(procs, logs)) if p.returncode != 0]
+    assert not failed, "\n".join(failed)  # every rank's log: the first to fail explains the rest
     errors = []
     for r in range(W):
         with open(tmp / f"errors_rank{r}.jsonl") as f:

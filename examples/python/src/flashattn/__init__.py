@@ -1,7 +1,7 @@
 """flashattn — FlashAttention (arXiv 2205.14135, 2307.08691) from Python.
 
 The same backends as the `flashattn` command line (`flashattn.backends()` lists them), on NumPy
-arrays and PyTorch CPU tensors, with the backward pass and autograd:
+arrays and PyTorch tensors, with the backward pass and autograd:
 
     import numpy as np, flashattn
     q, k, v = (np.random.randn(2, 8, 1000, 64).astype(np.float32) for _ in range(3))
@@ -17,26 +17,64 @@ Conventions (the library's, docs/design.md):
   * LSE = log(sum_j exp(S_ij)), natural log, shape (B, H, N_q) or (N_q,);
   * block_mask (Algorithm 5): a (Tr, Tc) array of 0/1 over blocks of block_size = (Br, Bc) rows and
     keys, Tr = ceil(N_q / Br), Tc = ceil(N_kv / Bc); a 0 block is skipped entirely. bool or uint8:
-    a NumPy array, nested lists, or a tensor on any device (it is read on the host).
+    a NumPy array, nested lists, or a tensor on any device (see "Block masks" below).
+
+Where it runs:
+  * NumPy float32 arrays and PyTorch CPU tensors: the host backends, "omp" unless `backend=` names
+    another; CPU tensors of float16/bfloat16 are computed in that precision.
+  * PyTorch CUDA tensors: on their GPU, no copy to the host, asynchronously on PyTorch's current
+    stream of their device (like any PyTorch operator: the call queues kernels and returns; outputs
+    and workspace come from PyTorch's caching allocator). By default, the fastest backend for the
+    device and dtype:
+      float32                    cuda-fa2 (forward and backward);
+      float16 / bfloat16         forward: cuda-fa3 on Hopper (compute capability 9.0, a build with
+                                 sm_90a) for d = 64 and 128, else cuda-tc; backward: cuda-fa3's
+                                 where it has one, else cuda-tc's (it works from any forward's O
+                                 and LSE).
+    cuda-tc and cuda-fa3 accumulate, take the softmax and write O and the gradients in float32,
+    cast to the input's dtype on the GPU. cuda-tc's backward adds dQ with fp32 atomics, so dQ's
+    last bits may change from run to run; FLASHATTN_DETERMINISTIC=1 fixes their order (slower).
+  * `backend=` forces a backend (for CUDA tensors, one with a device entry and the tensors' dtype).
+
+With PyTorch >= 2.4 the forward and backward are a PyTorch custom operator
+(torch.ops.flashattn.attention_forward / attention_backward, with fake implementations and an
+autograd formula), so torch.compile(fullgraph=True) traces through flashattn.attention, and a call
+can be captured in a CUDA graph. Under torch.compile give block_mask as a tensor. With an older
+PyTorch the same functions run through a torch.autograd.Function (no torch.compile support).
+Importing flashattn imports torch where it is installed, so that the operator is registered before
+anything is traced.
+
+Block masks with CUDA tensors: a host mask (NumPy, lists, CPU tensor) is checked on the host (0/1)
+and copied to the device without waiting (`.to(device, non_blocking=True)`); a CUDA mask is
+checked by dtype and shape only, since reading its values would wait for the GPU: the kernels read
+any nonzero entry as 1 (visible). Inside a CUDA graph capture, give the mask on the device.
+
+Scores that overflow float32: on the host the library refuses the call (ValueError naming the
+scale); CUDA tensors cannot be read without waiting for the GPU, so there the kernels mark a row
+whose scores overflowed NaN (O and LSE), never O = 0 and LSE = -inf, which stays reserved for rows
+with no visible key.
 
 Errors: TypeError for an argument of the wrong type or dtype, ValueError for a wrong shape, size or
 value (each message names the argument), RuntimeError for a failure inside a backend (out of
 memory: the message says how many bytes, for what). Arguments are checked before any array is
-copied and before any CUDA work, the same way for NumPy arrays, CPU and CUDA tensors; the scale
-must be finite and within float32's range, block sizes within int64.
-
-CUDA tensors run where they are, no copy to the host: float32 on cuda-fa2, float16 and bfloat16 on
-cuda-tc (tensor cores; fp32 accumulation, softmax and gradients, rounded to the input's dtype at
-the end), on PyTorch's current stream (flashattn waits for the work queued on it, then returns when
-its results are written). cuda-tc's backward adds dQ with fp32 atomics, so dQ's last bits may
-change from run to run; FLASHATTN_DETERMINISTIC=1 fixes their order (slower).
+copied and before any CUDA work, the same way for NumPy arrays, CPU and CUDA tensors, on shapes and
+dtypes alone; the scale must be finite and within float32's range, block sizes within int64. A
+failure inside a CUDA kernel surfaces at the next synchronization, as with any PyTorch operator.
 """
+import contextlib
+import importlib.util
 import math
 import numbers
 
 import numpy as np
 
 from . import _flashattn as _C
+
+# PyTorch is optional. Where it is installed it is imported now, not at the first call: the custom
+# operator must be registered before torch.compile traces a call to it.
+torch = None
+if importlib.util.find_spec("torch") is not None:
+    import torch
 
 __all__ = ["backends", "backend_info", "attention", "attention_backward", "merge_partials"]
 
@@ -45,13 +83,25 @@ _DEFAULT_BACKEND = "omp"  # the fast CPU form; any name of backends() may be giv
 
 def backends():
     """Names of the backends of this build, as `flashattn backends` prints them."""
-    return [b["name"] for b in _C.backends()]
+    return list(_backend_table())
 
 
 def backend_info():
     """One dict per backend: name, device ("cpu" or "cuda"), summary, dtypes, backward (bool),
     device_arrays (bool: takes CUDA tensors in place)."""
-    return _C.backends()
+    return [dict(info) for info in _backend_table().values()]
+
+
+_BACKEND_TABLE = None
+
+
+def _backend_table():
+    """{name: info} of _C.backends(), asked once: the backends of a build and machine do not change
+    while the process runs, and each call checks a name against them."""
+    global _BACKEND_TABLE
+    if _BACKEND_TABLE is None:
+        _BACKEND_TABLE = {info["name"]: info for info in _C.backends()}
+    return _BACKEND_TABLE
 
 
 # --- argument checks --------------------------------------------------------------------------
@@ -62,7 +112,6 @@ def backend_info():
 # check is the library's own (_C.validate, the rules of common/problem.hpp), on shapes alone.
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-_SCORE_LIMIT = _C.score_limit  # common/score_range.hpp's kScoreLimit
 _INT64_MAX = 2**63 - 1  # the C++ side's std::int64_t
 
 
@@ -149,7 +198,7 @@ def _check_backend(backend):
         return _DEFAULT_BACKEND
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
-    if backend not in backends():
+    if backend not in _backend_table():
         raise ValueError(f"backend = {backend!r}: not available in this build "
                          f"(available: {', '.join(backends())})")
     return backend
@@ -172,7 +221,6 @@ def _check_block_size(block_size):
 
 def _mask_array(block_mask):
     """block_mask as a NumPy array (a torch tensor is brought to the host: it is small)."""
-    torch = _torch()
     if torch is not None and isinstance(block_mask, torch.Tensor):
         if block_mask.layout != torch.strided:
             raise TypeError(f"block_mask is a {block_mask.layout} tensor: must be dense "
@@ -197,14 +245,24 @@ def _check_mask(block_mask, block_size, Nq, Nkv):
     mask = _mask_array(block_mask)
     if mask.dtype not in (np.bool_, np.uint8):
         raise TypeError(f"block_mask.dtype is {mask.dtype}: must be bool or uint8")
+    _check_mask_shape(tuple(mask.shape), Br, Bc, Nq, Nkv)
+    return _host_mask_values(mask), Br, Bc
+
+
+def _check_mask_shape(shape, Br, Bc, Nq, Nkv):
+    """A block mask covers the (Tr, Tc) grid of blocks of Br query rows and Bc keys (ValueError)."""
     Tr, Tc = -(-Nq // Br), -(-Nkv // Bc)
-    if mask.shape != (Tr, Tc):
-        raise ValueError(f"block_mask has shape {mask.shape}: must be (Tr, Tc) = ({Tr}, {Tc}) for "
+    if shape != (Tr, Tc):
+        raise ValueError(f"block_mask has shape {shape}: must be (Tr, Tc) = ({Tr}, {Tc}) for "
                          f"block_size = ({Br}, {Bc}), N_q = {Nq}, N_kv = {Nkv}")
+
+
+def _host_mask_values(mask):
+    """A host mask (NumPy bool or uint8) as C-contiguous uint8 of 0/1 (ValueError otherwise)."""
     mask = np.ascontiguousarray(mask.astype(np.uint8))
     if mask.max(initial=0) > 1:
         raise ValueError("block_mask entries must be 0 or 1")
-    return mask, Br, Bc
+    return mask
 
 
 def _check_bool(name, value):
@@ -269,30 +327,26 @@ def _numpy_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, blo
     return dQ.reshape(q.shape), dK.reshape(k.shape), dV.reshape(v.shape)
 
 
-# --- PyTorch (optional) ---------------------------------------------------------------------
+# --- PyTorch tensors: the checks ---------------------------------------------------------------
+#
+# A call on tensors is checked in two places. Before the operator, what its schema cannot carry:
+# that q, k, v (o, lse, do) are tensors, the types of causal, scale, backend and block_size, and a
+# host block mask made a tensor. Inside the operator (the real implementations and the fake one
+# torch.compile traces with), everything about the tensors: dtypes, devices, shapes, the block
+# mask's dtype and shape, the backend for the device and the library's own validate(). Only
+# metadata is read, never a CUDA tensor's values, so nothing waits for the GPU.
 
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
+_TORCH_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+if torch is not None:
+    _TORCH_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 def _is_torch(*xs):
-    torch = _torch()
     return torch is not None and any(isinstance(x, torch.Tensor) for x in xs)
-
-
-_TORCH_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-# The backend CUDA tensors run on by default, per dtype: the ones with a device entry.
-_DEFAULT_CUDA_BACKEND = {"f32": "cuda-fa2", "f16": "cuda-tc", "bf16": "cuda-tc"}
 
 
 def _check_tensor(name, x):
     """A dense tensor on the CPU or a CUDA device (TypeError, ValueError)."""
-    torch = _torch()
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor like the other arguments, got "
                         f"{type(x).__name__}")
@@ -303,21 +357,17 @@ def _check_tensor(name, x):
 
 
 def _check_tensors(names, xs):
-    """Dense tensors of rank 2 or 4, on one device, of one dtype (float32, float16 or bfloat16);
+    """Tensors of rank 2 or 4, on one device, of one dtype (float32, float16 or bfloat16);
     returns the library's name of the dtype."""
-    for name, x in zip(names, xs):
-        _check_tensor(name, x)
-    devices = {str(x.device) for x in xs}
-    if len(devices) > 1:
+    device, dtype = xs[0].device, xs[0].dtype
+    if any(x.device != device for x in xs):
         raise ValueError(f"{', '.join(names)} are on different devices: "
-                         f"{', '.join(sorted(devices))}")
-    dtypes = {x.dtype for x in xs}
-    if len(dtypes) > 1:
+                         f"{', '.join(sorted({str(x.device) for x in xs}))}")
+    if any(x.dtype != dtype for x in xs):
         raise TypeError(f"{', '.join(names)} have different dtypes: "
-                        f"{', '.join(sorted(map(str, dtypes)))}")
-    dtype = str(xs[0].dtype).replace("torch.", "")
+                        f"{', '.join(sorted({str(x.dtype) for x in xs}))}")
     if dtype not in _TORCH_DTYPES:
-        raise TypeError(f"{names[0]}.dtype is {xs[0].dtype}: must be float32, float16 or bfloat16")
+        raise TypeError(f"{names[0]}.dtype is {dtype}: must be float32, float16 or bfloat16")
     for name, x in zip(names, xs):
         _check_shape(name, x.shape)
     return _TORCH_DTYPES[dtype]
@@ -325,7 +375,6 @@ def _check_tensors(names, xs):
 
 def _check_lse_tensor(lse, q):
     """The backward's lse: a floating tensor on q's device with q's shape without d."""
-    _check_tensor("lse", lse)
     if lse.device != q.device:
         raise ValueError(f"q, lse are on different devices: {q.device}, {lse.device}")
     if not lse.dtype.is_floating_point:
@@ -334,158 +383,375 @@ def _check_lse_tensor(lse, q):
     _check_lse_shape(lse, q)
 
 
+def _operator_options(causal, scale, backend, block_mask, block_size):
+    """The options as the operator's schema takes them (bool, float?, str?, Tensor?, int[]?),
+    checked: a host block mask (NumPy array, nested lists) becomes a CPU tensor."""
+    causal = _check_bool("causal", causal)
+    scale = _check_scale(scale)
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+    if block_mask is None:
+        if block_size is not None:
+            raise ValueError("block_size is the block size of block_mask: give block_mask too")
+        return causal, None if math.isnan(scale) else scale, backend, None, None
+    if block_size is None:
+        raise ValueError("block_mask needs block_size = (Br, Bc), the rows and keys of a block")
+    size = list(_check_block_size(block_size))
+    if not isinstance(block_mask, torch.Tensor):
+        array = _mask_array(block_mask)
+        if array.dtype not in (np.bool_, np.uint8):
+            raise TypeError(f"block_mask.dtype is {array.dtype}: must be bool or uint8")
+        block_mask = torch.from_numpy(np.ascontiguousarray(array))
+    elif block_mask.layout != torch.strided:
+        raise TypeError(f"block_mask is a {block_mask.layout} tensor: must be dense "
+                        f"(torch.strided)")
+    return causal, None if math.isnan(scale) else scale, backend, block_mask, size
+
+
+def _check_mask_tensor(mask, size, Nq, Nkv, read_values):
+    """The operator's block mask: bool or uint8 of shape (Tr, Tc). Returns it as a host uint8 array
+    of 0/1 where its values may be read (a CPU tensor, or any tensor when read_values is "any"),
+    else None: a CUDA mask's values would need a wait for the GPU, and the kernels read a nonzero
+    entry as 1."""
+    if mask.dtype not in (torch.bool, torch.uint8):
+        raise TypeError(f"block_mask.dtype is {mask.dtype}: must be bool or uint8")
+    Br, Bc = size
+    _check_mask_shape(tuple(mask.shape), Br, Bc, Nq, Nkv)
+    if read_values == "any" or (read_values and mask.device.type == "cpu"):
+        return _host_mask_values(mask.detach().cpu().numpy())
+    return None
+
+
+def _check_call(names, xs, causal, scale, backend, block_mask, block_size, read_values):
+    """The checks inside the operator, for q, k, v first in xs (then o, do). Returns the library's
+    dtype, the (B, H, N, d) shapes of q and k, the library's options (causal, scale with NaN for
+    the default, host mask or None, Br, Bc) and the backend as given."""
+    q, k, v = xs[:3]
+    dtype = _check_tensors(names, xs)
+    Qs, Ks = _check_shapes(q.shape, k.shape, v.shape)
+    scale = _check_scale(scale)  # again: the operator may be called directly
+    Br = Bc = 0
+    host_mask = None
+    if block_mask is not None:
+        if block_size is None or len(block_size) != 2:
+            raise ValueError("block_mask needs block_size = (Br, Bc), the rows and keys of a block")
+        Br, Bc = _check_block_size(block_size)
+        host_mask = _check_mask_tensor(block_mask, (Br, Bc), Qs[2], Ks[2], read_values)
+    elif block_size is not None:
+        raise ValueError("block_size is the block size of block_mask: give block_mask too")
+    # The library's own rules on the shapes (d in [1, 256], sizes, ...). Under torch.compile with
+    # dynamic shapes the sizes may be symbols, which the library cannot take; the real call checks.
+    if all(type(n) is int for n in (*Qs, *Ks)):
+        _C.validate(_C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3]), causal, scale, host_mask,
+                    Br, Bc)
+    return dtype, Qs, Ks, (causal, scale, host_mask, Br, Bc), backend
+
+
+# --- PyTorch tensors on the host ------------------------------------------------------------
+
+
 def _host_float32(x):
     """A CPU tensor as a C-contiguous float32 NumPy array (a copy where it must be)."""
-    torch = _torch()
     return x.detach().to(torch.float32).contiguous().numpy()
 
 
-def _cuda_backend(backend, dtype):
-    """The backend for CUDA tensors of `dtype` (the library's name): one with a device entry."""
-    backend = _check_backend(_DEFAULT_CUDA_BACKEND[dtype] if backend is None else backend)
-    info = {b["name"]: b for b in _C.backends()}[backend]
+def _cpu_forward(q, k, v, dtype, shapes, options, backend):
+    backend = _check_backend(backend)
+    O, L = _host_attention(*map(_host_float32, (q, k, v)), shapes, options, backend, dtype)
+    return torch.from_numpy(O).to(q.dtype).reshape(q.shape), \
+        torch.from_numpy(L).reshape(q.shape[:-1])
+
+
+def _cpu_backward(q, k, v, o, lse, do, dtype, shapes, options, backend):
+    backend = _check_backend(backend)
+    grads = _host_backward(*map(_host_float32, (q, k, v, o, lse, do)), shapes, options, backend,
+                           dtype)
+    return tuple(torch.from_numpy(g).to(x.dtype).reshape(x.shape)
+                 for g, x in zip(grads, (q, k, v)))
+
+
+# --- PyTorch tensors on a GPU ---------------------------------------------------------------
+
+# cuda-fa3's head dimensions (cuda/fa3/backend.cu, check_problem): the default sends other d to
+# cuda-tc.
+_FA3_HEAD_DIMS = (64, 128)
+_CAPABILITY = {}  # device index -> (major, minor), asked once per device
+
+
+def _capability(device):
+    cc = _CAPABILITY.get(device.index)
+    if cc is None:
+        cc = _CAPABILITY[device.index] = torch.cuda.get_device_capability(device)
+    return cc
+
+
+def _default_cuda_backend(dtype, device, d, backward):
+    """The fastest backend for CUDA tensors of `dtype` (the library's name) on `device`."""
+    if dtype == "f32":
+        return "cuda-fa2"
+    fa3 = _backend_table().get("cuda-fa3")  # listed only in sm_90a builds on a Hopper GPU
+    # The backends list tells whether cuda-fa3 has a backward, not whether it has a device entry
+    # for it: the two are expected to come together.
+    if (fa3 is not None and fa3["device_arrays"] and (fa3["backward"] or not backward)
+            and d in _FA3_HEAD_DIMS and _capability(device) == (9, 0)):
+        return "cuda-fa3"
+    return "cuda-tc"
+
+
+def _cuda_backend(backend, dtype, device, d, backward):
+    """The backend for CUDA tensors: the default, or the one given if it has a device entry for
+    this dtype."""
+    if backend is None:
+        return _default_cuda_backend(dtype, device, d, backward)
+    info = _backend_table()[_check_backend(backend)]
     if not info["device_arrays"]:
         raise ValueError(f"backend = {backend!r} takes no CUDA tensors (use "
-                         f"{_DEFAULT_CUDA_BACKEND[dtype]!r} for this dtype)")
+                         f"{_default_cuda_backend(dtype, device, d, backward)!r} for this dtype)")
     if dtype not in info["dtypes"]:
         raise TypeError(f"backend = {backend!r} computes in {', '.join(info['dtypes'])}, not "
-                        f"{dtype} (use {_DEFAULT_CUDA_BACKEND[dtype]!r} for this dtype)")
+                        f"{dtype} (use {_default_cuda_backend(dtype, device, d, backward)!r} for "
+                        f"this dtype)")
+    return backend
+
+
+def _backward_backend(backend):
+    """The backend autograd's backward runs on after a forward on `backend`: the same one where it
+    has a backward pass, else the default (cuda-tc's backward works from any forward's O and LSE).
+    """
+    if backend is not None and not _backend_table().get(backend, {}).get("backward", True):
+        return None
     return backend
 
 
 def _signed_q(Q, dtype, scale):
-    """cuda-tc folds a negative scale into Q (negating a 16-bit value is exact): it reads
-    sign(scale) * Q, and its gradients are still those of Q."""
+    """The 16-bit kernels (cuda-tc, cuda-fa3) fold a negative scale into Q (negating a 16-bit value
+    is exact): they read sign(scale) * Q, and their gradients are still those of Q."""
     return -Q if dtype != "f32" and scale < 0 else Q
 
 
-def _max_finite_row_norm(x):
-    """The largest Euclidean norm over the rows (last axis) of x whose elements are all finite, in
-    float64 (a float32 sum of squares would overflow long before the scores do)."""
-    squares = x.detach().to(_torch().float64).square().sum(-1).flatten()
-    squares = squares[squares.isfinite()]
-    return math.sqrt(squares.max().item()) if squares.numel() else 0.0
+if torch is not None and hasattr(torch._C, "_cuda_getCurrentRawStream"):
+    def _current_stream(device):
+        """PyTorch's current stream on `device`, as a cudaStream_t address."""
+        return torch._C._cuda_getCurrentRawStream(device.index)
+else:
+    def _current_stream(device):
+        return torch.cuda.current_stream(device).cuda_stream
 
 
-def _max_finite_abs(x):
-    """The largest |element| of x over its finite elements (0 when there is none)."""
-    x = x.detach()
-    x = x[x.isfinite()].float()  # float32 holds every f16/bf16 value exactly
-    return float(x.abs().max().item()) if x.numel() else 0.0
+def _on_device(device):
+    """`device` made current for the library's launches (a no-op when it already is)."""
+    if device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
-def _check_score_range(Q, K, scale):
-    """The library refuses scores float32 cannot hold (common/score_range.hpp: an overflowed row
-    would read as fully masked, O = 0 and LSE = -inf), but it cannot read tensors on a GPU, so the
-    same bound is checked here, on the tensors: max(1, |scale|) * max|q_i| * max|k_j| must stay
-    within FLT_MAX / 2. Q and K as (B, H, N, d); scale as checked (NaN: the default 1/sqrt(d)).
-    A first test on max|x| (|q_i| <= sqrt(d) max|x|) avoids the float64 norms for ordinary inputs.
-    Reading the tensors' maxima synchronizes with the device once."""
-    d = Q.shape[-1]
-    s = abs(float(np.float32(1.0 / math.sqrt(d)))) if math.isnan(scale) else abs(scale)
-    factor = max(1.0, s)
-    if factor * d * _max_finite_abs(Q) * _max_finite_abs(K) <= _SCORE_LIMIT:
-        return
-    bound = factor * _max_finite_row_norm(Q) * _max_finite_row_norm(K)
-    if bound > _SCORE_LIMIT:
-        shown = np.float32(s if scale >= 0 or math.isnan(scale) else -s)  # as the library prints it
-        raise ValueError(
-            f"scale = {str(shown)}: the scores scale * q.k of these inputs can reach {bound:.3g} "
-            f"in magnitude (max(1, |scale|) * max|q_i| * max|k_j|), beyond what float32 holds "
-            f"(limit {_SCORE_LIMIT:.3g}): they would overflow, and a row would read as fully "
-            f"masked or NaN. Use a smaller |scale| or rescale Q and K")
+def _device_mask(block_mask, device):
+    """The block mask on `device`, one byte per entry (bool or uint8), or None. A host mask is
+    copied without waiting: from pageable memory the copy is staged before the call returns, from
+    pinned memory PyTorch keeps the page until the copy has run."""
+    if block_mask is None:
+        return None
+    if block_mask.device != device:
+        block_mask = block_mask.to(device, non_blocking=True)
+    return block_mask.contiguous()
 
 
-def _cuda_call(device, call):
-    """Runs call(stream) with `device` current, on PyTorch's current stream there."""
-    torch = _torch()
-    with torch.cuda.device(device):
-        call(torch.cuda.current_stream(device).cuda_stream)
+# The three functions below are the only calls of the library's device entries (module.cpp). They
+# take PyTorch's current stream of the tensors' device, a workspace from PyTorch's caching
+# allocator (freed for reuse by later work on that stream, which runs after the kernels) and the
+# block mask as a device address, and return without waiting (common/backend.hpp, DeviceForward).
 
 
-def _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size):
-    torch = _torch()
-    dtype = _check_tensors(("q", "k", "v"), (q, k, v))
-    Qs, Ks = shapes = _check_shapes(q.shape, k.shape, v.shape)
-    options = _check_options(Qs, Ks, causal, scale, block_mask, block_size)
-    if not q.is_cuda:
-        backend = _check_backend(backend)
-        O, L = _host_attention(*map(_host_float32, (q, k, v)), shapes, options, backend, dtype)
-        return torch.from_numpy(O).to(q.dtype).reshape(q.shape), \
-            torch.from_numpy(L).reshape(q.shape[:-1])
-    backend = _cuda_backend(backend, dtype)
-    causal, scale, mask, Br, Bc = options
-    _check_score_range(q, k, scale)
-    # Every check has passed: from here on, CUDA work.
-    Q, K, V = (x.detach().contiguous() for x in (q.reshape(Qs), k.reshape(Ks), v.reshape(Ks)))
-    Q = _signed_q(Q, dtype, scale)
+def _device_workspace_bytes(shape, causal, scale, backend, Br, Bc, dtype, backward):
+    """Bytes of device workspace the device entry of `backend` needs for this problem."""
+    return _C.device_workspace_bytes(backend, shape, causal, scale, None, Br, Bc, dtype, backward)
+
+
+def _workspace(nbytes, device):
+    """(address, bytes) of a fresh workspace from PyTorch's allocator ((0, 0) for none), and the
+    tensor that owns it. The allocator aligns blocks to 512 bytes, more than the 256 required."""
+    if nbytes == 0:
+        return 0, 0, None
+    buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buffer.data_ptr(), nbytes, buffer
+
+
+def _device_forward(Q, K, V, O, L, shape, options, backend, mask, dtype):
+    """Queues the forward of `backend` on Q, K, V (device tensors, contiguous) into O, L (float32).
+    """
+    causal, scale, host_mask, Br, Bc = options
+    device = Q.device
+    with _on_device(device):
+        stream = _current_stream(device)
+        ws, ws_bytes, _owner = _workspace(
+            _device_workspace_bytes(shape, causal, scale, backend, Br, Bc, dtype, False), device)
+        _C.attention_device(Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(),
+                            shape, causal, scale, backend, None, Br, Bc, stream, dtype, ws,
+                            ws_bytes, 0 if mask is None else mask.data_ptr())
+
+
+def _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, shape, options, backend, mask, dtype):
+    """Queues the backward of `backend` into dQ, dK, dV (float32)."""
+    causal, scale, host_mask, Br, Bc = options
+    device = Q.device
+    with _on_device(device):
+        stream = _current_stream(device)
+        ws, ws_bytes, _owner = _workspace(
+            _device_workspace_bytes(shape, causal, scale, backend, Br, Bc, dtype, True), device)
+        _C.attention_backward_device(
+            Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), dO.data_ptr(),
+            dQ.data_ptr(), dK.data_ptr(), dV.data_ptr(), shape, causal, scale, backend, None, Br,
+            Bc, stream, dtype, ws, ws_bytes, 0 if mask is None else mask.data_ptr())
+
+
+def _cuda_forward(q, k, v, block_mask, dtype, shapes, options, backend):
+    Qs, Ks = shapes
+    backend = _cuda_backend(backend, dtype, q.device, Qs[3], backward=False)
+    # Every check has passed: from here on, CUDA work, all of it queued on the current stream.
+    Q, K, V = (x.detach().reshape(s).contiguous() for x, s in ((q, Qs), (k, Ks), (v, Ks)))
+    Q = _signed_q(Q, dtype, options[1])
     O = torch.empty(Qs, dtype=torch.float32, device=q.device)  # the kernels write float32
     L = torch.empty(Qs[:3], dtype=torch.float32, device=q.device)
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
-    _cuda_call(q.device, lambda stream: _C.attention_device(
-        Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), shape,
-        causal, scale, backend, mask, Br, Bc, stream, dtype))
+    _device_forward(Q, K, V, O, L, shape, options, backend, _device_mask(block_mask, q.device),
+                    dtype)
     return O.to(q.dtype).reshape(q.shape), L.reshape(q.shape[:-1])
 
 
-def _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
-    torch = _torch()
-    dtype = _check_tensors(("q", "k", "v", "o", "do"), (q, k, v, o, do))
-    _check_lse_tensor(lse, q)
-    Qs, Ks = shapes = _check_shapes(q.shape, k.shape, v.shape)
-    _check_like_q(q, (("o", o), ("do", do)))
-    options = _check_options(Qs, Ks, causal, scale, block_mask, block_size)
-    if not q.is_cuda:
-        backend = _check_backend(backend)
-        grads = _host_backward(*map(_host_float32, (q, k, v, o, lse, do)), shapes, options,
-                               backend, dtype)
-        return tuple(torch.from_numpy(g).to(x.dtype).reshape(x.shape)
-                     for g, x in zip(grads, (q, k, v)))
-    backend = _cuda_backend(backend, dtype)
-    causal, scale, mask, Br, Bc = options
-    _check_score_range(q, k, scale)
-    # Every check has passed: from here on, CUDA work.
+def _cuda_backward(q, k, v, o, lse, do, block_mask, dtype, shapes, options, backend):
+    Qs, Ks = shapes
+    backend = _cuda_backend(backend, dtype, q.device, Qs[3], backward=True)
+    # Every check has passed: from here on, CUDA work, all of it queued on the current stream.
     Q, K, V, dO = (x.detach().reshape(s).contiguous()
                    for x, s in ((q, Qs), (k, Ks), (v, Ks), (do, Qs)))
-    Q = _signed_q(Q, dtype, scale)
+    Q = _signed_q(Q, dtype, options[1])
     O = o.detach().reshape(Qs).to(torch.float32).contiguous()  # O and LSE are read as float32
     L = lse.detach().reshape(Qs[:3]).to(torch.float32).contiguous()
     f32 = dict(dtype=torch.float32, device=q.device)  # the kernels write float32 gradients
     dQ, dK, dV = torch.empty(Qs, **f32), torch.empty(Ks, **f32), torch.empty(Ks, **f32)
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
-    _cuda_call(q.device, lambda stream: _C.attention_backward_device(
-        Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), dO.data_ptr(),
-        dQ.data_ptr(), dK.data_ptr(), dV.data_ptr(), shape, causal, scale, backend, mask, Br, Bc,
-        stream, dtype))
+    _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, shape, options, backend,
+                     _device_mask(block_mask, q.device), dtype)
     return tuple(g.to(x.dtype).reshape(x.shape) for g, x in ((dQ, q), (dK, k), (dV, v)))
 
 
-def _autograd_function():
-    """torch.autograd.Function whose backward is our backward pass (made once, on first use)."""
-    global _AttentionFunction
-    if _AttentionFunction is None:
-        torch = _torch()
+# --- the operator: real and fake implementations, autograd ------------------------------------
+#
+# flashattn::attention_forward(q, k, v, causal, scale, backend, block_mask, block_size) -> (O, LSE)
+# flashattn::attention_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask,
+#                               block_size) -> (dQ, dK, dV)
+# Functional (no input is written; outputs are new tensors), so torch.compile, CUDA graphs and
+# torch.library.opcheck can treat them like PyTorch's own operators.
 
-        class AttentionFunction(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, q, k, v, causal, scale, backend, block_mask, block_size):
-                o, lse = _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size)
-                ctx.save_for_backward(q, k, v, o, lse)
-                ctx.options = (causal, scale, backend, block_mask, block_size)
-                ctx.mark_non_differentiable(lse)
-                return o, lse
-
-            @staticmethod
-            def backward(ctx, do, _dlse):
-                q, k, v, o, lse = ctx.saved_tensors
-                dq, dk, dv = _torch_backward(q, k, v, o, lse, do.contiguous(), *ctx.options)
-                return dq, dk, dv, None, None, None, None, None
-
-        _AttentionFunction = AttentionFunction
-    return _AttentionFunction
+_FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str? backend, "
+                   "Tensor? block_mask, int[]? block_size) -> (Tensor, Tensor)")
+_BACKWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, bool causal, "
+                    "float? scale, str? backend, Tensor? block_mask, int[]? block_size) "
+                    "-> (Tensor, Tensor, Tensor)")
 
 
-_AttentionFunction = None
+def _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size):
+    """The forward on real tensors, CPU or CUDA: returns O (q's shape and dtype, contiguous) and
+    LSE (float32, q's shape without d)."""
+    dtype, Qs, Ks, options, backend = _check_call(("q", "k", "v"), (q, k, v), causal, scale,
+                                                  backend, block_mask, block_size,
+                                                  read_values="any" if not q.is_cuda else True)
+    if q.is_cuda:
+        return _cuda_forward(q, k, v, block_mask, dtype, (Qs, Ks), options, backend)
+    return _cpu_forward(q, k, v, dtype, (Qs, Ks), options, backend)
+
+
+def _forward_fake(q, k, v, causal, scale, backend, block_mask, block_size):
+    """The same checks on metadata alone, and outputs of the right shapes, dtypes and devices."""
+    dtype, Qs, _, _, backend = _check_call(("q", "k", "v"), (q, k, v), causal, scale, backend,
+                                           block_mask, block_size, read_values=False)
+    if q.is_cuda:
+        _cuda_backend(backend, dtype, q.device, Qs[3], backward=False)
+    elif backend is not None:
+        _check_backend(backend)
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device))
+
+
+def _backward_impl(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
+    """The backward on real tensors: dQ, dK, dV with the shapes and dtypes of q, k, v."""
+    _check_lse_tensor(lse, q)
+    dtype, Qs, Ks, options, backend = _check_call(
+        ("q", "k", "v", "o", "do"), (q, k, v, o, do), causal, scale, backend, block_mask,
+        block_size, read_values="any" if not q.is_cuda else True)
+    _check_like_q(q, (("o", o), ("do", do)))
+    if q.is_cuda:
+        return _cuda_backward(q, k, v, o, lse, do, block_mask, dtype, (Qs, Ks), options, backend)
+    return _cpu_backward(q, k, v, o, lse, do, dtype, (Qs, Ks), options, backend)
+
+
+def _backward_fake(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
+    _check_lse_tensor(lse, q)
+    dtype, Qs, _, _, backend = _check_call(("q", "k", "v", "o", "do"), (q, k, v, o, do), causal,
+                                           scale, backend, block_mask, block_size,
+                                           read_values=False)
+    _check_like_q(q, (("o", o), ("do", do)))
+    if q.is_cuda:
+        _cuda_backend(backend, dtype, q.device, Qs[3], backward=True)
+    elif backend is not None:
+        _check_backend(backend)
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    """Autograd: what the backward needs (LSE is an output without a gradient: the backward
+    kernels take the gradient of O alone)."""
+    q, k, v, causal, scale, backend, block_mask, block_size = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.mark_non_differentiable(lse)
+    ctx.options = (causal, scale, _backward_backend(backend), block_mask, block_size)
+
+
+def _backward_formula(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _BACKWARD_OP(q, k, v, o, lse, do, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_FORWARD_OP = _BACKWARD_OP = None
+_is_compiling = lambda: False  # noqa: E731
+if torch is not None and hasattr(torch.library, "custom_op") and hasattr(torch.library,
+                                                                         "register_autograd"):
+    # PyTorch >= 2.4: the operator.
+    _forward_def = torch.library.custom_op(
+        "flashattn::attention_forward", mutates_args=(), device_types=("cpu", "cuda"),
+        schema=_FORWARD_SCHEMA)(_forward_impl)
+    _forward_def.register_fake(_forward_fake)
+    _backward_def = torch.library.custom_op(
+        "flashattn::attention_backward", mutates_args=(), device_types=("cpu", "cuda"),
+        schema=_BACKWARD_SCHEMA)(_backward_impl)
+    _backward_def.register_fake(_backward_fake)
+    _forward_def.register_autograd(_backward_formula, setup_context=_setup_context)
+    # The overloads themselves: a call skips the Python wrapper around them.
+    _FORWARD_OP = torch.ops.flashattn.attention_forward.default
+    _BACKWARD_OP = torch.ops.flashattn.attention_backward.default
+    _is_compiling = torch.compiler.is_compiling
+elif torch is not None:
+    # An older PyTorch: the same implementations through a torch.autograd.Function.
+    class _AttentionFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale, backend, block_mask, block_size):
+            output = _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size)
+            _setup_context(ctx, (q, k, v, causal, scale, backend, block_mask, block_size), output)
+            return output
+
+        @staticmethod
+        def backward(ctx, do, dlse):
+            return _backward_formula(ctx, do.contiguous(), dlse)
+
+    def _FORWARD_OP(q, k, v, causal, scale, backend, block_mask, block_size):  # noqa: N802
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _AttentionFunction.apply(q, k, v, causal, scale, backend, block_mask,
+                                            block_size)
+        return _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size)
+
+    _BACKWARD_OP = _backward_impl
 
 
 # --- the API --------------------------------------------------------------------------------
@@ -498,29 +764,35 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     q: (B, H, N_q, d) or (N_q, d); k, v: (B, H_kv, N_kv, d) or (N_kv, d) with H % H_kv == 0.
     NumPy float32 arrays, or PyTorch CPU tensors of float32, float16 or bfloat16 (computed in
     that precision, as `flashattn run --dtype` does; outputs have the input's dtype), or PyTorch
-    CUDA tensors (computed on their GPU, results on the same device): float32 by cuda-fa2,
-    float16 and bfloat16 by cuda-tc (tensor cores; d in 32, 64, 96, 128, and 256 forward only).
+    CUDA tensors (computed on their GPU, asynchronously on PyTorch's current stream, results on
+    the same device): float32 on cuda-fa2; float16 and bfloat16 on cuda-fa3 on a Hopper GPU for
+    d = 64 and 128 (forward; its backward on cuda-tc), else on cuda-tc (d in 32, 64, 96, 128, and
+    256 forward only).
 
     causal: bottom-right aligned mask (query i sees key j iff j <= i + N_kv - N_q).
     scale: softmax scale, default 1 / sqrt(d).
-    backend: a name from flashattn.backends(); default "omp" (for CUDA tensors "cuda-fa2" in
-        float32, "cuda-tc" in float16 / bfloat16).
+    backend: a name from flashattn.backends(); default "omp" for NumPy arrays and CPU tensors, the
+        fastest one for the device and dtype for CUDA tensors (above).
     return_lse: also return LSE = log sum_j exp(scale q_i . k_j) over visible keys, float32,
-        shape (B, H, N_q) or (N_q,); -inf for a row with no visible key (whose O row is 0).
+        shape (B, H, N_q) or (N_q,); -inf for a row with no visible key (whose O row is 0). LSE
+        carries no gradient.
     block_mask, block_size: block-sparse attention (Algorithm 5), see the module's docstring.
 
     Returns O (the shape of q), or (O, LSE). With PyTorch tensors that require grad, gradients
-    flow through flashattn's own backward pass (attention_backward).
+    flow through flashattn's own backward pass (attention_backward). With PyTorch >= 2.4 this is
+    the custom operator torch.ops.flashattn.attention_forward, which torch.compile traces.
     """
+    if _is_compiling():
+        # torch.compile traces this call: the operator goes into the graph as it is, and its fake
+        # implementation checks the call while tracing.
+        o, lse = _FORWARD_OP(q, k, v, causal, scale, backend, block_mask, block_size)
+        return (o, lse) if return_lse else o
     return_lse = _check_bool("return_lse", return_lse)
     if _is_torch(q, k, v):
-        torch = _torch()
-        if torch.is_grad_enabled() and any(
-                isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
-            o, lse = _autograd_function().apply(q, k, v, causal, scale, backend, block_mask,
-                                                block_size)
-        else:
-            o, lse = _torch_forward(q, k, v, causal, scale, backend, block_mask, block_size)
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            _check_tensor(name, x)
+        o, lse = _FORWARD_OP(q, k, v, *_operator_options(causal, scale, backend, block_mask,
+                                                         block_size))
     else:
         o, lse = _numpy_attention(q, k, v, causal, scale, backend, block_mask, block_size)
     return (o, lse) if return_lse else o
@@ -532,11 +804,18 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, backend
 
     o and lse are what attention(..., return_lse=True) returned for the same q, k, v and options;
     do has o's shape. dK and dV are summed over the query heads that share a K/V head (GQA).
-    The backend must have a backward pass (backend_info()[i]["backward"]); default "omp".
+    The backend must have a backward pass (backend_info()[i]["backward"]); default "omp" for NumPy
+    arrays and CPU tensors; for CUDA tensors cuda-fa2 in float32, cuda-tc (cuda-fa3 once it has a
+    backward) in float16 and bfloat16. With PyTorch >= 2.4 this is the custom operator
+    torch.ops.flashattn.attention_backward.
     """
+    if _is_compiling():
+        return _BACKWARD_OP(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)
     if _is_torch(q, k, v, o, lse, do):
-        return _torch_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask,
-                               block_size)
+        for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)):
+            _check_tensor(name, x)
+        return _BACKWARD_OP(q, k, v, o, lse, do, *_operator_options(causal, scale, backend,
+                                                                    block_mask, block_size))
     return _numpy_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)
 
 
@@ -557,7 +836,7 @@ def _check_parts(outputs, lses):
         raise ValueError("outputs and lses are empty: merge_partials needs at least one part")
     named = [(f"outputs[{s}]", x) for s, x in enumerate(outputs)] + \
             [(f"lses[{s}]", x) for s, x in enumerate(lses)]
-    torch = _torch() if _is_torch(*outputs, *lses) else None
+    torch = globals()["torch"] if _is_torch(*outputs, *lses) else None  # None: NumPy arrays
     for name, x in named:
         if torch is not None:
             if not isinstance(x, torch.Tensor):

@@ -35,9 +35,27 @@ if not dist.is_available():
     raise ImportError("flashattn.distributed needs torch.distributed, and this PyTorch was built "
                       "without it")
 
-from . import (_SCORE_LIMIT, _check_backend, _check_bool, _check_options, _check_shapes,
-               _check_tensors, _cuda_backend, _max_finite_abs, _max_finite_row_norm, attention,
-               attention_backward, merge_partials)
+import math
+
+from . import (_C, _check_backend, _check_bool, _check_options, _check_shapes, _check_tensors,
+               _cuda_backend, attention, attention_backward, merge_partials)
+
+_SCORE_LIMIT = _C.score_limit  # common/score_range.hpp's kScoreLimit
+
+
+def _max_finite_row_norm(x):
+    """The largest Euclidean norm over the rows (last axis) of x whose elements are all finite, in
+    float64 (a float32 sum of squares would overflow long before the scores do)."""
+    squares = x.detach().to(torch.float64).square().sum(-1).flatten()
+    squares = squares[squares.isfinite()]
+    return math.sqrt(squares.max().item()) if squares.numel() else 0.0
+
+
+def _max_finite_abs(x):
+    """The largest |element| of x over its finite elements (0 when there is none)."""
+    x = x.detach()
+    x = x[x.isfinite()].float()  # float32 holds every f16/bf16 value exactly
+    return float(x.abs().max().item()) if x.numel() else 0.0
 
 __all__ = ["ring_attention", "shard_indices"]
 
@@ -260,6 +278,10 @@ def _check_transport(transport, q):
 def _local_check(q, k, v, causal, scale, layout, backend, return_lse, transport):
     """This rank's arguments alone, checked as flashattn.attention checks them, plus what the
     ring needs; returns what must agree across ranks, as (argument, value) pairs."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}: ring_attention "
+                            f"exchanges tensors through torch.distributed")
     dtype = _check_tensors(("q", "k", "v"), (q, k, v))
     Qs, Ks = _check_shapes(q.shape, k.shape, v.shape)
     if Qs[2] != Ks[2]:
@@ -270,7 +292,8 @@ def _local_check(q, k, v, causal, scale, layout, backend, return_lse, transport)
         raise ValueError(f"layout = 'zigzag' holds two chunks per rank, of n / (2 world_size) "
                          f"tokens, so N_local must be even: q has N_local = {Qs[2]} (the world "
                          f"size does not divide the sequence into 2 world_size chunks)")
-    backend = _cuda_backend(backend, dtype) if q.is_cuda else _check_backend(backend)
+    backend = (_cuda_backend(backend, dtype, q.device, Qs[3], backward=False) if q.is_cuda
+               else _check_backend(backend))
     _check_bool("return_lse", return_lse)
     _check_transport(transport, q)
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
@@ -282,7 +305,7 @@ def _local_check(q, k, v, causal, scale, layout, backend, return_lse, transport)
 
 
 def _raise_everywhere(kind, message):
-    raise {"TypeError": TypeError}.get(kind, ValueError)(message)
+    raise {"TypeError": TypeError, "ValueError": ValueError}.get(kind, RuntimeError)(message)
 
 
 def _check_collectively(q, k, v, causal, scale, layout, group, backend, return_lse):
@@ -294,7 +317,7 @@ def _check_collectively(q, k, v, causal, scale, layout, group, backend, return_l
         found = ("ok", _local_check(q, k, v, causal, scale, layout, backend, return_lse,
                                     transport),
                  _max_finite_abs(q), _max_finite_abs(k))
-    except (TypeError, ValueError) as error:
+    except Exception as error:  # noqa: BLE001 -- any failure must reach every rank, or they hang
         found = (type(error).__name__, str(error), 0.0, 0.0)
     everyone = [None] * dist.get_world_size(group)
     device = q.device if isinstance(q, torch.Tensor) and q.is_cuda else None

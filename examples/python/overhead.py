@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""examples/python/overhead.py — how long a call takes to return on the host: flashattn.attention
+against PyTorch's scaled_dot_product_attention, on a small problem whose kernels are short.
+
+A CUDA call only queues work, so what a training step pays for each attention call on the host is
+the time until the call returns: argument checks, the operator's dispatch, allocations, launches.
+This measures that time, per call, for both, interleaved (one call of each per round), and prints
+the median and the 10th/90th percentiles in microseconds. The GPU is synchronized every --sync
+rounds, outside the timed calls, so the launch queue never fills (a full queue would make a call
+wait for the GPU and be counted as host time).
+
+Usage:
+  PYTHONPATH=build/gpu/python python3 examples/python/overhead.py [--dtype bfloat16] [--grad]
+      [--batch 1 --heads 4 --seq 128 --dim 64] [--rounds 3000]
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import flashattn
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--grad", action="store_true",
+                    help="inputs that require grad (the call also records the autograd graph)")
+    ap.add_argument("--rounds", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--sync", type=int, default=50, help="synchronize every N rounds (untimed)")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA device: the time to return matters for asynchronous CUDA calls")
+
+    shape = (a.batch, a.heads, a.seq, a.dim)
+    dtype = getattr(torch, a.dtype)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=a.grad)
+               for _ in range(3))
+    calls = {
+        "flashattn": lambda: flashattn.attention(q, k, v, causal=a.causal),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=a.causal),
+    }
+    times = {name: [] for name in calls}
+    clock = time.perf_counter_ns
+    for round_ in range(a.warmup + a.rounds):
+        if round_ % a.sync == 0:
+            torch.cuda.synchronize()
+        for name, call in calls.items():
+            start = clock()
+            out = call()
+            elapsed = clock() - start
+            del out  # freed (for reuse on the stream) outside the timed region
+            if round_ >= a.warmup:
+                times[name].append(elapsed / 1000)
+    torch.cuda.synchronize()
+
+    print(f"time to return of one call, microseconds: {torch.cuda.get_device_name()}, torch "
+          f"{torch.__version__}; q, k, v {shape} {a.dtype}{', causal' if a.causal else ''}"
+          f"{', requires_grad' if a.grad else ''}; {a.rounds} calls each, interleaved")
+    medians = {}
+    for name, values in times.items():
+        deciles = statistics.quantiles(values, n=10)
+        medians[name] = statistics.median(values)
+        print(f"  {name:9s} median {medians[name]:7.1f}   p10 {deciles[0]:7.1f}   "
+              f"p90 {deciles[-1]:7.1f}")
+    extra = medians["flashattn"] - medians["sdpa"]
+    print(f"  flashattn - sdpa: {extra:+.1f} us per call (target: at most +10)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,399 @@
+"""tests/python/test_torch_op.py — flashattn as a PyTorch operator (docs/design.md, Python contract).
+
+What a PyTorch user relies on beyond the numbers (which test_flashattn.py checks):
+  * the custom operator torch.ops.flashattn.attention_forward / attention_backward passes
+    torch.library.opcheck (schema, fake implementation, autograd registration, AOT dispatch with
+    dynamic shapes), on CPU and CUDA tensors;
+  * torch.compile(fullgraph=True) traces through flashattn.attention, forward and backward, and
+    gives eager's results;
+  * a call can be captured in a CUDA graph and replayed on new inputs;
+  * CUDA calls are asynchronous on PyTorch's current stream: a call on a side stream orders after
+    that stream's work and its results are there once the main stream has waited for it; the call
+    returns while the GPU is still busy (no wait inside, Python or C++), and nothing in the Python
+    layer synchronizes (torch.cuda.set_sync_debug_mode("error"));
+  * tensors on different devices, and every other bad call, are ValueError/TypeError.
+Tests that need PyTorch >= 2.4 (torch.library.custom_op) or a GPU skip with the reason.
+Run: PYTHONPATH=<build>/python python3 -m pytest tests/python   (CTest does this).
+"""
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import reference  # noqa: E402
+
+import flashattn  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(int(os.environ.get("FLASHATTN_TEST_SEED", "2025")))
+HAS_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd")
+
+
+def needs_op():
+    if not HAS_OP:
+        pytest.skip(f"PyTorch {torch.__version__} has no torch.library.custom_op (2.4 or newer): "
+                    f"flashattn runs through a torch.autograd.Function there")
+
+
+def needs_cuda():
+    if not torch.cuda.is_available() or "cuda-tc" not in flashattn.backends():
+        pytest.skip("no CUDA device, or a build without the CUDA backends")
+
+
+def tensors(*shapes, device="cpu", dtype=torch.float32, requires_grad=False):
+    return [torch.tensor(RNG.standard_normal(s).astype(np.float32), device=device,
+                         dtype=dtype).requires_grad_(requires_grad) for s in shapes]
+
+
+def max_error(out, ref):
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if not np.array_equal(np.isnan(out), np.isnan(ref)):
+        return np.inf
+    both = np.isfinite(out) & np.isfinite(ref)
+    return float(np.max(np.abs(out[both] - ref[both]), initial=0.0))
+
+
+# (q shape, k/v shape, options): ragged, GQA, causal, a block mask, 2-D.
+def cases(device):
+    mask = torch.tensor([[1, 0, 1], [1, 1, 0], [0, 1, 1]], dtype=torch.bool, device=device)
+    return [
+        ((1, 2, 7, 16), (1, 1, 11, 16), dict(causal=True)),
+        ((2, 4, 13, 16), (2, 2, 13, 16), dict(scale=-0.3)),
+        ((9, 16), (9, 16), dict(block_mask=mask, block_size=(3, 4))),
+    ]
+
+
+def op_args(q, k, v, causal=False, scale=None, backend=None, block_mask=None, block_size=None):
+    return (q, k, v, causal, scale, backend, block_mask,
+            None if block_size is None else list(block_size))
+
+
+# --- torch.library.opcheck ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device, dtype, d", [("cpu", torch.float32, 16),
+                                              ("cuda", torch.float32, 16),
+                                              ("cuda", torch.bfloat16, 64),
+                                              ("cuda", torch.float16, 128)])
+def test_opcheck(device, dtype, d):
+    needs_op()
+    if device == "cuda":
+        needs_cuda()
+    for qs, ks, options in cases(device):
+        qs, ks = qs[:-1] + (d,), ks[:-1] + (d,)
+        q, k, v = tensors(qs, ks, ks, device=device, dtype=dtype, requires_grad=True)
+        args = op_args(q, k, v, **options)
+        torch.library.opcheck(torch.ops.flashattn.attention_forward.default, args)
+        o, lse = torch.ops.flashattn.attention_forward.default(*args)
+        do, = tensors(qs, device=device, dtype=dtype)
+        backward_args = (q.detach(), k.detach(), v.detach(), o.detach(), lse, do) + args[3:]
+        torch.library.opcheck(torch.ops.flashattn.attention_backward.default, backward_args)
+
+
+def test_the_operator_itself_refuses_bad_calls():
+    """torch.ops.flashattn.* may be called directly: the checks are inside the operator."""
+    needs_op()
+    q, k, v = tensors((1, 2, 9, 8), (1, 1, 11, 8), (1, 1, 11, 8))
+    forward = torch.ops.flashattn.attention_forward.default
+    with pytest.raises(ValueError, match="v "):
+        forward(*op_args(q, k, v[:, :, :5]))
+    with pytest.raises(ValueError, match="block_mask has shape"):
+        forward(*op_args(q, k, v, block_mask=torch.ones(2, 2, dtype=torch.bool),
+                         block_size=(2, 3)))
+    with pytest.raises(ValueError, match="entries must be 0 or 1"):
+        forward(*op_args(q, k, v, block_mask=torch.full((5, 4), 2, dtype=torch.uint8),
+                         block_size=(2, 3)))
+    with pytest.raises(ValueError, match="scale = "):
+        forward(*op_args(q, k, v, scale=1e39))
+    with pytest.raises(ValueError, match="backend = 'nope'"):
+        forward(*op_args(q, k, v, backend="nope"))
+    with pytest.raises(TypeError, match="different dtypes"):
+        forward(*op_args(q, k.double(), v))
+
+
+# --- torch.compile --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device, dtype, d", [("cpu", torch.float32, 16),
+                                              ("cuda", torch.float32, 32),
+                                              ("cuda", torch.bfloat16, 64)])
+def test_compile_fullgraph_forward_and_backward_match_eager(device, dtype, d):
+    needs_op()
+    if device == "cuda":
+        needs_cuda()
+    # On the CPU through AOTAutograd without code generation (no C++ compiler needed); on the GPU
+    # the default, Inductor.
+    backend = "aot_eager" if device == "cpu" else "inductor"
+    for qs, ks, options in cases(device):
+        qs, ks = qs[:-1] + (d,), ks[:-1] + (d,)
+        q, k, v = tensors(qs, ks, ks, device=device, dtype=dtype)
+
+        def loss(q_, k_, v_):
+            o, lse = flashattn.attention(q_, k_, v_, return_lse=True, **options)
+            return (o.float().square() * lse.exp().unsqueeze(-1).detach()).sum()
+
+        def grads(fn):
+            xs = [x.clone().requires_grad_() for x in (q, k, v)]
+            value = fn(*xs)
+            value.backward()
+            return [value.detach()] + [x.grad for x in xs]
+
+        torch._dynamo.reset()
+        compiled = torch.compile(loss, fullgraph=True, backend=backend)  # a graph break raises
+        eager, traced = grads(loss), grads(compiled)
+        tolerance = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-5,
+                                                                                   atol=1e-5)
+        for name, a, b in zip(("loss", "dq", "dk", "dv"), eager, traced):
+            torch.testing.assert_close(b, a, **tolerance, msg=f"{name} {options}")
+
+
+def test_compile_of_a_module_with_autocast():
+    """The GPT example's pattern: bf16 autocast, q, k, v from a Linear, fullgraph."""
+    needs_op()
+    needs_cuda()
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(256, 3 * 256)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = (t.view(B, T, 4, 64).transpose(1, 2) for t in self.qkv(x).split(C, 2))
+            return flashattn.attention(q, k, v, causal=True).transpose(1, 2).reshape(B, T, C)
+
+    torch.manual_seed(0)
+    model = Attention().cuda()
+    x = torch.randn(2, 100, 256, device="cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        eager, traced = model(x), compiled(x)
+        traced.float().sum().backward()
+    assert traced.dtype == torch.bfloat16
+    torch.testing.assert_close(traced, eager, rtol=2e-2, atol=2e-2)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# --- CUDA graphs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, d", [(torch.float32, 32), (torch.bfloat16, 64),
+                                      (torch.float16, 128)])
+def test_cuda_graph_capture_and_replay_on_new_inputs(dtype, d):
+    needs_cuda()
+    shapes = ((2, 4, 100, d), (2, 2, 130, d), (2, 2, 130, d), (2, 4, 100, d))
+    static = [x.requires_grad_(i < 3) for i, x in
+              enumerate(tensors(*shapes, device="cuda", dtype=dtype))]
+    mask = torch.ones(4, 3, dtype=torch.bool, device="cuda")  # on the device, as a graph needs
+    mask[1, 2] = False
+    options = dict(causal=True, block_mask=mask, block_size=(32, 64))
+
+    def step():
+        o = flashattn.attention(*static[:3], **options)
+        return (o,) + torch.autograd.grad(o, static[:3], static[3])
+
+    side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graphs asks
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    for _ in range(2):
+        fresh = tensors(*shapes, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            for s, x in zip(static, fresh):
+                s.copy_(x)
+        graph.replay()
+        xs = [x.requires_grad_(i < 3) for i, x in enumerate(fresh)]
+        o = flashattn.attention(*xs[:3], **options)
+        expected = (o,) + torch.autograd.grad(o, xs[:3], xs[3])
+        torch.cuda.synchronize()
+        # The forward is deterministic: the replay gives eager's bits. dQ is added with atomics.
+        assert torch.equal(outputs[0], expected[0])
+        for name, a, b in zip(("dq", "dk", "dv"), outputs[1:], expected[1:]):
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2, msg=name)
+
+
+# --- streams and asynchrony -----------------------------------------------------------------
+
+
+def _reference_check(o, q, k, v, dtype, **options):
+    """O against float64 on the same (rounded) inputs: within 2x of SDPA's error (float32 eps)."""
+    rounded = [x.detach().double().cpu().numpy() for x in (q, k, v)]
+    ref, _ = reference.attention(*rounded, **options)
+    H, Hkv = q.shape[1], k.shape[1]
+    theirs = torch.nn.functional.scaled_dot_product_attention(
+        q.detach(), k.detach().repeat_interleave(H // Hkv, 1),
+        v.detach().repeat_interleave(H // Hkv, 1),
+        attn_mask=torch.tensor(reference.visible(q.shape[2], k.shape[2], options.get("causal",
+                                                                                   False)),
+                               device=q.device))
+    error = max_error(o.double().cpu().numpy(), ref)
+    bound = 2 * max_error(theirs.double().cpu().numpy(), ref) + (
+        1e-6 if dtype == torch.float32 else 1e-4)
+    assert error <= bound, f"error {error:.3g} > bound {bound:.3g}"
+
+
+@pytest.mark.parametrize("dtype, d", [(torch.float32, 32), (torch.bfloat16, 64),
+                                      (torch.bfloat16, 96)])
+def test_a_call_on_a_side_stream_orders_after_its_work(dtype, d):
+    """q is written on a side stream after a long sleep there; the call on that stream must read
+    it after the write (launched on another stream it would read uninitialized memory), and its
+    result is complete once the main stream waits for the side stream."""
+    needs_cuda()
+    q0, k, v = tensors((2, 4, 200, d), (2, 2, 300, d), (2, 2, 300, d), device="cuda", dtype=dtype)
+    side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time on the side stream
+        q = q0 * 1  # allocated and written on the side stream, after the sleep
+        o = flashattn.attention(q, k, v, causal=True)
+    main.wait_stream(side)
+    o = o.clone()  # on the main stream, after the wait
+    torch.cuda.synchronize()
+    _reference_check(o, q0, k, v, dtype, causal=True)
+
+
+@pytest.mark.parametrize("dtype, d", [(torch.float32, 32), (torch.bfloat16, 64)])
+def test_calls_return_while_the_gpu_is_busy(dtype, d):
+    """A call that waited for the stream or the device (cudaStreamSynchronize, a copy to the host)
+    would return only after the sleep queued before it: the stream must still be busy when
+    forward and backward return, and the results right once it has run."""
+    needs_cuda()
+    q, k, v, do = tensors((2, 4, 300, d), (2, 2, 300, d), (2, 2, 300, d), (2, 4, 300, d),
+                          device="cuda", dtype=dtype)
+    q.requires_grad_()
+    flashattn.attention(q, k, v, causal=True).backward(do)  # warm-up: module loads, attributes
+    torch.cuda.synchronize()
+    q.grad = None
+    stream = torch.cuda.current_stream()
+    torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time
+    start = time.perf_counter()
+    o = flashattn.attention(q, k, v, causal=True)
+    o.backward(do)
+    returned = time.perf_counter() - start
+    busy = not stream.query()
+    torch.cuda.synchronize()
+    assert busy, f"forward and backward returned after the GPU had finished ({returned:.3f} s)"
+    _reference_check(o, q, k, v, dtype, causal=True)
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_nothing_in_python_synchronizes():
+    """torch.cuda.set_sync_debug_mode("error") raises at any synchronizing PyTorch call (.item(),
+    .cpu(), a blocking copy): forward, backward, a host block mask and a device one."""
+    needs_cuda()
+    q, k, v, do = tensors((1, 4, 100, 64), (1, 2, 90, 64), (1, 2, 90, 64), (1, 4, 100, 64),
+                          device="cuda", dtype=torch.bfloat16)
+    q.requires_grad_()
+    host_mask = np.ones((4, 2), dtype=bool)
+    device_mask = torch.ones(4, 2, dtype=torch.bool, device="cuda")
+    flashattn.attention(q, k, v).backward(do)  # warm-up outside the mode (first-use setup)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for mask in (None, host_mask, device_mask):
+            options = dict(block_mask=mask, block_size=(32, 64)) if mask is not None else {}
+            o, lse = flashattn.attention(q, k, v, causal=True, return_lse=True, **options)
+            o.backward(do)
+            flashattn.attention_backward(q.detach(), k, v, o.detach(), lse, do, causal=True,
+                                         **options)
+            flashattn.attention(q.float(), k.float(), v.float(), causal=True)  # cuda-fa2
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+# --- devices and masks ----------------------------------------------------------------------
+
+
+def test_tensors_on_different_devices_are_refused():
+    needs_cuda()
+    q, k, v = tensors((1, 2, 9, 64), (1, 1, 11, 64), (1, 1, 11, 64), device="cuda",
+                      dtype=torch.float16)
+    o, lse = flashattn.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="different devices"):
+        flashattn.attention(q, k.cpu(), v)
+    with pytest.raises(ValueError, match="different devices"):
+        flashattn.attention(q.cpu(), k, v.cpu())
+    with pytest.raises(ValueError, match="different devices"):
+        flashattn.attention_backward(q, k, v, o.cpu(), lse, o)
+    with pytest.raises(ValueError, match="q, lse are on different devices"):
+        flashattn.attention_backward(q, k, v, o, lse.cpu(), o)
+    with pytest.raises(ValueError, match="different devices"):  # with autograd too
+        flashattn.attention(q.requires_grad_(), k.cpu(), v)
+    if torch.cuda.device_count() > 1:
+        with pytest.raises(ValueError, match="different devices"):
+            flashattn.attention(q, k.to("cuda:1"), v)
+
+
+def test_tensors_on_a_second_gpu_run_there():
+    needs_cuda()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU")
+    q, k, v = tensors((1, 2, 50, 64), (1, 2, 70, 64), (1, 2, 70, 64), device="cuda:1",
+                      dtype=torch.bfloat16)
+    o = flashattn.attention(q, k, v, causal=True)
+    assert o.device == q.device
+    _reference_check(o, q, k, v, torch.bfloat16, causal=True)
+
+
+@pytest.mark.parametrize("dtype, d", [(torch.float32, 16), (torch.bfloat16, 64)])
+def test_block_masks_from_the_host_and_on_the_device(dtype, d):
+    """The same mask as NumPy, a CPU tensor, a CUDA bool tensor and a CUDA uint8 tensor whose
+    nonzero entries are 2 (the kernels read nonzero as visible) gives the same O, right against
+    float64; a block row that is all 0 gives O = 0 and LSE = -inf."""
+    needs_cuda()
+    q, k, v = tensors((2, 2, 37, d), (2, 1, 53, d), (2, 1, 53, d), device="cuda", dtype=dtype)
+    mask = RNG.integers(0, 2, size=(5, 4)).astype(bool)
+    mask[0, 0], mask[2] = True, False  # rows 16..23 see nothing
+    size = (8, 16)
+    outputs = []
+    for given in (mask, torch.tensor(mask), torch.tensor(mask, device="cuda"),
+                  torch.tensor(mask.astype(np.uint8) * 2, device="cuda")):
+        outputs.append(flashattn.attention(q, k, v, block_mask=given, block_size=size,
+                                           return_lse=True))
+    for o, lse in outputs[1:]:
+        assert torch.equal(o, outputs[0][0]) and torch.equal(lse, outputs[0][1])
+    o, lse = outputs[0]
+    assert (o[:, :, 16:24] == 0).all() and (lse[:, :, 16:24] == -np.inf).all()
+    rounded = [x.double().cpu().numpy() for x in (q, k, v)]
+    ref, _ = reference.attention(*rounded, block_mask=mask, block_size=size)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert max_error(o.double().cpu().numpy(), ref) < tolerance
+
+
+def test_the_default_backend_is_the_fastest_for_the_device():
+    """float32 on cuda-fa2; float16/bfloat16 on cuda-fa3 on Hopper for d = 64 and 128, else
+    cuda-tc; the default gives the same bits as naming that backend."""
+    needs_cuda()
+    device = torch.device("cuda", torch.cuda.current_device())
+    hopper = torch.cuda.get_device_capability(device) == (9, 0)
+    fa3 = "cuda-fa3" in flashattn.backends() and hopper
+    for dtype, d, expected in ((torch.float32, 64, "cuda-fa2"),
+                               (torch.bfloat16, 64, "cuda-fa3" if fa3 else "cuda-tc"),
+                               (torch.float16, 128, "cuda-fa3" if fa3 else "cuda-tc"),
+                               (torch.bfloat16, 96, "cuda-tc")):
+        name = flashattn._TORCH_DTYPES[dtype]
+        assert flashattn._default_cuda_backend(name, device, d, False) == expected
+        q, k, v = tensors((1, 4, 300, d), (1, 4, 300, d), (1, 4, 300, d), device="cuda",
+                          dtype=dtype)
+        assert torch.equal(flashattn.attention(q, k, v, causal=True),
+                           flashattn.attention(q, k, v, causal=True, backend=expected))
+    if fa3:  # a forward on cuda-fa3, its gradients from cuda-tc's backward
+        q, k, v, do = tensors((1, 4, 300, 64), (1, 4, 300, 64), (1, 4, 300, 64), (1, 4, 300, 64),
+                              device="cuda", dtype=torch.bfloat16)
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        flashattn.attention(*xs, causal=True, backend="cuda-fa3").backward(do)
+        ys = [x.clone().requires_grad_() for x in (q, k, v)]
+        flashattn.attention(*ys, causal=True, backend="cuda-tc").backward(do)
+        for x, y in zip(xs, ys):
+            torch.testing.assert_close(x.grad, y.grad, rtol=2e-2, atol=2e-2)
