@@ -141,7 +141,7 @@ TEST_CASE("flashattn bench: bad options give exit 2 and a message starting with 
     }
 }
 
-TEST_CASE("flashattn bench --splits: rows report the S each backend used; bad S is refused") {
+TEST_CASE("flashattn bench --splits: rows report the S each backend used, and a bad S is refused") {
     // One decoding row against 4099 keys (9 of omp's tiles at d = 64), one head, two threads: omp
     // splits on its own; standard never does.
     const std::string decode = "bench --backends omp,standard --batch 1 --heads 1 --seq 1 "
