@@ -125,6 +125,8 @@ struct AttentionProblem {
 // Largest sizes we accept: every element count must fit comfortably in int64 and size_t.
 inline constexpr std::int64_t kMaxDim = 256;
 inline constexpr std::int64_t kMaxElements = std::int64_t{1} << 40;
+// Most split-KV chunks a problem may ask for (AttentionProblem::kv_splits).
+inline constexpr std::int64_t kMaxKvSplits = 1024;
 
 namespace detail {
 inline void require(bool ok, const std::string& field, const std::string& value,
@@ -169,8 +171,8 @@ inline void validate(const AttentionProblem& p) {
     require((p.block_q == 0) == (p.block_kv == 0), "block_q/block_kv",
             str(p.block_q) + "/" + str(p.block_kv), "give both block sizes or neither");
     require(p.sram_floats >= 0, "sram_floats", str(p.sram_floats), "must not be negative");
-    require(p.kv_splits >= 0 && p.kv_splits <= 1024, "kv_splits", str(p.kv_splits),
-            "must be in [0, 1024] (0 = automatic)");
+    require(p.kv_splits >= 0 && p.kv_splits <= kMaxKvSplits, "kv_splits", str(p.kv_splits),
+            "must be in [0, " + str(kMaxKvSplits) + "] (0 = automatic)");
     if (p.sram_floats > 0)
         require(p.sram_floats >= 4 * p.dim, "sram_floats", str(p.sram_floats),
                 "must hold at least 4*dim = " + str(4 * p.dim) +

@@ -21,7 +21,10 @@ std::vector<Backend> cpu_backends() {
     list.push_back(cpu_backend(
         "standard", "Algorithm 0 on the CPU: Eigen GEMMs, S and P materialized (float32)",
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
-           float* lse) { standard_attention<float>(p, Q, K, V, O, lse); },
+           float* lse) {
+            standard_attention<float>(p, Q, K, V, O, lse);
+            return std::int64_t{1};  // no split
+        },
         {},
         [](const AttentionProblem& p, const BackwardInputs& in, float* dQ, float* dK, float* dV) {
             standard_backward<float>(p, in.Q, in.K, in.V, in.dO, dQ, dK, dV);  // Algorithm 3
@@ -29,7 +32,10 @@ std::vector<Backend> cpu_backends() {
     list.push_back(cpu_backend(
         "scalar", "Algorithm 1 line by line: plain loops, K/V blocks outer, Q blocks inner",
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
-           float* lse) { scalar_attention(p, Q, K, V, O, lse); },
+           float* lse) {
+            scalar_attention(p, Q, K, V, O, lse);
+            return std::int64_t{1};  // no split
+        },
         [](const AttentionProblem& p) {
             const ScalarPlan plan = scalar_plan(p);
             return (plan.M ? "M = " + std::to_string(plan.M) + " floats -> " : std::string()) +
@@ -42,9 +48,9 @@ std::vector<Backend> cpu_backends() {
     list.push_back(cpu_backend(
         "omp",
         "FlashAttention-2 order on the CPU: Q tiles in parallel (OpenMP), register-blocked tile "
-        "products",
+        "products, split-KV for decoding",
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
-           float* lse) { omp_attention(p, Q, K, V, O, lse); },
+           float* lse) { return omp_attention(p, Q, K, V, O, lse); },
         [](const AttentionProblem& p) {
             const OmpPlan plan = omp_plan(p);
             return block_words(plan.blocks, plan.Tr, plan.Tc);

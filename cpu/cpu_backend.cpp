@@ -107,8 +107,9 @@ public:
           lse_(poisoned(p.lse_elements())) {}
 
     void execute() override {
-        extra_bytes_ = measure_workspace(
-            name_, [&] { fn_(problem_, Q_.get(), K_.get(), V_.get(), O_.data(), lse_.data()); });
+        extra_bytes_ = measure_workspace(name_, [&] {
+            kv_splits_ = fn_(problem_, Q_.get(), K_.get(), V_.get(), O_.data(), lse_.data());
+        });
     }
 
     void fetch(float* O, float* lse) override {
@@ -119,6 +120,7 @@ public:
 
     std::size_t extra_bytes() const override { return extra_bytes_; }
     std::string tiles() const override { return tiles_; }
+    std::int64_t kv_splits() const override { return kv_splits_; }
 
 private:
     std::string name_;
@@ -128,6 +130,7 @@ private:
     RoundedInput Q_, K_, V_;
     std::vector<float> O_, lse_;
     std::size_t extra_bytes_ = 0;
+    std::int64_t kv_splits_ = 1;
 };
 
 // The backward rounds the 16-bit tensors of a mixed-precision pipeline (Q, K, V, O, dO) and keeps

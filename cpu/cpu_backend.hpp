@@ -5,6 +5,7 @@
 // write is seen), and measure the form's working memory (cpu/workspace.hpp) around execute().
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -13,9 +14,10 @@
 
 namespace flashattn {
 
-// A CPU forward: O and lse hold q_elements() and lse_elements() floats.
-using CpuAttentionFn = std::function<void(const AttentionProblem&, const float* Q, const float* K,
-                                          const float* V, float* O, float* lse)>;
+// A CPU forward: O and lse hold q_elements() and lse_elements() floats. Returns the number of
+// split-KV key chunks it merged (PreparedAttention::kv_splits(); 1 for a form that does not split).
+using CpuAttentionFn = std::function<std::int64_t(
+    const AttentionProblem&, const float* Q, const float* K, const float* V, float* O, float* lse)>;
 // A CPU backward: dQ, dK, dV hold q_elements(), kv_elements(), kv_elements() floats.
 using CpuBackwardFn = std::function<void(const AttentionProblem&, const BackwardInputs&,
                                          float* dQ, float* dK, float* dV)>;

@@ -14,6 +14,10 @@
 // Inside a tile pair the rows go in groups of kRows (6 with AVX-512 or AVX2, 4 otherwise:
 // tile_products.hpp's block height): S, softmax
 // and P V for one group, then the next, so a group's S_ij never leaves L1.
+//
+// Split-KV (omp.hpp, docs/decoding.md): the loop over j runs over one chunk of the key tiles at a
+// time, and the chunks' (O_s, LSE_s) are merged afterwards, FlashAttention Algorithm 1 lines 10-12
+// applied to whole chunks (merge_partial_row).
 #include "cpu/omp.hpp"
 
 #include <omp.h>
@@ -22,6 +26,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -98,11 +103,13 @@ const float* values_of_tile(const float* V_j, std::int64_t bc, std::int64_t d,
     return t.V_j;
 }
 
-// One work item: query tile `rows` of one (batch, head) pair, against every key/value tile.
-// Q, K, V, O point at that pair's (seq, dim) matrices, lse at its seq_q values (or nullptr).
+// One task: query tile `rows` of one (batch, head) pair against the key/value tiles j in
+// [key_tiles.begin, key_tiles.end) (all Tc of them, or one split-KV chunk). Q, K, V, O point at
+// that pair's (seq, dim) matrices, lse at its seq_q values (or nullptr). O and LSE are those of
+// the softmax over the keys of these tiles alone: O = 0, LSE = -inf for a row that sees none.
 void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange rows,
-                       const float* Q, const float* K, const float* V, float* O, float* lse,
-                       ThreadTiles& t) {
+                       TileRange key_tiles, const float* Q, const float* K, const float* V,
+                       float* O, float* lse, ThreadTiles& t) {
     const std::int64_t d = p.dim, br = rows.size();
     const std::int64_t key_stride = plan.key_stride, value_stride = plan.value_stride;
     const float scale = p.softmax_scale();
@@ -114,7 +121,7 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
     std::fill(t.m_i, t.m_i + br, neg_infinity());
     std::fill(t.l_i, t.l_i + br, 0.0f);
 
-    for (std::int64_t j = 0; j < plan.Tc; ++j) {
+    for (std::int64_t j = key_tiles.begin; j < key_tiles.end; ++j) {
         const TileRange cols = tile_range(j, plan.blocks.Bc, p.seq_kv);
         const TileVisibility visibility = classify_tile(p, rows, cols);
         if (visibility == TileVisibility::none) continue;  // hidden tile: K_j, V_j never read
@@ -165,6 +172,63 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
     }
 }
 
+// Work item `item` of batch * heads * Tr: query tile i of the pair (b, h). Within a pair the
+// query tiles go last-first: with a causal mask the last tiles see the most keys, and starting
+// the longest items first balances the threads.
+struct WorkItem {
+    std::int64_t b, h;
+    TileRange rows;  // the query rows of tile i
+};
+WorkItem work_item(const AttentionProblem& p, const OmpPlan& plan, std::int64_t item) {
+    const std::int64_t bh = item / plan.Tr, i = plan.Tr - 1 - item % plan.Tr;
+    return {bh / p.heads, bh % p.heads, tile_range(i, plan.blocks.Br, p.seq_q)};
+}
+
+// The key tiles of split-KV chunk s of S (S <= Tc): the Tc tiles dealt out as evenly as whole
+// tiles allow, chunk sizes differing by at most one tile, none empty.
+TileRange key_chunk(std::int64_t s, std::int64_t S, std::int64_t Tc) {
+    return {s * Tc / S, (s + 1) * Tc / S};
+}
+
+// Split-KV's partial results in float32 working memory: for each (b, h) pair and chunk s, O_s
+// (seq_q x d, normalized by the chunk's own sum) and LSE_s (seq_q). The chunks of a pair are
+// consecutive, so one row's S partials lie at a fixed stride, as merge_partial_row reads them.
+class PartialResults {
+public:
+    PartialResults(const AttentionProblem& p, std::int64_t S)
+        : S_(S), seq_q_(p.seq_q), dim_(p.dim) {
+        const std::int64_t rows = work_elements(p.batch * p.heads * S, p.seq_q);
+        require_memory(double(rows) * double(p.dim + 1) * sizeof(float),
+                       "omp's split-KV partial results (S = " + std::to_string(S) + " chunks)");
+        O_ = WorkBuffer<float>(static_cast<std::size_t>(work_elements(rows, p.dim)),
+                               "omp's split-KV partial outputs O_s");
+        lse_ = WorkBuffer<float>(static_cast<std::size_t>(rows), "omp's split-KV partial LSE_s");
+    }
+    std::int64_t splits() const { return S_; }
+    // Chunk s's (seq_q, d) matrix O_s and its seq_q values LSE_s, for the pair bh = b * heads + h.
+    float* O_of(std::int64_t bh, std::int64_t s) {
+        return O_.data() + (bh * S_ + s) * seq_q_ * dim_;
+    }
+    float* lse_of(std::int64_t bh, std::int64_t s) { return lse_.data() + (bh * S_ + s) * seq_q_; }
+
+private:
+    std::int64_t S_, seq_q_, dim_;
+    WorkBuffer<float> O_, lse_;
+};
+
+// Each output row from its S partials, merged in the order s = 0 .. S-1 (merge_partial_row: a
+// fixed order, so the result does not depend on which thread merges it).
+void merge_chunks(const AttentionProblem& p, PartialResults& parts, float* O, float* lse) {
+    const std::int64_t n = p.seq_q, d = p.dim;
+    parallel_for(p.batch * p.heads * n, [&](std::int64_t row) {
+        const std::int64_t bh = row / n, r = row % n;
+        const float merged =
+            merge_partial_row(static_cast<int>(parts.splits()), parts.lse_of(bh, 0) + r, n,
+                              parts.O_of(bh, 0) + r * d, n * d, d, 0, 1, O + row * d);
+        if (lse) lse[row] = merged;
+    });
+}
+
 }  // namespace
 
 BlockSizes omp_cache_blocks(std::int64_t dim) {
@@ -211,31 +275,53 @@ OmpPlan omp_plan(const AttentionProblem& p) {
                          work_elements(ks, d + plan.value_stride) +  // K_j^T, V_j
                          work_elements(kRows, ks) + 2 * rs +         // S, m_i, l_i
                          7 * kAlignFloats;                           // alignment of 7 buffers
+    plan.splits = omp_kv_splits(p, p.batch * p.heads * plan.Tr, plan.Tc, omp_get_max_threads());
     return plan;
 }
 
-void omp_attention(const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                   float* O, float* lse) {
+std::int64_t omp_kv_splits(const AttentionProblem& p, std::int64_t items, std::int64_t Tc,
+                           std::int64_t threads) {
+    if (p.kv_splits >= 1) return std::min(p.kv_splits, Tc);
+    // Automatic: split only when the work items leave threads idle or badly balanced (fewer than
+    // two per thread, the target omp_plan's Br also aims at), into enough chunks for two tasks per
+    // thread, so that dynamic scheduling evens out chunks of unequal cost (a ragged last tile, the
+    // causal diagonal). A chunk keeps at least kMinChunkTiles tiles: below that a task's fixed
+    // costs (loading Q_i, writing and merging its partial O) weigh against too little work.
+    constexpr std::int64_t kMinChunkTiles = 2;
+    if (threads <= 1 || items >= 2 * threads) return 1;
+    return std::max<std::int64_t>(1, std::min(ceil_div(2 * threads, items), Tc / kMinChunkTiles));
+}
+
+std::int64_t omp_attention(const AttentionProblem& p, const float* Q, const float* K,
+                           const float* V, float* O, float* lse) {
     const OmpPlan plan = omp_plan(p);  // validates
-    // Work items (b, h, i). Within a pair the query tiles go last-first: with a causal mask the
-    // last tiles see the most keys, and starting the longest items first balances the threads.
-    const std::int64_t pairs = p.batch * p.heads;
-    // Every thread of the team allocates its tiles (parallel_for_with_state), however few items.
+    // Every thread of the team allocates its tiles (parallel_for_with_state), however few tasks.
     const std::int64_t threads = omp_get_max_threads();
     require_memory(double(threads) * double(plan.thread_floats + kAlignFloats) * sizeof(float),
                    "omp's tile buffers (" + std::to_string(threads) + " threads, tiles of Br = " +
                        std::to_string(plan.blocks.Br) + ", Bc = " +
                        std::to_string(plan.blocks.Bc) + ")");
+    // Task t is chunk s = t % S of work item t / S. Without a split (S = 1, one chunk of all Tc
+    // tiles) a task writes its rows of O and LSE; with one, its chunk's partial result, and the
+    // merge of the partials follows.
+    const std::int64_t S = plan.splits;
+    std::optional<PartialResults> parts;
+    if (S > 1) parts.emplace(p, S);
     parallel_for_with_state(
-        pairs * plan.Tr, [&] { return ThreadTiles(plan, p.dim); },
-        [&](ThreadTiles& tiles, std::int64_t item) {
-            const std::int64_t bh = item / plan.Tr;
-            const std::int64_t i = plan.Tr - 1 - item % plan.Tr;
-            const std::int64_t b = bh / p.heads, h = bh % p.heads;
-            attend_query_tile(p, plan, tile_range(i, plan.blocks.Br, p.seq_q), Q + p.q_offset(b, h),
-                              K + p.kv_offset(b, h), V + p.kv_offset(b, h), O + p.q_offset(b, h),
-                              lse ? lse + p.lse_offset(b, h) : nullptr, tiles);
+        p.batch * p.heads * plan.Tr * S, [&] { return ThreadTiles(plan, p.dim); },
+        [&](ThreadTiles& tiles, std::int64_t task) {
+            const WorkItem w = work_item(p, plan, task / S);
+            const std::int64_t s = task % S, bh = w.b * p.heads + w.h;
+            float* O_out = parts ? parts->O_of(bh, s) : O + p.q_offset(w.b, w.h);
+            float* lse_out = parts  ? parts->lse_of(bh, s)
+                             : lse ? lse + p.lse_offset(w.b, w.h)
+                                   : nullptr;
+            attend_query_tile(p, plan, w.rows, key_chunk(s, S, plan.Tc), Q + p.q_offset(w.b, w.h),
+                              K + p.kv_offset(w.b, w.h), V + p.kv_offset(w.b, w.h), O_out,
+                              lse_out, tiles);
         });
+    if (parts) merge_chunks(p, *parts, O, lse);
+    return S;
 }
 
 }  // namespace flashattn

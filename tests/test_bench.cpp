@@ -141,6 +141,48 @@ TEST_CASE("flashattn bench: bad options give exit 2 and a message starting with 
     }
 }
 
+TEST_CASE("flashattn bench --splits: rows report the S each backend used, and a bad S is refused") {
+    // One decoding row against 4099 keys (9 of omp's tiles at d = 64), one head, two threads: omp
+    // splits on its own; standard never does.
+    const std::string decode = "bench --backends omp,standard --batch 1 --heads 1 --seq 1 "
+                               "--seq-kv 4099 --dim 64 --repeat 1 --warmup 0 --threads 2 --json";
+    const std::vector<nlohmann::json> automatic = bench_json(decode);
+    REQUIRE(automatic.size() == 2);
+    CHECK(automatic[0].at("splits").get<std::int64_t>() > 1);
+    CHECK(automatic[1].at("splits") == 1);
+    // Forced: 1 is no split, 1024 is clamped to the 9 key tiles.
+    for (const auto& [asked, used] :
+         std::vector<std::pair<std::string, int>>{{"1", 1}, {"3", 3}, {"1024", 9}}) {
+        const std::vector<nlohmann::json> rows = bench_json(decode + " --splits " + asked);
+        INFO("--splits " << asked);
+        REQUIRE(rows.size() == 2);
+        CHECK(rows[0].at("splits") == used);
+        CHECK(rows[1].at("splits") == 1);
+    }
+    // A backward row does not split.
+    const std::vector<nlohmann::json> both = bench_json(decode + " --splits 3 --pass both");
+    REQUIRE(both.size() == 4);
+    CHECK(both[0].at("splits") == 3);
+    CHECK(both[1].at("pass") == "backward");
+    CHECK(both[1].at("splits") == 1);
+    // The table has the column.
+    const Result table = bench_cli(
+        "bench --backends omp --batch 1 --heads 1 --seq 1 --seq-kv 4099 --dim 64 --repeat 1 "
+        "--splits 3");
+    REQUIRE(table.status == 0);
+    CHECK(table.out.find("splits") != std::string::npos);
+
+    for (const char* bad : {"-1", "1025", "1e3", "2.5", "x", "''", "99999999999999999999"}) {
+        const Result r = bench_cli(
+            "bench --backends omp --batch 1 --heads 1 --seq 1 --seq-kv 64 --dim 8 --repeat 1 "
+            "--splits " + std::string(bad));
+        INFO("--splits " << bad << "\nstderr: " << r.err);
+        CHECK(r.status == 2);
+        CHECK(r.err.rfind("error:", 0) == 0);
+        CHECK(r.err.find("--splits") != std::string::npos);
+    }
+}
+
 namespace {
 
 // The FLOPs a row claims, from the row's own fields: 4*B*H*N_q*N_kv*d, halved for causal when

@@ -160,6 +160,39 @@ TEST_CASE("flashattn run writes O and LSE that match float64 attention, (B,H,N,d
         }
 }
 
+TEST_CASE("flashattn run --splits: omp merges the chunks asked for and matches float64 attention") {
+    // Decoding: 3 query rows (GQA, causal bottom-right) against 2000 keys, 4 of omp's key tiles.
+    TempDir tmp;
+    AttentionProblem p;
+    p.batch = 1, p.heads = 4, p.heads_kv = 2, p.seq_q = 3, p.seq_kv = 2000, p.dim = 64;
+    p.causal = true;
+    const ProblemData in = random_problem_data(p, test::next_seed());
+    write_file(tmp.path / "q.npy", npy::serialize_float32({1, 4, 3, 64}, in.Q.data()));
+    write_file(tmp.path / "k.npy", npy::serialize_float32({1, 2, 2000, 64}, in.K.data()));
+    write_file(tmp.path / "v.npy", npy::serialize_float32({1, 2, 2000, 64}, in.V.data()));
+    const Reference ref = reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
+    const fs::path out = tmp.path / "o.npy", lse = tmp.path / "lse.npy";
+    const std::string io = " --q " + (tmp.path / "q.npy").string() + " --k " +
+                           (tmp.path / "k.npy").string() + " --v " +
+                           (tmp.path / "v.npy").string() + " --out " + out.string() + " --lse " +
+                           lse.string();
+    for (const char* splits : {"1", "3", "1024"}) {
+        const Result r =
+            flashattn_cli("run --backend omp --causal --splits " + std::string(splits) + io,
+                          tmp.path);
+        INFO("--splits " << splits << "\nstderr: " << r.err);
+        REQUIRE(r.status == 0);
+        // 1024 is clamped to the 4 key tiles; 1 is no split, and nothing is said about it.
+        const std::string said = std::string(splits) == "3"    ? "split-KV, 3 key chunks merged"
+                                 : std::string(splits) == "1024" ? "split-KV, 4 key chunks merged"
+                                                                 : "split-KV";
+        CHECK((r.err.find(said) != std::string::npos) == (std::string(splits) != "1"));
+        const npy::Array O = npy::load(out.string()), L = npy::load(lse.string());
+        CHECK(max_abs_error(O.floats.data(), ref.O.data(), p.q_elements()) < 1e-5);
+        CHECK(max_abs_error(L.floats.data(), ref.lse.data(), p.lse_elements()) < 1e-5);
+    }
+}
+
 TEST_CASE("flashattn: bad options give exit 2, 'error:' and leave outputs untouched") {
     const Inputs in;
     const std::string& io = in.io;
@@ -178,6 +211,10 @@ TEST_CASE("flashattn: bad options give exit 2, 'error:' and leave outputs untouc
         "run --backend scalar" + io + " --sram-bytes -4096",
         "run --backend scalar" + io + " --sram-bytes 4096 --block-q 2 --block-kv 2",
         "run --backend scalar" + io + " --dtype f64",
+        "run --backend omp" + io + " --splits -1",
+        "run --backend omp" + io + " --splits 1025",
+        "run --backend omp" + io + " --splits 2.5",
+        "run --backend omp" + io + " --splits x",
         "run --backend scalar" + io + " --no-such-option",
         "run --backend scalar --q " + in.q,
         "",

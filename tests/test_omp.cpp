@@ -1,7 +1,6 @@
 // tests/test_omp.cpp — the omp form (cpu/omp.cpp) against float64 standard attention by the 2x
 // rule, with 1, 2 and 3 threads; bitwise-identical results for any thread count; every option
 // (scale, bottom-right causal both ways, GQA/MQA, block masks) and the NaN/inf rules.
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -10,23 +9,15 @@
 #include "common/tiling.hpp"
 #include "cpu/omp.hpp"
 #include "helpers.hpp"
+#include "omp_threads.hpp"
 
 using namespace flashattn;
 using flashattn::test::check_against_reference;
 using flashattn::test::make_problem;
 using flashattn::test::run_poisoned;
+using flashattn::test::ThreadCount;
 
 namespace {
-
-// Sets the OpenMP thread count for one scope and restores it afterwards.
-class ThreadCount {
-public:
-    explicit ThreadCount(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-    ~ThreadCount() { omp_set_num_threads(saved_); }
-
-private:
-    int saved_;
-};
 
 const Backend& omp_backend() { return find_backend("omp"); }
 

@@ -78,6 +78,9 @@ struct Contender {
     std::string pass;  // "forward" or "backward"; empty for the SGEMM
     std::function<void()> run;
     std::function<std::size_t()> extra_bytes;  // working memory of the last run; empty for SGEMM
+    // Split-KV chunks the last run merged (PreparedAttention::kv_splits(); 1 for a backward, which
+    // does not split); empty for the SGEMM.
+    std::function<std::int64_t()> kv_splits;
     double flops = 0;
     std::vector<double> ms;
 };
@@ -230,8 +233,8 @@ int bench(const BenchOptions& o) {
         PreparedAttention* run = forward.get();
         if (time_forward)
             contenders.push_back({b->name, b->device, device_name(b->device), "forward",
-                                  [run] { run->execute(); },
-                                  [run] { return run->extra_bytes(); }, attention_flops(p), {}});
+                                  [run] { run->execute(); }, [run] { return run->extra_bytes(); },
+                                  [run] { return run->kv_splits(); }, attention_flops(p), {}});
         if (time_backward) {
             // The backward reads what the forward saved: one untimed forward run gives O and LSE.
             SavedForward& f = saved.emplace_back();
@@ -256,6 +259,7 @@ int bench(const BenchOptions& o) {
             contenders.push_back({b->name, b->device, device_name(b->device), "backward",
                                   [back] { back->execute(); },
                                   [back] { return back->extra_bytes(); },
+                                  [] { return std::int64_t{1}; },
                                   kBackwardFlopsFactor * attention_flops(p), {}});
         }
         if (time_forward) prepared.push_back(std::move(forward));  // else done with: free it
@@ -265,7 +269,8 @@ int bench(const BenchOptions& o) {
         progress.phase("preparing the SGEMM ceiling");
         sgemm = std::make_unique<SgemmCeiling>();
         contenders.push_back({"eigen-sgemm", "cpu", device_name("cpu"), "",
-                              [g = sgemm.get()] { g->run(); }, {}, SgemmCeiling::flops(), {}});
+                              [g = sgemm.get()] { g->run(); }, {}, {}, SgemmCeiling::flops(),
+                              {}});
     }
 
     // Warm-up rounds, then timed rounds; round-robin over the contenders in each.
@@ -315,6 +320,7 @@ int bench(const BenchOptions& o) {
                 row["batch"] = p.batch, row["heads"] = p.heads, row["heads_kv"] = p.heads_kv;
                 row["seq_q"] = p.seq_q, row["seq_kv"] = p.seq_kv, row["dim"] = p.dim;
                 row["causal"] = p.causal, row["dtype"] = to_string(dtype);
+                row["splits"] = c.kv_splits();
                 if (p.block_q) row["block_q"] = p.block_q, row["block_kv"] = p.block_kv;
                 if (p.sram_floats) row["sram_bytes"] = *o.tiles.sram_bytes;
                 if (o.block_density) {
@@ -350,8 +356,9 @@ int bench(const BenchOptions& o) {
         std::printf("block-sparse: %zu of %zu blocks of %lldx%lld kept (density %.2f)\n",
                     static_cast<std::size_t>(std::count(mask.begin(), mask.end(), 1)), mask.size(),
                     (long long)mask_blocks.Br, (long long)mask_blocks.Bc, *o.block_density);
-    std::vector<std::string> header = {"backend", "pass",    "device",   "median ms", "min ms",
-                                       "max ms",  "GFLOP/s", "vs first", "working mem"};
+    std::vector<std::string> header = {"backend", "pass",    "device",   "splits",
+                                       "median ms", "min ms", "max ms",  "GFLOP/s",
+                                       "vs first",  "working mem"};
     if (ceiling) header.push_back("of SGEMM");
     Table table(header);
     for (std::size_t i = 0; i < attention_rows; ++i) {
@@ -361,6 +368,7 @@ int bench(const BenchOptions& o) {
         std::vector<std::string> row = {c.name,
                                         c.pass,
                                         c.device,
+                                        std::to_string(c.kv_splits()),
                                         fixed(s.median, 2),
                                         fixed(s.min, 2),
                                         fixed(s.max, 2),
@@ -381,8 +389,9 @@ int bench(const BenchOptions& o) {
     std::printf("device: %s; %s\n", contenders.front().device_name.c_str(), date.c_str());
     std::printf(
         "FLOPs = 4*B*H*N_q*N_kv*d%s, backward FLOPs = 2.5 x forward's (FlashAttention's "
-        "convention);\nvs first = speed relative to %s's row of the same pass; working mem = "
-        "measured peak beyond inputs and outputs\n",
+        "convention);\nsplits = key chunks merged (split-KV, --splits; 1 = none); vs first = "
+        "speed relative to %s's row of the same pass;\nworking mem = measured peak beyond "
+        "inputs and outputs\n",
         p.causal && p.seq_q == p.seq_kv ? " / 2 (causal)" : "", contenders.front().name.c_str());
     return 0;
 }

@@ -183,6 +183,9 @@ int run(const RunOptions& o) {
     std::cerr << backend.name << ": "
               << (tiles.empty() ? "no tiles (S and P materialized, Algorithm 0)" : "tiles " + tiles)
               << "\n";
+    if (prepared->kv_splits() > 1)
+        std::cerr << backend.name << ": split-KV, " << prepared->kv_splits()
+                  << " key chunks merged\n";
     if (backward) std::cerr << backend.name << ": backward done (dQ, dK, dV written)\n";
     return 0;
 }

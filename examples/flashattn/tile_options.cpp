@@ -38,6 +38,13 @@ void add_tile_options(CLI::App* cmd, TileOptions& o) {
                     "Keys per block of the block mask (with --mask-block-q). Without them, a\n"
                     "mask's blocks are --block-q x --block-kv (then not tile sizes)")
         ->transform(int64);
+    cmd->add_option("--splits", o.splits,
+                    "Split-KV (decoding): cut the keys into S chunks of whole tiles, attend to\n"
+                    "each chunk apart and merge the partial results; 1 = no split, 0 = the\n"
+                    "backend chooses (default). At most 1024; a backend clamps S to its number\n"
+                    "of key tiles, and one that does not split (standard, scalar) ignores it")
+        ->transform(int64)
+        ->capture_default_str();
 }
 
 BlockSizes apply_tile_options(const TileOptions& o, const std::string& mask_option,
@@ -52,6 +59,11 @@ BlockSizes apply_tile_options(const TileOptions& o, const std::string& mask_opti
         throw std::invalid_argument(
             "--mask-block-q/--mask-block-kv are the block size of a block mask: give --block-mask");
     p.sram_floats = o.sram_bytes.value_or(0) / 4;
+    if (o.splits < 0 || o.splits > kMaxKvSplits)
+        throw std::invalid_argument("--splits = " + std::to_string(o.splits) + ": must be in [0, " +
+                                    std::to_string(kMaxKvSplits) +
+                                    "] (0 = the backend chooses, 1 = no split)");
+    p.kv_splits = o.splits;
 
     BlockSizes mask_blocks;
     if (!mask_option.empty()) {
