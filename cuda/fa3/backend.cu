@@ -19,11 +19,9 @@
 #include "cuda/host/check.hpp"
 #include "cuda/fa3/kernel.cuh"
 #include "cuda/host/prepared.hpp"
-#include "cuda/host/split_kv.hpp"
 #include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/host/variants.hpp"
 #include "cuda/host/workspace.hpp"
-#include "cuda/tc/forward.hpp"
 
 namespace flashattn::fa3 {
 namespace {
@@ -145,38 +143,6 @@ const Variant& choose_variant(const AttentionProblem& p) {
 // The device entry's workspace: the work-tile counter.
 int* cut_workspace(cuda::WorkspaceCarver& w) { return w.take<int>(1); }
 
-// Decoding. The persistent kernel's work tiles are 128 query rows of one head: with a few query
-// rows per head (N_q = 1 at generation) the tiles cannot fill the SMs, and 127 of 128 rows of
-// every wgmma would be padding. Such problems -- those for which split-KV chooses S > 1, or
-// which force it with kv_splits > 1 -- run on cuda-tc's split-KV kernel instead (mma.sync m16
-// row tiles, the key chunks merged by cuda/stages/combine.cuh); the time is the read of K and V
-// either way. kv_splits = 1 forces this kernel.
-struct DecodePlan {
-    bool split = false;
-    tc::TcTileShape tile;
-    std::int64_t S = 1;
-};
-DecodePlan decode_plan(const AttentionProblem& p, DType dtype) {
-    DecodePlan plan;
-    plan.tile = tc::tc_tile_shapes(p.dim, dtype).front();
-    plan.S = p.kv_splits == 1 ? 1 : tc::tc_kv_splits(p, dtype, plan.tile);
-    plan.split = plan.S > 1;
-    return plan;
-}
-
-// Runs a DecodePlan with split: cuda-tc's kernel and the combine, on `stream`.
-void run_split(const AttentionProblem& p, DType dtype, const DecodePlan& plan, const void* Q,
-               const void* K, const void* V, float* O, float* lse, cuda::SplitPartials partials,
-               void* stream) {
-    tc::TcDeviceArgs args;
-    args.problem = p;
-    args.dtype = dtype;
-    args.Q = Q, args.K = K, args.V = V, args.O = O, args.lse = lse;
-    args.kv_splits = plan.S, args.O_partial = partials.O, args.lse_partial = partials.lse;
-    args.stream = stream;
-    tc::tc_forward(args, plan.tile);
-}
-
 // TMA reads global memory from 16-byte aligned addresses only (cuTensorMapEncodeTiled).
 void require_tma_aligned(const void* array, const char* name) {
     const auto address = reinterpret_cast<std::uintptr_t>(array);
@@ -192,40 +158,22 @@ public:
                 DType dtype)
         : PreparedCuda("cuda-fa3", p, Q, K, V, dtype, cuda::InputForm::bits16),
           variant_(choose_variant(p)),
-          next_item_(workspace<int>(1)),
-          decode_(decode_plan(p, dtype)) {
-        cuda::WorkspaceCarver counter;
-        cuda::cut_split_partials(p, decode_.S, counter);
-        memory_ = workspace<unsigned char>(counter.bytes());
-        cuda::WorkspaceCarver carver(memory_.data(), counter.bytes(), "cuda-fa3");
-        partials_ = cuda::cut_split_partials(p, decode_.S, carver);
-    }
+          next_item_(workspace<int>(1)) {}
 
     void execute() override {
-        if (decode_.split)
-            run_split(problem_, dtype_, decode_, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
-                      lse_.data(), partials_, nullptr);
-        else
-            variant_.run(mma::make_params(problem_, Q16_.data(), K16_.data(), V16_.data(),
-                                          O_.data(), lse_.data()),
-                         dtype_, next_item_.data(), nullptr);
+        variant_.run(mma::make_params(problem_, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
+                                      lse_.data()),
+                     dtype_, next_item_.data(), nullptr);
         synchronize();
     }
     std::string tiles() const override {
-        if (decode_.split)
-            return "split-KV S = " + std::to_string(decode_.S) + " on cuda-tc's kernel (tile " +
-                   decode_.tile.name() + "): too few query rows for 128-row wgmma tiles";
         return std::string(variant_.name) +
                ": Br = 128 (2 consumer warpgroups + 1 TMA producer), wgmma, one persistent CTA per SM";
     }
-    std::int64_t kv_splits() const override { return decode_.S; }
 
 private:
     const Variant& variant_;
     cuda::DeviceBuffer<int> next_item_;  // the persistent CTAs' work-tile counter
-    DecodePlan decode_;
-    cuda::DeviceBuffer<unsigned char> memory_;
-    cuda::SplitPartials partials_;  // split-KV's partial results, in memory_
 };
 
 }  // namespace
@@ -252,8 +200,7 @@ Backend fa3_backend() {
     b.summary =
         "FlashAttention-3 on Hopper: wgmma, TMA copies into an mbarrier ring, a producer warpgroup "
         "and two consumer warpgroups, softmax overlapped with P V (and ping-pong at d = 128), "
-        "persistent CTAs; fp16/bf16, d = 64 or 128, forward only; decoding shapes split the keys on "
-        "cuda-tc's kernel";
+        "persistent CTAs; fp16/bf16, d = 64 or 128, forward only";
     b.dtypes = {DType::f16, DType::bf16};
     b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
@@ -265,10 +212,9 @@ Backend fa3_backend() {
     // The device entry: the same kernels on the caller's 16-bit arrays (Q times q_sign, as
     // cuda-tc's), queued on the caller's stream (common/backend.hpp). Its workspace is the
     // persistent CTAs' work-tile counter.
-    b.device_workspace_bytes = [](const AttentionProblem& p, DType dtype) {
+    b.device_workspace_bytes = [](const AttentionProblem&, DType) {
         cuda::WorkspaceCarver counter;
         cut_workspace(counter);
-        cuda::cut_split_partials(p, decode_plan(p, dtype).S, counter);
         return counter.bytes();
     };
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
@@ -279,11 +225,7 @@ Backend fa3_backend() {
         const AttentionProblem p = cuda::with_device_mask(problem, a.block_mask);
         cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-fa3");
         int* next_item = cut_workspace(workspace);
-        const DecodePlan decode = decode_plan(p, a.dtype);
-        const cuda::SplitPartials partials = cuda::cut_split_partials(p, decode.S, workspace);
         workspace.require_fits();
-        if (decode.split)
-            return run_split(p, a.dtype, decode, a.Q, a.K, a.V, a.O, a.lse, partials, a.stream);
         choose_variant(p).run(mma::make_params(p, a.Q, a.K, a.V, a.O, a.lse), a.dtype, next_item,
                               static_cast<cudaStream_t>(a.stream));
     };
