@@ -76,6 +76,16 @@ FA_HOST_DEVICE inline float exp2_shifted(float s, float shift, float scale_log2)
     return fast_exp2(s * scale_log2 - shift);  // contracted to one FFMA on the GPU
 }
 
+// Where exp2_shifted stops being accurate. Its shift m c is rounded to fp32, so every exponent
+// s c - m c carries an error up to ulp(m c) / 2: at |m c| <= 2^14 at most 2^-10 (a weight off by
+// 0.07%, below fp16's own rounding), but at the scores of a huge scale (|scale q.k| ~ 1e36) whole
+// powers of two, and a score equal to the row maximum can get weight 2^(+-1e29) = inf or 0
+// instead of 1. A row beyond the limit takes exp2_of_difference below (a NaN shift too).
+inline constexpr float kShiftedExponentLimit = 16384.0f;
+FA_HOST_DEVICE inline bool shifted_exponent_accurate(float shift) {
+    return fabsf(shift) <= kShiftedExponentLimit;
+}
+
 // The same value with the difference taken first: 2^((s - m) c). One instruction more than
 // exp2_shifted, but s - m is exact when s and m are close (Sterbenz), so a score at or near the
 // row maximum gets the weight fp32 standard attention gives it; in s c - m c both products are

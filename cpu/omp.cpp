@@ -184,12 +184,6 @@ WorkItem work_item(const AttentionProblem& p, const OmpPlan& plan, std::int64_t 
     return {bh / p.heads, bh % p.heads, tile_range(i, plan.blocks.Br, p.seq_q)};
 }
 
-// The key tiles of split-KV chunk s of S (S <= Tc): the Tc tiles dealt out as evenly as whole
-// tiles allow, chunk sizes differing by at most one tile, none empty.
-TileRange key_chunk(std::int64_t s, std::int64_t S, std::int64_t Tc) {
-    return {s * Tc / S, (s + 1) * Tc / S};
-}
-
 // Split-KV's partial results in float32 working memory: for each (b, h) pair and chunk s, O_s
 // (seq_q x d, normalized by the chunk's own sum) and LSE_s (seq_q). The chunks of a pair are
 // consecutive, so one row's S partials lie at a fixed stride, as merge_partial_row reads them.
@@ -316,9 +310,9 @@ std::int64_t omp_attention(const AttentionProblem& p, const float* Q, const floa
             float* lse_out = parts  ? parts->lse_of(bh, s)
                              : lse ? lse + p.lse_offset(w.b, w.h)
                                    : nullptr;
-            attend_query_tile(p, plan, w.rows, key_chunk(s, S, plan.Tc), Q + p.q_offset(w.b, w.h),
-                              K + p.kv_offset(w.b, w.h), V + p.kv_offset(w.b, w.h), O_out,
-                              lse_out, tiles);
+            attend_query_tile(p, plan, w.rows, split_chunk(plan.Tc, S, s),
+                              Q + p.q_offset(w.b, w.h), K + p.kv_offset(w.b, w.h),
+                              V + p.kv_offset(w.b, w.h), O_out, lse_out, tiles);
         });
     if (parts) merge_chunks(p, *parts, O, lse);
     return S;

@@ -384,10 +384,19 @@ TEST_CASE("device entries need the block mask on the device when the problem has
 // passes float32's range. Causal with N_q > N_kv hides every key from rows 0 .. N_q - N_kv - 1,
 // and the block mask's third row of blocks hides rows 16 .. 23.
 TEST_CASE("device entries mark a row whose scores overflow NaN, and keep O = 0, LSE = -inf for a fully masked row") {
+    // (N_kv, kv_splits, masked): the last forces split-KV where a backend splits (cuda-tc: 4 key
+    // tiles in 3 chunks), whose chunks hold none of some rows' keys: the test must wait for the
+    // merge (cuda/stages/combine.cuh).
+    struct Config {
+        std::int64_t seq_kv, kv_splits;
+        bool masked;
+    };
     for (const Case& c : forward_cases()) {
         const Backend& backend = find_backend(c.backend);
-        for (bool masked : {false, true}) {
-            AttentionProblem p = test::make_problem(1, 2, 1, 40, 24, c.dim, true);
+        for (const Config& config : {Config{24, 0, false}, Config{24, 0, true}, Config{200, 3, true}}) {
+            const bool masked = config.masked;
+            AttentionProblem p = test::make_problem(1, 2, 1, 40, config.seq_kv, c.dim, true);
+            p.kv_splits = config.kv_splits;
             const std::vector<std::uint8_t> mask = sparse_mask(p);
             if (masked) p.block_mask = {mask.data(), 8, 8};
             const std::int64_t overflow_row = 30, empty_row = masked ? 20 : 5;
@@ -406,7 +415,8 @@ TEST_CASE("device entries mark a row whose scores overflow NaN, and keep O = 0, 
                                                  : (over ? -2e19f : 1e-19f * float(i % 7));
             }
             if (by_scale) p.scale = -1e38f;  // scale q.k = 4e38 on the overflow row
-            INFO(c.backend << " " << to_string(c.dtype) << " mask=" << masked);
+            INFO(c.backend << " " << to_string(c.dtype) << " mask=" << masked
+                           << " N_kv=" << p.seq_kv << " kv_splits=" << p.kv_splits);
             const DeviceOutputs out = run_forward_on_stream(backend, p, in, c.dtype, mask);
             CHECK_FALSE(out.entry_waited);
             for (std::int64_t bh = 0; bh < p.batch * p.heads; ++bh) {

@@ -192,7 +192,7 @@ def test_cuda_tensors_merge_on_their_device_or_say_the_build_has_no_cuda():
     outputs, lses = partials(q, k, v, False, chunk_bounds(21, 3))
     O, lse = flashattn.merge_partials(outputs, lses)
     cuda = lambda xs: [torch.from_numpy(x).cuda() for x in xs]  # noqa: E731
-    if not hasattr(_C, "merge_partials_device"):
+    if not any(b.startswith("cuda-") for b in flashattn.backends()):  # a build without CUDA
         with pytest.raises(RuntimeError, match="no CUDA"):
             flashattn.merge_partials(cuda(outputs), cuda(lses))
         return

@@ -236,7 +236,7 @@ def _reference_check(o, q, k, v, dtype, **options):
         attn_mask=torch.tensor(reference.visible(q.shape[2], k.shape[2], options.get("causal",
                                                                                    False)),
                                device=q.device))
-    error = max_error(o.double().cpu().numpy(), ref)
+    error = max_error(o.detach().double().cpu().numpy(), ref)
     bound = 2 * max_error(theirs.double().cpu().numpy(), ref) + (
         1e-6 if dtype == torch.float32 else 1e-4)
     assert error <= bound, f"error {error:.3g} > bound {bound:.3g}"

@@ -893,9 +893,6 @@ def merge_partials(outputs, lses):
         raise TypeError("merge_partials is not differentiable, and outputs or lses require "
                         "grad: call it under torch.no_grad() or on detached tensors")
     device = outputs[0].device
-    if device.type == "cuda" and not hasattr(_C, "merge_partials_device"):
-        raise RuntimeError("this build of flashattn has no CUDA (no merge_partials_device): "
-                           "CUDA tensors cannot be merged; pass CPU tensors or build with CUDA")
     O_parts = torch.stack([x.detach().reshape(R, d) for x in outputs])  # (S, R, d), contiguous
     L_parts = torch.stack([x.detach().reshape(R) for x in lses])        # (S, R)
     if device.type == "cpu":
@@ -903,6 +900,7 @@ def merge_partials(outputs, lses):
         return torch.from_numpy(O).reshape(shape), torch.from_numpy(L).reshape(shape[:-1])
     O = torch.empty((R, d), dtype=torch.float32, device=device)
     L = torch.empty((R,), dtype=torch.float32, device=device)
-    _cuda_call(device, lambda stream: _C.merge_partials_device(
-        O_parts.data_ptr(), L_parts.data_ptr(), S, R, d, O.data_ptr(), L.data_ptr(), stream))
+    with _on_device(device):  # a build without CUDA raises RuntimeError here, saying so
+        _C.merge_partials_device(O_parts.data_ptr(), L_parts.data_ptr(), S, R, d, O.data_ptr(),
+                                 L.data_ptr(), _current_stream(device))
     return O.reshape(shape), L.reshape(shape[:-1])
