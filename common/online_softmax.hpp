@@ -157,10 +157,15 @@ FA_HOST_DEVICE inline float log_sum_exp(SoftmaxState s) {
 //   * it has, but every visible score overflowed float32 to -inf (|scale q.k| too large): float32
 //     standard attention's softmax gives exp(-inf - (-inf)) = NaN there, and so do the kernels,
 //     O = NaN and LSE = NaN (final_output, final_lse), so that an overflow never reads as a mask.
-// has_visible_key is a callable, called only when l == 0: the common path pays one compare.
+// A row with weight (l > 0) has overflowed too when its LSE, m + log(l) with m in LSE's units,
+// is infinite: the kernels that form q.k before scaling compute such a row's weights exactly
+// (exp2_of_difference), but its scores all lie beyond float32, and so does its true LSE; it is
+// NaN as well, not a LSE of -inf that would again read as "no visible key".
+// has_visible_key is a callable, called only when l == 0: the common path pays two compares.
 template <class HasVisibleKey>
-FA_HOST_DEVICE inline bool scores_overflowed(float l, const HasVisibleKey& has_visible_key) {
-    return l == 0.0f && has_visible_key();
+FA_HOST_DEVICE inline bool scores_overflowed(SoftmaxState s, const HasVisibleKey& has_visible_key) {
+    if (s.l > 0.0f) return fabsf(log_sum_exp(s)) == INFINITY;
+    return s.l == 0.0f && has_visible_key();
 }
 
 // A row's epilogue (FA2 Algorithm 1 lines 12-15): O / l and LSE = m + log(l), or NaN for a row

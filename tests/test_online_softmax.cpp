@@ -261,10 +261,15 @@ TEST_CASE("merging partials: empty parts add nothing, two empty give the empty r
 TEST_CASE("a row with l = 0 is NaN when it sees a key (its scores overflowed), O = 0 / LSE = -inf when it sees none") {
     int asked = 0;
     const auto sees_a_key = [&] { return ++asked, true; };
-    CHECK_FALSE(scores_overflowed(2.5f, sees_a_key));
+    CHECK_FALSE(scores_overflowed(SoftmaxState{3.0f, 2.5f}, sees_a_key));
+    CHECK_FALSE(scores_overflowed(SoftmaxState{-3e38f, 2.5f}, sees_a_key));  // LSE finite
     CHECK(asked == 0);  // the predicate is not evaluated while l > 0
-    CHECK(scores_overflowed(0.0f, sees_a_key));
-    CHECK_FALSE(scores_overflowed(0.0f, [] { return false; }));
+    CHECK(scores_overflowed(SoftmaxState{-INFINITY, 0.0f}, sees_a_key));
+    CHECK_FALSE(scores_overflowed(SoftmaxState{-INFINITY, 0.0f}, [] { return false; }));
+    // Weights computed, but m (in LSE's units, scale times the raw maximum) beyond float32.
+    CHECK(scores_overflowed(SoftmaxState{INFINITY, 1.0f}, sees_a_key));
+    CHECK(scores_overflowed(SoftmaxState{-INFINITY, 3.0f}, sees_a_key));
+    CHECK(asked == 1);
     CHECK(std::isnan(final_output(0.0f, 0.0f, true)));
     CHECK(std::isnan(final_lse(SoftmaxState{}, true)));
     CHECK(final_output(0.0f, 0.0f, false) == 0.0f);

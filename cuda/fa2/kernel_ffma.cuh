@@ -304,8 +304,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         const int r = rg + C::RG * t;
         const float l_row = lanes_sum<C::CG>(l[t]);
         if (r >= rows.size()) continue;
+        const SoftmaxState state{m[t], l_row};
         const bool overflowed =
-            scores_overflowed(l_row, [&] { return p.row_has_visible_key(rows.begin + r); });
+            scores_overflowed(state, [&] { return p.row_has_visible_key(rows.begin + r); });
 #pragma unroll
         for (int v = 0; v < C::TD / 4; ++v) {
             const int col = 4 * cg + 4 * C::CG * v;
@@ -320,7 +321,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
                 for (int e = 0; e < 4 && col + e < d; ++e) O[r * d + col + e] = component(out, e);
             }
         }
-        if (cg == 0) lse[r] = final_lse({m[t], l_row}, overflowed);
+        if (cg == 0) lse[r] = final_lse(state, overflowed);
     }
 }
 

@@ -31,8 +31,9 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     const int lane = int(threadIdx.x) % 32;
     if (row >= rows) return;
     float lse_row = merged_lse(S, lse_partial + row, rows);
-    // l = e^LSE: 0 exactly when LSE = -inf.
-    if (mark_overflow && scores_overflowed(lse_row == -INFINITY ? 0.0f : 1.0f, [&] {
+    // The merged row as a softmax state (m, l) = (LSE, 1), or l = 0 when no part had weight.
+    const SoftmaxState merged{lse_row, lse_row == -INFINITY ? 0.0f : 1.0f};
+    if (mark_overflow && scores_overflowed(merged, [&] {
             return problem.row_has_visible_key(row % problem.seq_q);
         }))
         lse_row = NAN;  // every weight becomes NaN, and so does O

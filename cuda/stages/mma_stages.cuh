@@ -223,8 +223,9 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
         if (row >= p.seq_q) continue;
         // A chunk of a split may hold none of a row's visible keys: its partial is then the empty
         // one, and the overflow test waits for the merge (cuda/stages/combine.cuh).
+        const SoftmaxState state{m[r] * params.lse_scale, l_row};  // m in LSE's units
         const bool overflowed =
-            !partial && scores_overflowed(l_row, [&] { return p.row_has_visible_key(row); });
+            !partial && scores_overflowed(state, [&] { return p.row_has_visible_key(row); });
         float* O_row = O_head + std::int64_t(row) * p.dim + 2 * (lane % 4);
         if (p.dim == Cfg::D) {
 #pragma unroll
@@ -241,7 +242,7 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
                         O_row[8 * dt + e] = final_output(O[dt][2 * r + e], l_row, overflowed);
         }
         if (lane % 4 == 0)
-            lse_head[row] = final_lse(SoftmaxState{m[r] * params.lse_scale, l_row}, overflowed);
+            lse_head[row] = final_lse(state, overflowed);
     }
 }
 
