@@ -76,16 +76,6 @@ FA_HOST_DEVICE inline float exp2_shifted(float s, float shift, float scale_log2)
     return fast_exp2(s * scale_log2 - shift);  // contracted to one FFMA on the GPU
 }
 
-// Where exp2_shifted stops being accurate. Its shift m c is rounded to fp32, so every exponent
-// s c - m c carries an error up to ulp(m c) / 2: at |m c| <= 2^14 at most 2^-10 (a weight off by
-// 0.07%, below fp16's own rounding), but at the scores of a huge scale (|scale q.k| ~ 1e36) whole
-// powers of two, and a score equal to the row maximum can get weight 2^(+-1e29) = inf or 0
-// instead of 1. A row beyond the limit takes exp2_of_difference below (a NaN shift too).
-inline constexpr float kShiftedExponentLimit = 16384.0f;
-FA_HOST_DEVICE inline bool shifted_exponent_accurate(float shift) {
-    return fabsf(shift) <= kShiftedExponentLimit;
-}
-
 // The same value with the difference taken first: 2^((s - m) c). One instruction more than
 // exp2_shifted, but s - m is exact when s and m are close (Sterbenz), so a score at or near the
 // row maximum gets the weight fp32 standard attention gives it; in s c - m c both products are
@@ -158,9 +148,9 @@ FA_HOST_DEVICE inline float log_sum_exp(SoftmaxState s) {
 //     standard attention's softmax gives exp(-inf - (-inf)) = NaN there, and so do the kernels,
 //     O = NaN and LSE = NaN (final_output, final_lse), so that an overflow never reads as a mask.
 // A row with weight (l > 0) has overflowed too when its LSE, m + log(l) with m in LSE's units,
-// is infinite: the kernels that form q.k before scaling compute such a row's weights exactly
-// (exp2_of_difference), but its scores all lie beyond float32, and so does its true LSE; it is
-// NaN as well, not a LSE of -inf that would again read as "no visible key".
+// is infinite: the kernels that form q.k before scaling (the tensor-core ones) can get weights
+// for a row whose scaled scores, and so its true LSE, lie beyond float32; it is NaN as well, not
+// a LSE of -inf that would again read as "no visible key".
 // has_visible_key is a callable, called only when l == 0: the common path pays two compares.
 template <class HasVisibleKey>
 FA_HOST_DEVICE inline bool scores_overflowed(SoftmaxState s, const HasVisibleKey& has_visible_key) {

