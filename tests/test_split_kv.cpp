@@ -11,6 +11,7 @@
 #include <random>
 
 #include "backends_under_test.hpp"
+#include "common/gqa_packing.hpp"
 #include "common/tiling.hpp"
 #include "cpu/omp.hpp"
 #include "omp_threads.hpp"
@@ -101,6 +102,61 @@ TEST_CASE("split-KV: small tiles give many chunks, S dividing no tile count, and
                         }
                     }
     }
+}
+
+TEST_CASE("GQA packing: the packed problem is the same attention, and is used only where it is") {
+    // gqa_packed (common/gqa_packing.hpp) reads a GQA group's query heads as one head of G N_q
+    // rows. Every backend runs the packed problem on the original memory; its outputs are checked
+    // against float64 attention of the ORIGINAL problem, so a packing that changed the meaning of
+    // a row (its keys, its mask) fails here on every backend, the CPU forms included.
+    std::mt19937 gen(Catch::rngSeed() + 29);
+    const std::int64_t Br = 64;
+    for (std::int64_t Nq : {1, 3})
+        for (std::int64_t Nkv : {1, 203, 4099})
+            for (bool causal : {false, true})
+                for (bool masked : {false, true}) {
+                    AttentionProblem p = make_problem(2, 8, 2, Nq, Nkv, 64, causal);
+                    std::vector<std::uint8_t> mask;
+                    if (masked) {  // one mask row (block_q >= N_q), a random half of 13 key blocks
+                        const std::int64_t block_kv = 16, Tc = tile_count(Nkv, block_kv);
+                        for (std::int64_t j = 0; j < Tc; ++j) mask.push_back(gen() % 2);
+                        mask[0] = 1;  // every row sees a key
+                        p.block_mask = {mask.data(), Nq, block_kv};
+                    }
+                    const AttentionProblem packed = gqa_packed(p, Br);
+                    INFO(test::describe(p));
+                    // Packed exactly where the masks allow it (causal only for one row).
+                    const bool expect_packed = !causal || Nq == 1;
+                    REQUIRE((packed.heads == p.heads_kv) == expect_packed);
+                    if (!expect_packed) continue;
+                    CHECK(packed.seq_q == 4 * Nq);
+                    CHECK(packed.heads_kv == p.heads_kv);
+                    CHECK(packed.q_elements() == p.q_elements());
+                    CHECK(!packed.causal);
+                    const ProblemData in = random_problem_data(p, test::next_seed());
+                    const Reference ref =
+                        reference_attention(p, in.Q.data(), in.K.data(), in.V.data());
+                    for (const Backend& b : available_backends()) {
+                        if (!test::backend_accepts(b, packed)) continue;
+                        INFO(b.name);
+                        const DType dtype = test::test_dtype(b);
+                        const RuleBounds bound = rule_bounds(p, in, ref, dtype);
+                        const test::Outputs out = test::run_poisoned(b, packed, in, dtype);
+                        CHECK(max_abs_error(out.O.data(), ref.O.data(), p.q_elements()) <=
+                              bound.O);
+                        CHECK(max_abs_error(out.lse.data(), ref.lse.data(),
+                                                  p.lse_elements()) <= bound.lse);
+                    }
+                }
+    // Not packed: no GQA; a mask with a row per query block; prefill, whose query tiles are full
+    // already (packing would not lower their number).
+    CHECK(gqa_packed(make_problem(1, 4, 4, 1, 4099, 64), Br).heads == 4);
+    AttentionProblem rows_masked = make_problem(1, 4, 2, 3, 4099, 64);
+    std::vector<std::uint8_t> mask(3 * 257, 1);
+    rows_masked.block_mask = {mask.data(), 1, 16};
+    CHECK(gqa_packed(rows_masked, Br).heads == 4);
+    CHECK(gqa_packed(make_problem(1, 4, 2, 128, 4099, 64), Br).heads == 4);
+    CHECK(gqa_packed(make_problem(1, 8, 2, 100, 4099, 64), Br).heads == 2);  // 4 x 2 tiles -> 7
 }
 
 TEST_CASE("split-KV: chunks a block mask hides from a row contribute nothing") {

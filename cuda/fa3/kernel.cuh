@@ -243,14 +243,14 @@ __device__ __forceinline__ void zero_output(float (&O)[Cfg::D / 8][4]) {
 
 // Every product that read Q_i has completed: the producer may copy the next work tile's Q. Then
 // FA2 L12-L15 for the warp's rows.
-template <class Cfg, class Softmax>
+template <class Cfg, bool kBlockMask, class Softmax>
 __device__ __forceinline__ void finish_work_tile(const Fa3Params& params, const WorkTile& t,
                                                  const ConsumerRows& at, const Softmax& softmax,
                                                  const float (&O)[Cfg::D / 8][4],
                                                  Fa3Barriers<Cfg::kStages>* bars, int lane) {
     hopper::mbarrier_arrive(&bars->q_empty);
     if (at.warp_begin < t.rows.end)
-        softmax.finalize(O, params.base, at.warp_begin, t.b, t.h, lane);
+        softmax.template finalize<kBlockMask>(O, params.base, at.warp_begin, t.b, t.h, lane);
 }
 
 // One consumer warpgroup's share of one work tile with a block mask: FA2 L5-L15 for its 64 rows.
@@ -303,7 +303,7 @@ __device__ __forceinline__ void consume_block_masked(const Fa3Params& params, co
         hopper::mbarrier_arrive(&bars->v_empty[s]);
         ring.advance<kStages>();
     }
-    finish_work_tile<Cfg>(params, t, at, softmax, O, bars, lane);
+    finish_work_tile<Cfg, true>(params, t, at, softmax, O, bars, lane);
 }
 
 // One consumer warpgroup's share of one work tile without a block mask: FA2 L5-L15 for its 64
@@ -405,7 +405,7 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
         hopper::mbarrier_arrive(&bars->v_empty[ring.stage]);
         ring.advance<kStages>();
     }
-    finish_work_tile<Cfg>(params, t, at, softmax, O, bars, lane);
+    finish_work_tile<Cfg, false>(params, t, at, softmax, O, bars, lane);
 }
 
 // ---- the kernel ------------------------------------------------------------------------------

@@ -39,9 +39,11 @@ namespace flashattn::mma {
 
 // One CTA's whole forward: query tile i of head h of batch b (grid (Tr, heads, batch)), Cfg::kThreads
 // threads, the shared memory the Ops lays out. kBlockMask: whether params.problem has a block mask
-// (a separate instantiation, so that kernels without one carry none of its code). The host checks
-// that seq_q and seq_kv fit in int; element offsets are 64-bit.
-template <class Ops, bool kBlockMask>
+// (a separate instantiation, so that kernels without one carry none of its code). kSplitKV: whether
+// the launch splits the keys (params.kv_splits > 1), also a separate instantiation: the chunk's
+// bounds cost registers that the d = 64 tiles, at the 255 limit, do not have to spare (they spill,
+// ~8% slower). The host checks that seq_q and seq_kv fit in int; element offsets are 64-bit.
+template <class Ops, bool kBlockMask, bool kSplitKV = false>
 __device__ __forceinline__ void flash_forward(const KernelParams& params, void* smem) {
     using Cfg = typename Ops::Cfg;
     using Element = typename Ops::Element;
@@ -53,9 +55,9 @@ __device__ __forceinline__ void flash_forward(const KernelParams& params, void* 
 
     // FA2 L3: this CTA is iteration i of the outer loop, for head h of batch b. Under split-KV
     // the grid's x holds kv_splits chunks of the key tiles per query tile (KernelParams).
-    const int Tr = int(gridDim.x) / params.kv_splits;
-    const int split = int(blockIdx.x) / Tr;
-    const int i = int(longest_first(p.causal, blockIdx.x % Tr, Tr));
+    const int Tr = kSplitKV ? int(gridDim.x) / params.kv_splits : int(gridDim.x);
+    const int split = kSplitKV ? int(blockIdx.x) / Tr : 0;
+    const int i = int(longest_first(p.causal, kSplitKV ? blockIdx.x % Tr : blockIdx.x, Tr));
     const std::int64_t h = blockIdx.y, b = blockIdx.z;
     const int row_begin = i * Cfg::Br, row_end = min(row_begin + Cfg::Br, seq_q);
     const TileRange rows = {row_begin, row_end};
@@ -67,7 +69,8 @@ __device__ __forceinline__ void flash_forward(const KernelParams& params, void* 
     // FA2 L6's range: causal masking hides every key tile past the last row's diagonal.
     const int Tc_seen = int(causal_key_tiles(p, rows, Bc).seen);
     // Split-KV: this CTA's chunk [j_first, j_end) of those tiles (all of them without a split).
-    const TileRange chunk = split_chunk(Tc_seen, params.kv_splits, split);
+    const TileRange chunk =
+        kSplitKV ? split_chunk(Tc_seen, params.kv_splits, split) : TileRange{0, Tc_seen};
     const int j_first = int(chunk.begin), j_end = int(chunk.end);
 
     // FA2 L4 (issued): Q_i -> shared memory, cp.async group 0.
@@ -142,7 +145,7 @@ __device__ __forceinline__ void flash_forward(const KernelParams& params, void* 
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
         if (warp_begin + 16 * mt < row_end)
-            softmax[mt].finalize(O[mt], params, warp_begin + 16 * mt, b, h, lane, split);
+            softmax[mt].template finalize<kBlockMask>(O[mt], params, warp_begin + 16 * mt, b, h, lane, split);
 }
 
 }  // namespace flashattn::mma

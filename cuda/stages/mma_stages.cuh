@@ -181,13 +181,21 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
     rescale_output<Cfg>(O, old_scale);
 }
 
+// Whether row `row` sees any key (AttentionProblem::row_has_visible_key), out of line on purpose:
+// the epilogue asks it only for a row whose sum came out 0, and inlined into each of its rows the
+// block-mask walk (kernels with a block mask) costs registers that the d = 64 tiles, at the 255 limit, do not have (they
+// spill). The problem is passed by value: copied only on that rare path.
+__device__ __noinline__ inline bool row_has_visible_key_rare(const AttentionProblem p, int row) {
+    return p.row_has_visible_key(row);
+}
+
 // FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),
 // written for the rows that exist (NaN for a row whose visible scores all overflowed:
 // scores_overflowed, common/online_softmax.hpp). l_i is first summed over the quad (each lane
 // held a partial sum over its own columns). O's rows are p.dim floats apart; columns p.dim..D-1 (the zero padding
 // of a head dim that is not one of the compiled D, as cuda-fa2's tensor-core kernel has) are not
 // written.
-template <class Cfg>
+template <class Cfg, bool kBlockMask>
 __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], const float (&m)[2],
                                              const float (&l)[2], const KernelParams& params,
                                              int row0, std::int64_t b, std::int64_t h, int lane,
@@ -210,7 +218,9 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
         // one, and the overflow test waits for the merge (cuda/stages/combine.cuh).
         const SoftmaxState state{m[r] * params.lse_scale, l_row};  // m in LSE's units
         const bool overflowed =
-            !partial && scores_overflowed(state, [&] { return p.row_has_visible_key(row); });
+            !partial && scores_overflowed(state, [&] {
+                return kBlockMask ? row_has_visible_key_rare(p, row) : p.row_has_visible_key(row);
+            });
         float* O_row = O_head + std::int64_t(row) * p.dim + 2 * (lane % 4);
         if (p.dim == Cfg::D) {
 #pragma unroll
@@ -257,10 +267,11 @@ struct RowSoftmax {
                                                    const float (&old_scale)[2]) {
         rescale_output<Cfg>(O, old_scale);
     }
+    template <bool kBlockMask>
     __device__ __forceinline__ void finalize(const float (&O)[Cfg::D / 8][4],
                                              const KernelParams& params, int row0, std::int64_t b,
                                              std::int64_t h, int lane, int split = 0) const {
-        write_output<Cfg>(O, m, l, params, row0, b, h, lane, split);
+        write_output<Cfg, kBlockMask>(O, m, l, params, row0, b, h, lane, split);
     }
 };
 

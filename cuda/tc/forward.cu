@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "common/tiling.hpp"
+#include "common/gqa_packing.hpp"
 #include "cuda/host/check.hpp"
 #include "cuda/host/device_buffer.hpp"
 #include "cuda/host/prepared.hpp"
@@ -64,13 +65,15 @@ void launch(const KernelParams& params, cudaStream_t stream) {
     cuda::require_shared_memory(Cfg::kSmemBytes, "cuda-tc: tile Br" + std::to_string(Cfg::Br) +
                                                       "-Bc" + std::to_string(Cfg::Bc) +
                                                       " at d = " + std::to_string(Cfg::D));
-    auto kernel = tc_forward_kernel<Cfg, false>;
+    // Four instantiations (block mask or not, split-KV or not), each carrying only its own code.
+    const bool split = params.kv_splits > 1;
+    auto kernel = split ? tc_forward_kernel<Cfg, false, true> : tc_forward_kernel<Cfg, false, false>;
     if (p.block_mask.active()) {
         if constexpr (kTuning)
             throw std::invalid_argument("block mask: tuning tile shapes have no block-mask kernel; "
                                         "use the default tile");
         else
-            kernel = tc_forward_kernel<Cfg, true>;
+            kernel = split ? tc_forward_kernel<Cfg, true, true> : tc_forward_kernel<Cfg, true, false>;
     }
     FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   Cfg::kSmemBytes));
@@ -83,7 +86,7 @@ void launch(const KernelParams& params, cudaStream_t stream) {
 
 template <class Cfg>
 int ctas_per_sm() {
-    auto kernel = tc_forward_kernel<Cfg, false>;
+    auto kernel = tc_forward_kernel<Cfg, false, true>;  // the split-KV kernel: S is chosen for it
     FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes));
     int n = 0;
@@ -165,15 +168,19 @@ const CompiledTile& compiled_tile(std::int64_t dim, DType dtype, const TcTileSha
 
 }  // namespace
 
-std::int64_t tc_kv_splits(const AttentionProblem& p, DType dtype, const TcTileShape& tile) {
-    const CompiledTile& t = compiled_tile(p.dim, dtype, tile);
+std::int64_t tc_kv_splits(const AttentionProblem& problem, DType dtype, const TcTileShape& tile) {
+    const CompiledTile& t = compiled_tile(problem.dim, dtype, tile);
+    const AttentionProblem p = gqa_packed(problem, tile.Br());  // the problem tc_forward runs
     return cuda::kv_splits_for(p, tile_count(p.seq_q, tile.Br()), t.ctas_per_sm(),
                                tile_count(p.seq_kv, tile.Bc));
 }
 
 void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
-    const AttentionProblem& p = args.problem;
-    tc_check_problem(p, args.dtype);
+    tc_check_problem(args.problem, args.dtype);
+    // At decoding shapes a GQA group's query heads share query tiles, so that K/V is read once
+    // per group (common/gqa_packing.hpp): the same memory, read as a problem without GQA.
+    const AttentionProblem p = gqa_packed(args.problem, tile.Br());
+    tc_check_problem(p, args.dtype);  // its grid
     const CompiledTile& t = compiled_tile(p.dim, args.dtype, tile);
     KernelParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
     const auto stream = static_cast<cudaStream_t>(args.stream);

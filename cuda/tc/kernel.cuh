@@ -270,11 +270,12 @@ struct TcForwardOps {
     }
 };
 
-// Grid: (Tr, heads, batch). Block: Cfg::kThreads. Dynamic shared memory: Cfg::kSmemBytes.
-template <class Cfg, bool kBlockMask>
+// Grid: (Tr kv_splits, heads, batch). Block: Cfg::kThreads. Dynamic shared memory: Cfg::kSmemBytes.
+// kSplitKV: a split-KV launch (params.kv_splits > 1; cuda/stages/flash_forward.cuh).
+template <class Cfg, bool kBlockMask, bool kSplitKV>
 __global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const KernelParams params) {
     extern __shared__ uint4 smem[];  // uint4: 16-byte aligned, as cp.async and ldmatrix need
-    mma::flash_forward<TcForwardOps<Cfg>, kBlockMask>(params, smem);
+    mma::flash_forward<TcForwardOps<Cfg>, kBlockMask, kSplitKV>(params, smem);
 }
 
 }  // namespace flashattn::tc
