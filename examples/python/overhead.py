@@ -9,11 +9,17 @@ the median and the 10th/90th percentiles in microseconds. The GPU is synchronize
 rounds, outside the timed calls, so the launch queue never fills (a full queue would make a call
 wait for the GPU and be counted as host time).
 
+--profile then runs the flashattn calls once more under cProfile (after the timed rounds, so the
+profiler's own cost stays out of the table) and prints the 25 functions with the largest
+cumulative time, before the table: where the host time that remains goes.
+
 Usage:
   PYTHONPATH=build/gpu/python python3 examples/python/overhead.py [--dtype bfloat16] [--grad]
-      [--batch 1 --heads 4 --seq 128 --dim 64] [--rounds 3000]
+      [--batch 1 --heads 4 --seq 128 --dim 64] [--rounds 3000] [--profile]
 """
 import argparse
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -37,6 +43,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--sync", type=int, default=50, help="synchronize every N rounds (untimed)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile --rounds flashattn calls (cProfile, top 25 by cumulative "
+                         "time)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device: the time to return matters for asynchronous CUDA calls")
@@ -62,6 +71,8 @@ def main():
             if round_ >= a.warmup:
                 times[name].append(elapsed / 1000)
     torch.cuda.synchronize()
+    if a.profile:
+        profile(calls["flashattn"], a.rounds, a.sync)
 
     print(f"time to return of one call, microseconds: {torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}; q, k, v {shape} {a.dtype}{', causal' if a.causal else ''}"
@@ -75,6 +86,22 @@ def main():
     extra = medians["flashattn"] - medians["sdpa"]
     print(f"  flashattn - sdpa: {extra:+.1f} us per call (target: at most +10)")
     return 0
+
+
+def profile(call, rounds, sync):
+    """call() `rounds` times under cProfile, synchronizing every `sync` calls outside the profile;
+    prints the 25 functions with the largest cumulative time."""
+    profiler = cProfile.Profile()
+    for round_ in range(rounds):
+        if round_ % sync == 0:
+            torch.cuda.synchronize()
+        profiler.enable()
+        out = call()
+        profiler.disable()
+        del out
+    torch.cuda.synchronize()
+    print(f"flashattn calls under cProfile ({rounds} calls; the profiler slows each Python call):")
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
 
 
 if __name__ == "__main__":

@@ -38,9 +38,13 @@ Where it runs:
 
 With PyTorch >= 2.4 the forward and backward are a PyTorch custom operator
 (torch.ops.flashattn.attention_forward / attention_backward, with fake implementations and an
-autograd formula), so torch.compile(fullgraph=True) traces through flashattn.attention, and a call
-can be captured in a CUDA graph. Under torch.compile give block_mask as a tensor. With an older
-PyTorch the same functions run through a torch.autograd.Function (no torch.compile support).
+autograd formula), so torch.compile(fullgraph=True) traces through flashattn.attention: the
+compiler sees the operator. An eager call goes straight to the same implementation (through a
+torch.autograd.Function when autograd records it), without the dispatch through the operator,
+which costs host time on every call; tensor subclasses and dispatch modes (FakeTensor,
+FakeTensorMode) still get the operator. Eager calls can be captured in a CUDA graph. Under
+torch.compile give block_mask as a tensor. With an older PyTorch every call takes the eager way
+(no torch.compile support).
 Importing flashattn imports torch where it is installed, so that the operator is registered before
 anything is traced.
 
@@ -61,10 +65,11 @@ copied and before any CUDA work, the same way for NumPy arrays, CPU and CUDA ten
 dtypes alone; the scale must be finite and within float32's range, block sizes within int64. A
 failure inside a CUDA kernel surfaces at the next synchronization, as with any PyTorch operator.
 """
-import contextlib
 import importlib.util
 import math
 import numbers
+import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -331,10 +336,11 @@ def _numpy_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, blo
 #
 # A call on tensors is checked in two places. Before the operator, what its schema cannot carry:
 # that q, k, v (o, lse, do) are tensors, the types of causal, scale, backend and block_size, and a
-# host block mask made a tensor. Inside the operator (the real implementations and the fake one
-# torch.compile traces with), everything about the tensors: dtypes, devices, shapes, the block
-# mask's dtype and shape, the backend for the device and the library's own validate(). Only
-# metadata is read, never a CUDA tensor's values, so nothing waits for the GPU.
+# host block mask made a tensor. Inside the implementations (the real ones, which the operator and
+# eager calls run, and the fake one torch.compile traces with), everything about the tensors:
+# dtypes, devices, shapes, the block mask's dtype and shape, the backend for the device and the
+# library's own validate(). Only metadata is read, never a CUDA tensor's values, so nothing waits
+# for the GPU. The real implementations run those checks once per signature (_Plan, below).
 
 _TORCH_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 if torch is not None:
@@ -342,7 +348,12 @@ if torch is not None:
 
 
 def _is_torch(*xs):
-    return torch is not None and any(isinstance(x, torch.Tensor) for x in xs)
+    """Whether any of xs is a torch tensor (a plain loop: this runs on every call)."""
+    if torch is not None:
+        for x in xs:
+            if isinstance(x, torch.Tensor):
+                return True
+    return False
 
 
 def _check_tensor(name, x):
@@ -352,7 +363,7 @@ def _check_tensor(name, x):
                         f"{type(x).__name__}")
     if x.layout != torch.strided:
         raise TypeError(f"{name} is a {x.layout} tensor: must be dense (torch.strided)")
-    if x.device.type not in ("cpu", "cuda"):
+    if not (x.is_cuda or x.is_cpu):  # two flags: cheaper than x.device, a new object each time
         raise ValueError(f"{name} is on device {x.device}: must be on the CPU or a CUDA device")
 
 
@@ -447,6 +458,88 @@ def _check_call(names, xs, causal, scale, backend, block_mask, block_size, read_
     return dtype, Qs, Ks, (causal, scale, host_mask, Br, Bc), backend
 
 
+# --- PyTorch tensors: a call's plan, made once per signature -----------------------------------
+#
+# The checks of a call without a block mask read only its signature: the shapes, dtypes and
+# devices of the tensors, causal, scale, the backend asked for, forward or backward, and the two
+# environment settings with which the library sizes a device workspace. What they derive (a
+# _Plan) is kept per signature, so a call whose signature has passed before skips them and their
+# C++ calls, host time that a small CUDA problem would pay on every call. A signature not seen yet
+# runs every check, so a bad call raises whatever passed before it, and an error is never kept.
+# What each call's arguments are (tensors, dense, on the CPU or a CUDA device) is checked at each
+# call, before (_check_tensor). A call with a block mask is planned at each call (a host mask's
+# values are checked).
+
+
+class _Plan(NamedTuple):
+    dtype: str             # the library's name of the dtype: "f32", "f16" or "bf16"
+    shapes: tuple          # (B, H, N, d) of q and of k, v
+    mask: tuple            # (host block mask or None, Br, Bc); (None, 0, 0) without a mask
+    backend: str           # the backend that runs (for CUDA tensors, chosen for the device)
+    device_shape: object   # the device entries' _C.Shape (None on the host)
+    workspace_bytes: int   # the device workspace that backend needs here (0 on the host)
+
+
+_PLANS = {}  # signature -> _Plan
+_PLANS_LIMIT = 256  # signatures kept; past that the dict starts again (a plan is cheap to redo)
+
+
+def _signature(direction, xs, causal, scale, backend):
+    """The key of a call without a block mask (direction "forward" or "backward", xs its
+    tensors): everything its checks read. The C++ side reads FLASHATTN_VARIANT (a tile, and so
+    cuda-tc's split-KV partials) and FLASHATTN_DETERMINISTIC (the backward's dQ turn counters) at
+    each call, and both change the workspace's size (cuda/host/variants.hpp)."""
+    environ = os.environ
+    return (direction, causal, scale, backend, environ.get("FLASHATTN_VARIANT"),
+            environ.get("FLASHATTN_DETERMINISTIC"), *[(x.shape, x.dtype, x.device) for x in xs])
+
+
+def _planned(key, run_checks, *args):
+    """run_checks(*args), run once per key and its _Plan kept (a bad call raises every time)."""
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = run_checks(*args)
+        if len(_PLANS) >= _PLANS_LIMIT:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _forward_plan(q, k, v, causal, scale, backend, block_mask, block_size):
+    """Every check of a forward on real tensors, and its _Plan."""
+    checked = _check_call(("q", "k", "v"), (q, k, v), causal, scale, backend, block_mask,
+                          block_size, read_values="any" if not q.is_cuda else True)
+    return _make_plan(q, *checked, backward=False)
+
+
+def _backward_plan(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
+    """Every check of a backward on real tensors, and its _Plan."""
+    _check_lse_tensor(lse, q)
+    checked = _check_call(("q", "k", "v", "o", "do"), (q, k, v, o, do), causal, scale, backend,
+                          block_mask, block_size, read_values="any" if not q.is_cuda else True)
+    _check_like_q(q, (("o", o), ("do", do)))
+    return _make_plan(q, *checked, backward=True)
+
+
+def _make_plan(q, dtype, Qs, Ks, options, backend, backward):
+    """The _Plan of a checked call (_check_call's results): the backend that runs, checked for the
+    device, and for CUDA tensors what the device entry takes besides the arrays."""
+    causal, scale, host_mask, Br, Bc = options
+    if not q.is_cuda:
+        return _Plan(dtype, (Qs, Ks), (host_mask, Br, Bc), _check_backend(backend), None, 0)
+    backend = _cuda_backend(backend, dtype, q.device, Qs[3], backward)
+    shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
+    nbytes = _call_on(q.device, _device_workspace_bytes, shape, causal, scale, backend, Br, Bc,
+                      dtype, backward)
+    return _Plan(dtype, (Qs, Ks), (host_mask, Br, Bc), backend, shape, nbytes)
+
+
+def _call_options(plan, causal, scale):
+    """The library's options for this call: its own causal and scale (NaN for the default; 0.0 and
+    -0.0 share a signature, and each call passes its own) and the plan's block mask."""
+    return (causal, math.nan if scale is None else scale) + plan.mask
+
+
 # --- PyTorch tensors on the host ------------------------------------------------------------
 
 
@@ -455,17 +548,16 @@ def _host_float32(x):
     return x.detach().to(torch.float32).contiguous().numpy()
 
 
-def _cpu_forward(q, k, v, dtype, shapes, options, backend):
-    backend = _check_backend(backend)
-    O, L = _host_attention(*map(_host_float32, (q, k, v)), shapes, options, backend, dtype)
+def _cpu_forward(q, k, v, plan, options):
+    O, L = _host_attention(*map(_host_float32, (q, k, v)), plan.shapes, options, plan.backend,
+                           plan.dtype)
     return torch.from_numpy(O).to(q.dtype).reshape(q.shape), \
         torch.from_numpy(L).reshape(q.shape[:-1])
 
 
-def _cpu_backward(q, k, v, o, lse, do, dtype, shapes, options, backend):
-    backend = _check_backend(backend)
-    grads = _host_backward(*map(_host_float32, (q, k, v, o, lse, do)), shapes, options, backend,
-                           dtype)
+def _cpu_backward(q, k, v, o, lse, do, plan, options):
+    grads = _host_backward(*map(_host_float32, (q, k, v, o, lse, do)), plan.shapes, options,
+                           plan.backend, plan.dtype)
     return tuple(torch.from_numpy(g).to(x.dtype).reshape(x.shape)
                  for g, x in zip(grads, (q, k, v)))
 
@@ -525,24 +617,34 @@ def _backward_backend(backend):
 
 def _signed_q(Q, dtype, scale):
     """The 16-bit kernels (cuda-tc, cuda-fa3) fold a negative scale into Q (negating a 16-bit value
-    is exact): they read sign(scale) * Q, and their gradients are still those of Q."""
-    return -Q if dtype != "f32" and scale < 0 else Q
+    is exact): they read sign(scale) * Q, and their gradients are still those of Q. Q may be the
+    caller's tensor itself (_device_array): the negation is kept out of autograd's graph."""
+    return -Q.detach() if dtype != "f32" and scale < 0 else Q
 
 
-if torch is not None and hasattr(torch._C, "_cuda_getCurrentRawStream"):
+if (torch is not None and hasattr(torch._C, "_cuda_getCurrentRawStream")
+        and hasattr(torch._C, "_cuda_getDevice")):
     def _current_stream(device):
         """PyTorch's current stream on `device`, as a cudaStream_t address."""
         return torch._C._cuda_getCurrentRawStream(device.index)
+
+    # torch.cuda.current_device() without its lazy initialization, which a CUDA tensor has done.
+    _current_device = torch._C._cuda_getDevice
 else:
     def _current_stream(device):
         return torch.cuda.current_stream(device).cuda_stream
 
+    def _current_device():
+        return torch.cuda.current_device()
 
-def _on_device(device):
-    """`device` made current for the library's launches (a no-op when it already is)."""
-    if device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
+
+def _call_on(device, entry, *args):
+    """entry(*args) with `device` current, for the library's launches: made current only when it
+    is not already (the usual case pays one comparison, no context manager)."""
+    if device.index == _current_device():
+        return entry(*args)
+    with torch.cuda.device(device):
+        return entry(*args)
 
 
 def _device_mask(block_mask, device):
@@ -556,6 +658,20 @@ def _device_mask(block_mask, device):
     return block_mask.contiguous()
 
 
+def _device_array(x, shape, dtype=None):
+    """x as the C-contiguous tensor of `shape` (and `dtype`) that a device entry reads. Most calls
+    give one already, 4-D and contiguous, and get x itself: no new tensor for each argument."""
+    if x.dim() == len(shape) and x.is_contiguous() and (dtype is None or x.dtype == dtype):
+        return x
+    x = x.detach().reshape(shape)
+    return (x if dtype is None else x.to(dtype)).contiguous()
+
+
+def _viewed(x, shape):
+    """A result (4-D, or 3-D for LSE) in the caller's shape: a view only for an (N, d) call."""
+    return x if x.dim() == len(shape) else x.reshape(shape)
+
+
 # The three functions below are the only calls of the library's device entries (module.cpp). They
 # take PyTorch's current stream of the tensors' device, a workspace from PyTorch's caching
 # allocator (freed for reuse by later work on that stream, which runs after the kernels) and the
@@ -563,7 +679,8 @@ def _device_mask(block_mask, device):
 
 
 def _device_workspace_bytes(shape, causal, scale, backend, Br, Bc, dtype, backward):
-    """Bytes of device workspace the device entry of `backend` needs for this problem."""
+    """Bytes of device workspace the device entry of `backend` needs for this problem (asked once
+    per signature, by _make_plan)."""
     return _C.device_workspace_bytes(backend, shape, causal, scale, None, Br, Bc, dtype, backward)
 
 
@@ -576,63 +693,56 @@ def _workspace(nbytes, device):
     return buffer.data_ptr(), nbytes, buffer
 
 
-def _device_forward(Q, K, V, O, L, shape, options, backend, mask, dtype):
-    """Queues the forward of `backend` on Q, K, V (device tensors, contiguous) into O, L (float32).
-    """
-    causal, scale, host_mask, Br, Bc = options
+def _device_forward(Q, K, V, O, L, plan, options, mask):
+    """Queues the forward of plan.backend on Q, K, V (device tensors, contiguous) into O, L
+    (float32)."""
+    causal, scale, _host_mask, Br, Bc = options
     device = Q.device
-    with _on_device(device):
-        stream = _current_stream(device)
-        ws, ws_bytes, _owner = _workspace(
-            _device_workspace_bytes(shape, causal, scale, backend, Br, Bc, dtype, False), device)
-        _C.attention_device(Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(),
-                            shape, causal, scale, backend, None, Br, Bc, stream, dtype, ws,
-                            ws_bytes, 0 if mask is None else mask.data_ptr())
+    ws, ws_bytes, _owner = _workspace(plan.workspace_bytes, device)
+    _call_on(device, _C.attention_device, Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(),
+             L.data_ptr(), plan.device_shape, causal, scale, plan.backend, None, Br, Bc,
+             _current_stream(device), plan.dtype, ws, ws_bytes,
+             0 if mask is None else mask.data_ptr())
 
 
-def _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, shape, options, backend, mask, dtype):
-    """Queues the backward of `backend` into dQ, dK, dV (float32)."""
-    causal, scale, host_mask, Br, Bc = options
+def _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, plan, options, mask):
+    """Queues the backward of plan.backend into dQ, dK, dV (float32)."""
+    causal, scale, _host_mask, Br, Bc = options
     device = Q.device
-    with _on_device(device):
-        stream = _current_stream(device)
-        ws, ws_bytes, _owner = _workspace(
-            _device_workspace_bytes(shape, causal, scale, backend, Br, Bc, dtype, True), device)
-        _C.attention_backward_device(
-            Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(), L.data_ptr(), dO.data_ptr(),
-            dQ.data_ptr(), dK.data_ptr(), dV.data_ptr(), shape, causal, scale, backend, None, Br,
-            Bc, stream, dtype, ws, ws_bytes, 0 if mask is None else mask.data_ptr())
+    ws, ws_bytes, _owner = _workspace(plan.workspace_bytes, device)
+    _call_on(device, _C.attention_backward_device, Q.data_ptr(), K.data_ptr(), V.data_ptr(),
+             O.data_ptr(), L.data_ptr(), dO.data_ptr(), dQ.data_ptr(), dK.data_ptr(),
+             dV.data_ptr(), plan.device_shape, causal, scale, plan.backend, None, Br, Bc,
+             _current_stream(device), plan.dtype, ws, ws_bytes,
+             0 if mask is None else mask.data_ptr())
 
 
-def _cuda_forward(q, k, v, block_mask, dtype, shapes, options, backend):
-    Qs, Ks = shapes
-    backend = _cuda_backend(backend, dtype, q.device, Qs[3], backward=False)
+def _cuda_forward(q, k, v, block_mask, plan, options):
+    Qs, Ks = plan.shapes
     # Every check has passed: from here on, CUDA work, all of it queued on the current stream.
-    Q, K, V = (x.detach().reshape(s).contiguous() for x, s in ((q, Qs), (k, Ks), (v, Ks)))
-    Q = _signed_q(Q, dtype, options[1])
+    Q, K, V = _device_array(q, Qs), _device_array(k, Ks), _device_array(v, Ks)
+    if options[1] < 0:  # false for the default scale (NaN)
+        Q = _signed_q(Q, plan.dtype, options[1])
     O = torch.empty(Qs, dtype=torch.float32, device=q.device)  # the kernels write float32
     L = torch.empty(Qs[:3], dtype=torch.float32, device=q.device)
-    shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
-    _device_forward(Q, K, V, O, L, shape, options, backend, _device_mask(block_mask, q.device),
-                    dtype)
-    return O.to(q.dtype).reshape(q.shape), L.reshape(q.shape[:-1])
+    _device_forward(Q, K, V, O, L, plan, options, _device_mask(block_mask, q.device))
+    return _viewed(O.to(q.dtype), q.shape), _viewed(L, q.shape[:-1])
 
 
-def _cuda_backward(q, k, v, o, lse, do, block_mask, dtype, shapes, options, backend):
-    Qs, Ks = shapes
-    backend = _cuda_backend(backend, dtype, q.device, Qs[3], backward=True)
+def _cuda_backward(q, k, v, o, lse, do, block_mask, plan, options):
+    Qs, Ks = plan.shapes
     # Every check has passed: from here on, CUDA work, all of it queued on the current stream.
-    Q, K, V, dO = (x.detach().reshape(s).contiguous()
-                   for x, s in ((q, Qs), (k, Ks), (v, Ks), (do, Qs)))
-    Q = _signed_q(Q, dtype, options[1])
-    O = o.detach().reshape(Qs).to(torch.float32).contiguous()  # O and LSE are read as float32
-    L = lse.detach().reshape(Qs[:3]).to(torch.float32).contiguous()
+    Q, K, V = _device_array(q, Qs), _device_array(k, Ks), _device_array(v, Ks)
+    dO = _device_array(do, Qs)
+    if options[1] < 0:  # false for the default scale (NaN)
+        Q = _signed_q(Q, plan.dtype, options[1])
+    O = _device_array(o, Qs, torch.float32)  # O and LSE are read as float32
+    L = _device_array(lse, Qs[:3], torch.float32)
     f32 = dict(dtype=torch.float32, device=q.device)  # the kernels write float32 gradients
     dQ, dK, dV = torch.empty(Qs, **f32), torch.empty(Ks, **f32), torch.empty(Ks, **f32)
-    shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
-    _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, shape, options, backend,
-                     _device_mask(block_mask, q.device), dtype)
-    return tuple(g.to(x.dtype).reshape(x.shape) for g, x in ((dQ, q), (dK, k), (dV, v)))
+    _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, plan, options,
+                     _device_mask(block_mask, q.device))
+    return tuple(_viewed(g.to(x.dtype), x.shape) for g, x in ((dQ, q), (dK, k), (dV, v)))
 
 
 # --- the operator: real and fake implementations, autograd ------------------------------------
@@ -653,12 +763,15 @@ _BACKWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor
 def _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size):
     """The forward on real tensors, CPU or CUDA: returns O (q's shape and dtype, contiguous) and
     LSE (float32, q's shape without d)."""
-    dtype, Qs, Ks, options, backend = _check_call(("q", "k", "v"), (q, k, v), causal, scale,
-                                                  backend, block_mask, block_size,
-                                                  read_values="any" if not q.is_cuda else True)
+    if block_mask is None and block_size is None:
+        plan = _planned(_signature("forward", (q, k, v), causal, scale, backend), _forward_plan,
+                        q, k, v, causal, scale, backend, None, None)
+    else:
+        plan = _forward_plan(q, k, v, causal, scale, backend, block_mask, block_size)
+    options = _call_options(plan, causal, scale)
     if q.is_cuda:
-        return _cuda_forward(q, k, v, block_mask, dtype, (Qs, Ks), options, backend)
-    return _cpu_forward(q, k, v, dtype, (Qs, Ks), options, backend)
+        return _cuda_forward(q, k, v, block_mask, plan, options)
+    return _cpu_forward(q, k, v, plan, options)
 
 
 def _forward_fake(q, k, v, causal, scale, backend, block_mask, block_size):
@@ -675,14 +788,16 @@ def _forward_fake(q, k, v, causal, scale, backend, block_mask, block_size):
 
 def _backward_impl(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
     """The backward on real tensors: dQ, dK, dV with the shapes and dtypes of q, k, v."""
-    _check_lse_tensor(lse, q)
-    dtype, Qs, Ks, options, backend = _check_call(
-        ("q", "k", "v", "o", "do"), (q, k, v, o, do), causal, scale, backend, block_mask,
-        block_size, read_values="any" if not q.is_cuda else True)
-    _check_like_q(q, (("o", o), ("do", do)))
+    if block_mask is None and block_size is None:
+        plan = _planned(_signature("backward", (q, k, v, o, lse, do), causal, scale, backend),
+                        _backward_plan, q, k, v, o, lse, do, causal, scale, backend, None, None)
+    else:
+        plan = _backward_plan(q, k, v, o, lse, do, causal, scale, backend, block_mask,
+                              block_size)
+    options = _call_options(plan, causal, scale)
     if q.is_cuda:
-        return _cuda_backward(q, k, v, o, lse, do, block_mask, dtype, (Qs, Ks), options, backend)
-    return _cpu_backward(q, k, v, o, lse, do, dtype, (Qs, Ks), options, backend)
+        return _cuda_backward(q, k, v, o, lse, do, block_mask, plan, options)
+    return _cpu_backward(q, k, v, o, lse, do, plan, options)
 
 
 def _backward_fake(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
@@ -708,14 +823,22 @@ def _setup_context(ctx, inputs, output):
     ctx.options = (causal, scale, _backward_backend(backend), block_mask, block_size)
 
 
-def _backward_formula(ctx, do, _dlse):
+def _gradients(ctx, do, backward):
+    """The gradients of a recorded forward: backward(q, k, v, o, lse, do, options) for q, k, v,
+    none for the options."""
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _BACKWARD_OP(q, k, v, o, lse, do, *ctx.options)
+    dq, dk, dv = backward(q, k, v, o, lse, do, *ctx.options)
     return dq, dk, dv, None, None, None, None, None
+
+
+def _backward_formula(ctx, do, _dlse):
+    """The operator's autograd formula: the backward operator, which torch.compile traces."""
+    return _gradients(ctx, do, _BACKWARD_OP)
 
 
 _FORWARD_OP = _BACKWARD_OP = None
 _is_compiling = lambda: False  # noqa: E731
+_dispatch_mode_count = lambda: 0  # noqa: E731
 if torch is not None and hasattr(torch.library, "custom_op") and hasattr(torch.library,
                                                                          "register_autograd"):
     # PyTorch >= 2.4: the operator.
@@ -732,9 +855,24 @@ if torch is not None and hasattr(torch.library, "custom_op") and hasattr(torch.l
     _FORWARD_OP = torch.ops.flashattn.attention_forward.default
     _BACKWARD_OP = torch.ops.flashattn.attention_backward.default
     _is_compiling = torch.compiler.is_compiling
-elif torch is not None:
-    # An older PyTorch: the same implementations through a torch.autograd.Function.
+    _dispatch_mode_count = getattr(torch._C, "_len_torch_dispatch_stack", _dispatch_mode_count)
+
+
+# --- eager calls: the implementations without the operator's dispatch ---------------------------
+#
+# Through the operator, an eager call pays PyTorch's dispatcher, its call back into Python and the
+# operator's autograd wrapper, host time that a small CUDA problem feels (docs/python.md, "Where a
+# call's host time goes"). An eager call on plain tensors runs the same implementations directly;
+# where autograd records it, through _AttentionFunction, whose backward is the backward's
+# implementation. torch.compile (and torch.export) trace the operator, and so do tensor subclasses
+# and dispatch modes (FakeTensor, FakeTensorMode, make_fx), which act on operators: the
+# implementations read data pointers, which such tensors do not have. With an older PyTorch there
+# is no operator, and every call takes this way.
+
+if torch is not None:
     class _AttentionFunction(torch.autograd.Function):
+        """An eager forward that autograd records, and its backward."""
+
         @staticmethod
         def forward(ctx, q, k, v, causal, scale, backend, block_mask, block_size):
             output = _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size)
@@ -742,16 +880,38 @@ elif torch is not None:
             return output
 
         @staticmethod
-        def backward(ctx, do, dlse):
-            return _backward_formula(ctx, do.contiguous(), dlse)
+        def backward(ctx, do, _dlse):
+            # The backward's implementation, or its operator where a tracer runs this backward.
+            return _gradients(ctx, do, _eager_backward)
 
-    def _FORWARD_OP(q, k, v, causal, scale, backend, block_mask, block_size):  # noqa: N802
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _AttentionFunction.apply(q, k, v, causal, scale, backend, block_mask,
-                                            block_size)
-        return _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size)
 
-    _BACKWARD_OP = _backward_impl
+def _needs_operator(*xs):
+    """Whether a call on the tensors xs goes through the operator (see above): while compiling,
+    under a dispatch mode, or for anything but a plain torch.Tensor. Never without an operator."""
+    if _FORWARD_OP is None:
+        return False
+    if _is_compiling() or _dispatch_mode_count() > 0:
+        return True
+    for x in xs:
+        if type(x) is not torch.Tensor:
+            return True
+    return False
+
+
+def _eager_forward(q, k, v, causal, scale, backend, block_mask, block_size):
+    """The forward of an eager call, options as the operator takes them."""
+    if _needs_operator(q, k, v):
+        return _FORWARD_OP(q, k, v, causal, scale, backend, block_mask, block_size)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _AttentionFunction.apply(q, k, v, causal, scale, backend, block_mask, block_size)
+    return _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size)
+
+
+def _eager_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
+    """The backward of an eager call (attention_backward's, and _AttentionFunction's)."""
+    if _needs_operator(q, k, v, o, lse, do):
+        return _BACKWARD_OP(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)
+    return _backward_impl(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)
 
 
 # --- the API --------------------------------------------------------------------------------
@@ -779,8 +939,9 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     block_mask, block_size: block-sparse attention (Algorithm 5), see the module's docstring.
 
     Returns O (the shape of q), or (O, LSE). With PyTorch tensors that require grad, gradients
-    flow through flashattn's own backward pass (attention_backward). With PyTorch >= 2.4 this is
-    the custom operator torch.ops.flashattn.attention_forward, which torch.compile traces.
+    flow through flashattn's own backward pass (attention_backward). With PyTorch >= 2.4
+    torch.compile traces it as the custom operator torch.ops.flashattn.attention_forward; an eager
+    call runs the operator's implementation directly.
     """
     if _is_compiling():
         # torch.compile traces this call: the operator goes into the graph as it is, and its fake
@@ -791,8 +952,8 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     if _is_torch(q, k, v):
         for name, x in (("q", q), ("k", k), ("v", v)):
             _check_tensor(name, x)
-        o, lse = _FORWARD_OP(q, k, v, *_operator_options(causal, scale, backend, block_mask,
-                                                         block_size))
+        o, lse = _eager_forward(q, k, v, *_operator_options(causal, scale, backend, block_mask,
+                                                            block_size))
     else:
         o, lse = _numpy_attention(q, k, v, causal, scale, backend, block_mask, block_size)
     return (o, lse) if return_lse else o
@@ -806,16 +967,17 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, backend
     do has o's shape. dK and dV are summed over the query heads that share a K/V head (GQA).
     The backend must have a backward pass (backend_info()[i]["backward"]); default "omp" for NumPy
     arrays and CPU tensors; for CUDA tensors cuda-fa2 in float32, cuda-tc (cuda-fa3 once it has a
-    backward) in float16 and bfloat16. With PyTorch >= 2.4 this is the custom operator
-    torch.ops.flashattn.attention_backward.
+    backward) in float16 and bfloat16. With PyTorch >= 2.4 torch.compile traces it as the custom
+    operator torch.ops.flashattn.attention_backward; an eager call runs its implementation
+    directly.
     """
     if _is_compiling():
         return _BACKWARD_OP(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)
     if _is_torch(q, k, v, o, lse, do):
         for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do)):
             _check_tensor(name, x)
-        return _BACKWARD_OP(q, k, v, o, lse, do, *_operator_options(causal, scale, backend,
-                                                                    block_mask, block_size))
+        return _eager_backward(q, k, v, o, lse, do, *_operator_options(causal, scale, backend,
+                                                                       block_mask, block_size))
     return _numpy_backward(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)
 
 
@@ -900,7 +1062,7 @@ def merge_partials(outputs, lses):
         return torch.from_numpy(O).reshape(shape), torch.from_numpy(L).reshape(shape[:-1])
     O = torch.empty((R, d), dtype=torch.float32, device=device)
     L = torch.empty((R,), dtype=torch.float32, device=device)
-    with _on_device(device):  # a build without CUDA raises RuntimeError here, saying so
-        _C.merge_partials_device(O_parts.data_ptr(), L_parts.data_ptr(), S, R, d, O.data_ptr(),
-                                 L.data_ptr(), _current_stream(device))
+    # A build without CUDA raises RuntimeError here, saying so.
+    _call_on(device, _C.merge_partials_device, O_parts.data_ptr(), L_parts.data_ptr(), S, R, d,
+             O.data_ptr(), L.data_ptr(), _current_stream(device))
     return O.reshape(shape), L.reshape(shape[:-1])
