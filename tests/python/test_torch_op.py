@@ -373,19 +373,23 @@ def test_block_masks_from_the_host_and_on_the_device(dtype, d):
 
 def test_the_default_backend_is_the_fastest_for_the_device():
     """float32 on cuda-fa2; float16/bfloat16 on cuda-fa3 on Hopper for d = 64 and 128, else
-    cuda-tc; the default gives the same bits as naming that backend."""
+    cuda-tc, and cuda-tc for a decoding forward (at most 64 query rows), whose keys it splits;
+    the default gives the same bits as naming that backend."""
     needs_cuda()
     device = torch.device("cuda", torch.cuda.current_device())
     hopper = torch.cuda.get_device_capability(device) == (9, 0)
     fa3 = "cuda-fa3" in flashattn.backends() and hopper
-    for dtype, d, expected in ((torch.float32, 64, "cuda-fa2"),
-                               (torch.bfloat16, 64, "cuda-fa3" if fa3 else "cuda-tc"),
-                               (torch.float16, 128, "cuda-fa3" if fa3 else "cuda-tc"),
-                               (torch.bfloat16, 96, "cuda-tc")):
+    for dtype, d, rows, expected in ((torch.float32, 64, 300, "cuda-fa2"),
+                                     (torch.bfloat16, 64, 300, "cuda-fa3" if fa3 else "cuda-tc"),
+                                     (torch.float16, 128, 300, "cuda-fa3" if fa3 else "cuda-tc"),
+                                     (torch.bfloat16, 96, 300, "cuda-tc"),
+                                     (torch.float16, 128, 1, "cuda-tc"),
+                                     (torch.bfloat16, 64, 64, "cuda-tc"),
+                                     (torch.bfloat16, 64, 65, "cuda-fa3" if fa3 else "cuda-tc")):
         name = flashattn._TORCH_DTYPES[dtype]
-        assert flashattn._default_cuda_backend(name, device, d, False) == expected
-        q, k, v = tensors((1, 4, 300, d), (1, 4, 300, d), (1, 4, 300, d), device="cuda",
-                          dtype=dtype)
+        shape = (1, 4, rows, d)
+        assert flashattn._default_cuda_backend(name, device, shape, False) == expected
+        q, k, v = tensors(shape, (1, 2, 300, d), (1, 2, 300, d), device="cuda", dtype=dtype)
         assert torch.equal(flashattn.attention(q, k, v, causal=True),
                            flashattn.attention(q, k, v, causal=True, backend=expected))
     if fa3:  # a forward on cuda-fa3, its gradients from cuda-tc's backward

@@ -28,9 +28,11 @@ Where it runs:
     device and dtype:
       float32                    cuda-fa2 (forward and backward);
       float16 / bfloat16         forward: cuda-fa3 on Hopper (compute capability 9.0, a build with
-                                 sm_90a) for d = 64 and 128, else cuda-tc; backward: cuda-fa3's
-                                 where it has one, else cuda-tc's (it works from any forward's O
-                                 and LSE).
+                                 sm_90a) for d = 64 and 128, else cuda-tc, and cuda-tc for
+                                 a decoding forward (at most 64 query rows: it splits the keys
+                                 and reads K/V once per GQA group, docs/decoding.md); backward:
+                                 cuda-fa3's where it has one, else cuda-tc's (it works from any
+                                 forward's O and LSE).
     cuda-tc and cuda-fa3 accumulate, take the softmax and write O and the gradients in float32,
     cast to the input's dtype on the GPU. cuda-tc's backward adds dQ with fp32 atomics, so dQ's
     last bits may change from run to run; FLASHATTN_DETERMINISTIC=1 fixes their order (slower).
@@ -527,7 +529,7 @@ def _make_plan(q, dtype, Qs, Ks, options, backend, backward):
     causal, scale, host_mask, Br, Bc = options
     if not q.is_cuda:
         return _Plan(dtype, (Qs, Ks), (host_mask, Br, Bc), _check_backend(backend), None, 0)
-    backend = _cuda_backend(backend, dtype, q.device, Qs[3], backward)
+    backend = _cuda_backend(backend, dtype, q.device, Qs, backward)
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
     nbytes = _call_on(q.device, _device_workspace_bytes, shape, causal, scale, backend, Br, Bc,
                       dtype, backward)
@@ -577,32 +579,43 @@ def _capability(device):
     return cc
 
 
-def _default_cuda_backend(dtype, device, d, backward):
-    """The fastest backend for CUDA tensors of `dtype` (the library's name) on `device`."""
+# At most this many query rows is decoding: fewer than half of cuda-fa3's 128-row work tile, and
+# too few rows per head to fill the GPU. cuda-tc splits the keys there and reads K/V once per GQA
+# group (docs/decoding.md); cuda-fa3 does neither, so the default sends such a forward to cuda-tc.
+_DECODE_ROWS = 64
+
+
+def _default_cuda_backend(dtype, device, shape, backward):
+    """The fastest backend for CUDA tensors of `dtype` (the library's name) on `device`, for q of
+    (B, H, N_q, d) `shape`."""
     if dtype == "f32":
         return "cuda-fa2"
+    d, rows = shape[3], shape[2]
     fa3 = _backend_table().get("cuda-fa3")  # listed only in sm_90a builds on a Hopper GPU
     # The backends list tells whether cuda-fa3 has a backward, not whether it has a device entry
-    # for it: the two are expected to come together.
+    # for it: the two are expected to come together. (Under torch.compile the sizes may be
+    # symbols: a decoding size is then not known, and the fake implementation needs only a valid
+    # backend.)
+    decoding = not backward and type(rows) is int and rows <= _DECODE_ROWS
     if (fa3 is not None and fa3["device_arrays"] and (fa3["backward"] or not backward)
-            and d in _FA3_HEAD_DIMS and _capability(device) == (9, 0)):
+            and d in _FA3_HEAD_DIMS and not decoding and _capability(device) == (9, 0)):
         return "cuda-fa3"
     return "cuda-tc"
 
 
-def _cuda_backend(backend, dtype, device, d, backward):
+def _cuda_backend(backend, dtype, device, shape, backward):
     """The backend for CUDA tensors: the default, or the one given if it has a device entry for
     this dtype."""
     if backend is None:
-        return _default_cuda_backend(dtype, device, d, backward)
+        return _default_cuda_backend(dtype, device, shape, backward)
     info = _backend_table()[_check_backend(backend)]
+    default = _default_cuda_backend(dtype, device, shape, backward)  # named in the errors
     if not info["device_arrays"]:
-        raise ValueError(f"backend = {backend!r} takes no CUDA tensors (use "
-                         f"{_default_cuda_backend(dtype, device, d, backward)!r} for this dtype)")
+        raise ValueError(f"backend = {backend!r} takes no CUDA tensors (use {default!r} for this "
+                         f"dtype)")
     if dtype not in info["dtypes"]:
         raise TypeError(f"backend = {backend!r} computes in {', '.join(info['dtypes'])}, not "
-                        f"{dtype} (use {_default_cuda_backend(dtype, device, d, backward)!r} for "
-                        f"this dtype)")
+                        f"{dtype} (use {default!r} for this dtype)")
     return backend
 
 
@@ -779,7 +792,7 @@ def _forward_fake(q, k, v, causal, scale, backend, block_mask, block_size):
     dtype, Qs, _, _, backend = _check_call(("q", "k", "v"), (q, k, v), causal, scale, backend,
                                            block_mask, block_size, read_values=False)
     if q.is_cuda:
-        _cuda_backend(backend, dtype, q.device, Qs[3], backward=False)
+        _cuda_backend(backend, dtype, q.device, Qs, backward=False)
     elif backend is not None:
         _check_backend(backend)
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
@@ -807,7 +820,7 @@ def _backward_fake(q, k, v, o, lse, do, causal, scale, backend, block_mask, bloc
                                            read_values=False)
     _check_like_q(q, (("o", o), ("do", do)))
     if q.is_cuda:
-        _cuda_backend(backend, dtype, q.device, Qs[3], backward=True)
+        _cuda_backend(backend, dtype, q.device, Qs, backward=True)
     elif backend is not None:
         _check_backend(backend)
     return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
@@ -926,8 +939,8 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     that precision, as `flashattn run --dtype` does; outputs have the input's dtype), or PyTorch
     CUDA tensors (computed on their GPU, asynchronously on PyTorch's current stream, results on
     the same device): float32 on cuda-fa2; float16 and bfloat16 on cuda-fa3 on a Hopper GPU for
-    d = 64 and 128 (forward; its backward on cuda-tc), else on cuda-tc (d in 32, 64, 96, 128, and
-    256 forward only).
+    d = 64 and 128 and more than 64 query rows (forward; its backward on cuda-tc), else on
+    cuda-tc (d in 32, 64, 96, 128, and 256 forward only; decoding: split keys, GQA groups packed).
 
     causal: bottom-right aligned mask (query i sees key j iff j <= i + N_kv - N_q).
     scale: softmax scale, default 1 / sqrt(d).
