@@ -3,9 +3,10 @@
 // the key tiles) or leaving S to the backend. A backend that splits merges the chunks' partial
 // results (merge_partial_row); one that does not ignores kv_splits. Either way the output must
 // follow the 2x rule against float64 attention, with poisoned outputs, under causal (bottom-right,
-// N_q < N_kv), GQA and block masks that hide whole chunks from some rows. For omp: the same bits
-// on every run and for any thread count at a fixed S, the automatic decision itself, and the
-// partials counted in its working memory.
+// N_q < N_kv), GQA and block masks that hide whole chunks from some rows. Every backend: the same
+// bits on every run at a fixed S; GQA groups packed into one head's rows (common/gqa_packing.hpp)
+// compute the same attention. For omp: the same bits for any thread count at a fixed S, the
+// automatic decision itself, and the partials counted in its working memory.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -266,6 +267,28 @@ TEST_CASE("split-KV omp: working memory counts the partial results") {
     const std::size_t unsplit = extra_bytes(1), split = extra_bytes(128);
     // O_s and LSE_s: B * H * S * N_q rows of d + 1 floats.
     CHECK(split >= unsplit + std::size_t{2 * 4 * 128 * 3} * (64 + 1) * sizeof(float));
+}
+
+TEST_CASE("split-KV: every backend gives the same bits on every run at a fixed S") {
+    // The partials of a split are written by separate CTAs (threads) and merged in a fixed order
+    // (merge_partial_row), so for a fixed S nothing may depend on timing: repeated runs of one
+    // prepared problem, and a second preparation (other buffers), give the same bits. GQA packed
+    // (N_q = 1), a causal N_q < N_kv, and MHA with a head dim the tiles pad.
+    const std::vector<AttentionProblem> problems = {make_problem(1, 8, 2, 1, 4099, 64),
+                                                    make_problem(2, 4, 2, 4, 4099, 64, true),
+                                                    make_problem(1, 4, 4, 3, 1023, 111)};
+    for (const Backend& b : available_backends())
+        for (AttentionProblem p : problems) {
+            if (!test::backend_accepts(b, p)) continue;
+            for (std::int64_t S : {2, 7, 64}) {
+                p.kv_splits = S;
+                INFO(b.name << " kv_splits = " << S);
+                const ProblemData in = random_problem_data(p, test::next_seed());
+                const DType dtype = test::test_dtype(b);
+                const test::Outputs first = test::check_identical_runs(b, p, in, dtype, 3);
+                CHECK(same_bits(first, test::check_identical_runs(b, p, in, dtype, 1)));
+            }
+        }
 }
 
 TEST_CASE("split-KV: every backend reports the S it used, within what was asked") {

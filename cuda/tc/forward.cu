@@ -54,7 +54,7 @@ struct CompiledTile {
     bool f16_only;  // a tuning alternative
     void (*launch_f16)(const KernelParams&, cudaStream_t);
     void (*launch_bf16)(const KernelParams&, cudaStream_t);  // nullptr for a tuning alternative
-    int (*ctas_per_sm)();  // of the f16 kernel without a block mask (bf16's uses as many registers)
+    int (*ctas_per_sm)();  // of the f16 split-KV kernel without a block mask (bf16 alike)
 };
 
 // Launches one compiled shape. kTuning: a tuning alternative, compiled without the block-mask
@@ -84,14 +84,20 @@ void launch(const KernelParams& params, cudaStream_t stream) {
     FA_CUDA_CHECK_LAUNCH();
 }
 
+// CTAs of the split-KV kernel (S is chosen for it) that fit on one SM. Asked once per process:
+// the kernels are compiled for one architecture, so every device that runs them has the same
+// per-SM limits, and the query would otherwise cost host time on every decoding step.
 template <class Cfg>
 int ctas_per_sm() {
-    auto kernel = tc_forward_kernel<Cfg, false, true>;  // the split-KV kernel: S is chosen for it
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Cfg::kSmemBytes));
-    int n = 0;
-    FA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads,
-                                                                Cfg::kSmemBytes));
+    static const int n = [] {
+        auto kernel = tc_forward_kernel<Cfg, false, true>;
+        FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           Cfg::kSmemBytes));
+        int ctas = 0;
+        FA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Cfg::kThreads,
+                                                                    Cfg::kSmemBytes));
+        return ctas;
+    }();
     return n;
 }
 
@@ -118,6 +124,7 @@ const std::vector<CompiledTile>& compiled_tiles() {
         tile<128, 8, 1, 64, 3, kTuning>(),
         tile<128, 8, 1, 32, 2, kTuning>(),
         tile<128, 4, 2, 64, 2, kTuning>(),
+        tile<128, 4, 1, 64, 2, kTuning>(),  // 64 rows: two CTAs per SM, for decoding
         tile<256, 8, 1, 32, 2>(),
     };
     return tiles;
