@@ -124,7 +124,6 @@ const std::vector<CompiledTile>& compiled_tiles() {
         tile<128, 8, 1, 64, 3, kTuning>(),
         tile<128, 8, 1, 32, 2, kTuning>(),
         tile<128, 4, 2, 64, 2, kTuning>(),
-        tile<128, 4, 1, 64, 2, kTuning>(),  // 64 rows: two CTAs per SM, for decoding
         tile<256, 8, 1, 32, 2>(),
     };
     return tiles;
