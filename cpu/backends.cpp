@@ -52,8 +52,12 @@ std::vector<Backend> cpu_backends() {
         [](const AttentionProblem& p, const float* Q, const float* K, const float* V, float* O,
            float* lse) { return omp_attention(p, Q, K, V, O, lse); },
         [](const AttentionProblem& p) {
-            const OmpPlan plan = omp_plan(p);
-            return block_words(plan.blocks, plan.Tr, plan.Tc);
+            const AttentionProblem run = omp_problem(p);  // GQA groups packed for decoding
+            const OmpPlan plan = omp_plan(run);
+            return block_words(plan.blocks, plan.Tr, plan.Tc) +
+                   (run.heads != p.heads ? " (GQA groups packed: " + std::to_string(run.heads) +
+                                               " heads of " + std::to_string(run.seq_q) + " rows)"
+                                         : "");
         },
         [](const AttentionProblem& p, const BackwardInputs& in, float* dQ, float* dK, float* dV) {
             omp_backward(p, in, dQ, dK, dV);  // FlashAttention-2's backward

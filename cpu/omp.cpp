@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gqa_packing.hpp"
 #include "common/online_softmax.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/tile_products.hpp"
@@ -239,6 +240,12 @@ BlockSizes omp_cache_blocks(std::int64_t dim) {
     return {Br, Bc};
 }
 
+AttentionProblem omp_problem(const AttentionProblem& p) {
+    validate(p);
+    const bool asked = p.block_q > 0 || p.sram_floats > 0;
+    return asked ? p : gqa_packed(p, omp_cache_blocks(p.dim).Br);
+}
+
 OmpPlan omp_plan(const AttentionProblem& p) {
     validate(p);
     OmpPlan plan;
@@ -286,9 +293,11 @@ std::int64_t omp_kv_splits(const AttentionProblem& p, std::int64_t items, std::i
     return std::max<std::int64_t>(1, std::min(ceil_div(2 * threads, items), Tc / kMinChunkTiles));
 }
 
-std::int64_t omp_attention(const AttentionProblem& p, const float* Q, const float* K,
+std::int64_t omp_attention(const AttentionProblem& problem, const float* Q, const float* K,
                            const float* V, float* O, float* lse) {
-    const OmpPlan plan = omp_plan(p);  // validates
+    // The same memory, read as the packed problem where decoding packs GQA groups.
+    const AttentionProblem p = omp_problem(problem);  // validates
+    const OmpPlan plan = omp_plan(p);
     // Every thread of the team allocates its tiles (parallel_for_with_state), however few tasks.
     const std::int64_t threads = omp_get_max_threads();
     require_memory(double(threads) * double(plan.thread_floats + kAlignFloats) * sizeof(float),

@@ -32,6 +32,12 @@
 
 namespace flashattn {
 
+// The problem omp runs for `problem` (validated): its GQA groups packed into one head's rows where
+// a head has fewer query rows than a cache tile holds (gqa_packed, common/gqa_packing.hpp), so
+// that decoding packs each K/V tile once per group instead of once per query head and fills
+// more rows of the register blocks. Problems with tile sizes of their own are run as they are.
+AttentionProblem omp_problem(const AttentionProblem& problem);
+
 // The tiles the omp form uses for a problem.
 struct OmpPlan {
     BlockSizes blocks;               // Br query rows, Bc key/value rows per tile
@@ -62,7 +68,8 @@ OmpPlan omp_plan(const AttentionProblem& problem);
 std::int64_t omp_kv_splits(const AttentionProblem& problem, std::int64_t items, std::int64_t Tc,
                            std::int64_t threads);
 
-// O: (batch, heads, seq_q, dim); lse: (batch, heads, seq_q) or nullptr. Uses the OpenMP threads
+// omp_problem(problem) run with omp_plan's tiles. O: (batch, heads, seq_q, dim); lse: (batch,
+// heads, seq_q) or nullptr. Uses the OpenMP threads
 // of the caller (omp_set_num_threads / OMP_NUM_THREADS). Returns the number of key chunks S it
 // merged (1: no split). Throws std::invalid_argument for an invalid problem, std::runtime_error
 // when working memory cannot be allocated.

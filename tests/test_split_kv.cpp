@@ -234,8 +234,10 @@ TEST_CASE("split-KV omp: splits a lone decoding row when threads would idle, and
     p.kv_splits = 1024;
     CHECK(splits_used(omp, p) == 9);  // clamped to the key tiles
     // Enough work items already (8 heads: four per thread), one thread, or too few key tiles
-    // (N_kv = 1023: two tiles, and a chunk keeps at least two): no split.
-    CHECK(splits_used(omp, make_problem(1, 8, 2, 1, 4099, 64)) == 1);
+    // (N_kv = 1023: two tiles, and a chunk keeps at least two): no split. (8 query heads over 2
+    // KV heads are packed into 2 heads of 4 rows, omp_problem: two items, so those split.)
+    CHECK(splits_used(omp, make_problem(1, 8, 8, 1, 4099, 64)) == 1);
+    CHECK(splits_used(omp, make_problem(1, 8, 2, 1, 4099, 64)) == 2);
     CHECK(splits_used(omp, make_problem(1, 1, 1, 1, 1023, 64)) == 1);
     {
         ThreadCount one(1);
