@@ -150,11 +150,13 @@ FA_HOST_DEVICE inline float log_sum_exp(SoftmaxState s) {
 // A row with weight (l > 0) has overflowed too when its LSE, m + log(l) with m in LSE's units,
 // is infinite: the kernels that form q.k before scaling (the tensor-core ones) can get weights
 // for a row whose scaled scores, and so its true LSE, lie beyond float32; it is NaN as well, not
-// a LSE of -inf that would again read as "no visible key".
-// has_visible_key is a callable, called only when l == 0: the common path pays two compares.
+// a LSE of -inf that would again read as "no visible key". That LSE is infinite exactly when m or
+// l is: a finite l has log(l) <= 89, which cannot carry a finite m past FLT_MAX (the spacing of
+// floats there is 2^104), so the test needs no log -- a kernel's O stores need not wait for one.
+// has_visible_key is a callable, called only when l == 0: the common path pays a few compares.
 template <class HasVisibleKey>
 FA_HOST_DEVICE inline bool scores_overflowed(SoftmaxState s, const HasVisibleKey& has_visible_key) {
-    if (s.l > 0.0f) return fabsf(log_sum_exp(s)) == INFINITY;
+    if (s.l > 0.0f) return fabsf(s.m) == INFINITY || s.l == INFINITY;  // |m + log(l)| = inf
     return s.l == 0.0f && has_visible_key();
 }
 

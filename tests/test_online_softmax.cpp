@@ -269,6 +269,14 @@ TEST_CASE("a row with l = 0 is NaN when it sees a key (its scores overflowed), O
     // Weights computed, but m (in LSE's units, scale times the raw maximum) beyond float32.
     CHECK(scores_overflowed(SoftmaxState{INFINITY, 1.0f}, sees_a_key));
     CHECK(scores_overflowed(SoftmaxState{-INFINITY, 3.0f}, sees_a_key));
+    CHECK(scores_overflowed(SoftmaxState{5.0f, INFINITY}, sees_a_key));  // weights beyond float32
+    // The test without a log agrees with |m + log(l)| = inf, at the edges of float32 too.
+    for (float m : {3.4e38f, -3.4e38f, 3.0e38f, 1e30f, -1e30f, 0.0f, 88.0f})
+        for (float l : {1e-30f, 1.0f, 1e30f, 3.4e38f, 5e-45f}) {
+            INFO("m = " << m << ", l = " << l);
+            CHECK(scores_overflowed(SoftmaxState{m, l}, sees_a_key) ==
+                  (std::fabs(m + std::log(l)) == INFINITY));
+        }
     CHECK(asked == 1);
     CHECK(std::isnan(final_output(0.0f, 0.0f, true)));
     CHECK(std::isnan(final_lse(SoftmaxState{}, true)));
