@@ -3,8 +3,8 @@
 // Under GQA (heads = G heads_kv) the G query heads h_kv G .. h_kv G + G - 1 all read K/V head h_kv.
 // A kernel that gives every query head its own query tiles reads each K/V tile once per query
 // head: G times the bytes the problem needs. At decoding shapes (a few query rows against a long
-// KV cache) those bytes are the whole cost (docs/decoding.md), so GQA decoding ran G times slower
-// than it must.
+// KV cache) those bytes are the whole cost (docs/decoding.md), so such a kernel decodes G times
+// slower than it must.
 //
 // The layout already holds the answer. Q is (batch, heads, seq_q, dim), row-major, so the G query
 // heads of K/V head h_kv are G consecutive blocks of seq_q rows: Q is also (batch, heads_kv,
