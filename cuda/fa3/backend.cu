@@ -4,7 +4,6 @@
 #include "cuda/fa3/backend.hpp"
 
 #include <cuda.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,7 +16,9 @@
 
 #include "common/tiling.hpp"
 #include "cuda/host/check.hpp"
+#include "cuda/fa3/backward.hpp"
 #include "cuda/fa3/kernel.cuh"
+#include "cuda/fa3/tensor_map.hpp"
 #include "cuda/host/prepared.hpp"
 #include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/host/variants.hpp"
@@ -41,43 +42,6 @@ void check_problem(const AttentionProblem& p, DType dtype) {
     if (items > (std::int64_t{1} << 30))
         throw std::invalid_argument("batch x heads x ceil(seq_q / 128) = " + std::to_string(items) +
                                     ": cuda-fa3 numbers its work tiles with int, at most 2^30");
-}
-
-// cuTensorMapEncodeTiled is a driver function; the runtime hands out its address, so the library
-// needs no link to libcuda.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void* fn = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        FA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                       cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess || fn == nullptr)
-            throw std::runtime_error(
-                "cuda-fa3: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs 12.0 or newer)");
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }();
-    return encode;
-}
-
-// A 3-D map over `heads` arrays of rows x d 16-bit values (innermost first: d, rows, heads) whose
-// boxes are 64 columns (one 128-byte panel) x box_rows rows, written to shared memory in the
-// 128-byte swizzle that wgmma reads; rows past `rows` arrive as zeros.
-CUtensorMap tile_map(const void* base, DType dtype, std::int64_t heads, std::int64_t rows,
-                     std::int64_t d, int box_rows) {
-    CUtensorMap map;
-    const cuuint64_t size[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};
-    const cuuint64_t stride_bytes[2] = {cuuint64_t(d) * 2, cuuint64_t(rows) * cuuint64_t(d) * 2};
-    const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
-    const cuuint32_t step[3] = {1, 1, 1};
-    const CUresult status = tensor_map_encoder()(
-        &map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        3, const_cast<void*>(base), size, stride_bytes, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (status != CUDA_SUCCESS)
-        throw std::runtime_error("cuda-fa3: cuTensorMapEncodeTiled failed (CUresult " +
-                                 std::to_string(int(status)) + ")");
-    return map;
 }
 
 // next_item: one int of device memory, the work-tile counter (zeroed on `stream` before the
@@ -143,15 +107,6 @@ const Variant& choose_variant(const AttentionProblem& p) {
 // The device entry's workspace: the work-tile counter.
 int* cut_workspace(cuda::WorkspaceCarver& w) { return w.take<int>(1); }
 
-// TMA reads global memory from 16-byte aligned addresses only (cuTensorMapEncodeTiled).
-void require_tma_aligned(const void* array, const char* name) {
-    const auto address = reinterpret_cast<std::uintptr_t>(array);
-    if (address % 16 != 0)
-        throw std::invalid_argument(std::string(name) + " = " + std::to_string(address) +
-                                    ": cuda-fa3 reads it with TMA, which needs a 16-byte aligned "
-                                    "address");
-}
-
 class PreparedFa3 final : public cuda::PreparedCuda {
 public:
     PreparedFa3(const AttentionProblem& p, const float* Q, const float* K, const float* V,
@@ -200,7 +155,7 @@ Backend fa3_backend() {
     b.summary =
         "FlashAttention-3 on Hopper: wgmma, TMA copies into an mbarrier ring, a producer warpgroup "
         "and two consumer warpgroups, softmax overlapped with P V (and ping-pong at d = 128), "
-        "persistent CTAs; fp16/bf16, d = 64 or 128, forward only";
+        "persistent CTAs; fp16/bf16, d = 64 or 128; backward on wgmma too";
     b.dtypes = {DType::f16, DType::bf16};
     b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
@@ -229,6 +184,10 @@ Backend fa3_backend() {
         choose_variant(p).run(mma::make_params(p, a.Q, a.K, a.V, a.O, a.lse), a.dtype, next_item,
                               static_cast<cudaStream_t>(a.stream));
     };
+    // The backward: cuda/fa3/backward.cu, with cuda-tc's entries around it (16-bit uploads, D and
+    // the dQ turn counters as workspace).
+    tc::add_16bit_backward(b, {"cuda-fa3", fa3_check_backward_problem, fa3_backward_turn_count,
+                               fa3_backward});
     return b;
 }
 

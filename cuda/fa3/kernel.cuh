@@ -52,6 +52,7 @@
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
 #include "cuda/fa3/pipeline.cuh"
+#include "cuda/fa3/products.cuh"
 #include "cuda/ptx/hopper.cuh"
 #include "cuda/stages/mma_stages.cuh"
 #include "cuda/ptx/mma_sync.cuh"
@@ -104,57 +105,28 @@ struct Fa3Params {
     int* next_item;  // device counter, zero at launch: work tiles taken past the first gridDim.x
 };
 
-// FA2 L8: issues S = Q_i K_j^T for a consumer warpgroup's 64 rows (not waited for): d / 16 k-steps
-// of 16 columns (32 bytes into a panel's 128-byte rows per step; the second panel for columns
-// 64..127).
+// FA2 L8: issues S = Q_i K_j^T for a consumer warpgroup's 64 rows (not waited for): d / 16
+// k-steps over Q_i's and K_j's panels (cuda/fa3/products.cuh).
 template <class Cfg>
 __device__ __forceinline__ void issue_scores(float (&S)[Cfg::Bc / 8][4], const typename Cfg::T* sQ_wg,
                                              const typename Cfg::T* sK) {
-    using T = typename Cfg::T;
-#pragma unroll
-    for (int nt = 0; nt < Cfg::Bc / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) S[nt][e] = 0.0f;
-    hopper::wgmma_fence_registers(S);
-    hopper::wgmma_fence();
-#pragma unroll
-    for (int pn = 0; pn < Cfg::kPanels; ++pn)
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            hopper::wgmma_ss<T, Cfg::Bc>(S, hopper::smem_descriptor(sQ_wg + pn * Cfg::Br * 64 + 16 * kk),
-                                         hopper::smem_descriptor(sK + pn * Cfg::Bc * 64 + 16 * kk));
-    hopper::wgmma_commit();
+    issue_ab_t<typename Cfg::T, Cfg::Bc, Cfg::kPanels>(S, sQ_wg, Cfg::Br * 64, sK, Cfg::Bc * 64);
 }
 
-// P~ packed into wgmma's register A operand (16 keys per k-step), as cuda-tc packs it for mma.sync:
-// wgmma's A fragment is m16n8k16's, warp by warp.
+// P~ packed into wgmma's register A operand (16 keys per k-step), as cuda-tc packs it for mma.sync.
 template <class Cfg>
 __device__ __forceinline__ void pack_p(std::uint32_t (&a)[Cfg::Bc / 16][4],
                                        const float (&P)[Cfg::Bc / 8][4]) {
-    using T = typename Cfg::T;
-#pragma unroll
-    for (int kk = 0; kk < Cfg::Bc / 16; ++kk) {
-        tc::accumulators_to_a_fragment<T>(a[kk], P[2 * kk], P[2 * kk + 1]);
-    }
+    pack_a<typename Cfg::T, Cfg::Bc / 16>(a, P);
 }
 
-// FA2 L10 (second half): issues O_i += P~ V_j (not waited for), Bc / 16 k-steps of 16 keys (16 rows
-// of a V_j panel = 2048 bytes each); each panel of V_j gives 64 columns of O.
+// FA2 L10 (second half): issues O_i += P~ V_j (not waited for), Bc / 16 k-steps of 16 keys; each
+// panel of V_j gives 64 columns of O.
 template <class Cfg>
 __device__ __forceinline__ void issue_pv(float (&O)[Cfg::D / 8][4],
                                          const std::uint32_t (&a)[Cfg::Bc / 16][4],
                                          const typename Cfg::T* sV) {
-    using T = typename Cfg::T;
-    hopper::wgmma_fence_registers(O);
-    hopper::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Cfg::Bc / 16; ++kk) {
-        hopper::wgmma_rs<T, 0>(O, a[kk], hopper::smem_descriptor(sV + 16 * kk * 64));
-        if constexpr (Cfg::kPanels == 2)
-            hopper::wgmma_rs<T, 8>(O, a[kk],
-                                   hopper::smem_descriptor(sV + Cfg::Bc * 64 + 16 * kk * 64));
-    }
-    hopper::wgmma_commit();
+    issue_a_regs_b<typename Cfg::T, Cfg::Bc / 16, Cfg::kPanels>(O, a, sV, Cfg::Bc * 64);
 }
 
 // The producer (one thread): for each work tile it takes (the CTA's own first, then the counter's),

@@ -138,6 +138,24 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kRows][4], const std::uint32
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// d (64 x 64, fp32) += A B for one k-step of 16, A (64 x 16) and B (16 x 64) both read from
+// shared memory "MN-major" (transpose flags set): each operand's panel has the 16 k values as
+// rows of 64 M (or N) values, as wgmma_rs reads its B.
+template <class T>
+__device__ __forceinline__ void wgmma_ss_mn_major(float (&d)[8][4], std::uint64_t a,
+                                                  std::uint64_t b) {
+    if constexpr (std::is_same_v<T, __half>)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" FA3_R0_31
+                     "}, %32, %33, 1, 1, 1, 1, 1;\n"
+                     : FA3_ACC8(d, 0)
+                     : "l"(a), "l"(b));
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" FA3_R0_31
+                     "}, %32, %33, 1, 1, 1, 1, 1;\n"
+                     : FA3_ACC8(d, 0)
+                     : "l"(a), "l"(b));
+}
+
 // ---- mbarrier ------------------------------------------------------------------------------
 
 // Arrivals expected per phase; one thread initializes, then fence_barrier_init and a barrier

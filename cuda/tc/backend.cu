@@ -99,22 +99,24 @@ struct BackwardWorkspace {
     float* D;
     int* dq_turns;
 };
-BackwardWorkspace cut_backward_workspace(const AttentionProblem& p, const TcBackwardShape& shape,
-                                         cuda::WorkspaceCarver& w) {
+BackwardWorkspace cut_backward_workspace(const AttentionProblem& p, DType dtype,
+                                         const Kernel16Backward& kernel, cuda::WorkspaceCarver& w) {
     BackwardWorkspace parts{w.take<float>(static_cast<std::size_t>(p.lse_elements())), nullptr};
-    if (cuda::deterministic_requested())
-        parts.dq_turns = w.take<int>(tc_backward_turn_count(p, shape));
+    if (cuda::deterministic_requested()) parts.dq_turns = w.take<int>(kernel.turn_count(p, dtype));
     return parts;
 }
 
-class PreparedTcBackward final : public cuda::PreparedCudaBackward {
+// prepare_backward's object: 16-bit Q, K, V, dO on the device (PreparedCudaBackward), D and the
+// turn counters as workspace; execute() queues the kernel and waits.
+class Prepared16Backward final : public cuda::PreparedCudaBackward {
 public:
-    PreparedTcBackward(const AttentionProblem& p, const BackwardInputs& in, DType dtype)
-        : PreparedCudaBackward("cuda-tc", p, in, dtype, cuda::InputForm::bits16),
-          shape_(choose_backward_shape(p.dim, dtype)),
+    Prepared16Backward(const AttentionProblem& p, const BackwardInputs& in, DType dtype,
+                       const Kernel16Backward& kernel)
+        : PreparedCudaBackward(kernel.backend, p, in, dtype, cuda::InputForm::bits16),
+          kernel_(kernel),
           deterministic_(cuda::deterministic_requested()) {
         D_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
-        if (deterministic_) turns_ = workspace<int>(tc_backward_turn_count(p, shape_));
+        if (deterministic_) turns_ = workspace<int>(kernel.turn_count(p, dtype));
     }
 
     void execute() override {
@@ -125,12 +127,12 @@ public:
         args.O = O_.data(), args.lse = lse_.data();
         args.D = D_.data(), args.dq_turns = turns_.data();
         args.dQ = dQ_.data(), args.dK = dK_.data(), args.dV = dV_.data();
-        tc_backward(args, shape_, deterministic_);
+        kernel_.run(args, deterministic_);
         cuda::synchronize_device();
     }
 
 private:
-    TcBackwardShape shape_;
+    Kernel16Backward kernel_;
     bool deterministic_;
     cuda::DeviceBuffer<float> D_;
     cuda::DeviceBuffer<int> turns_;
@@ -154,14 +156,8 @@ Backend tc_backend() {
         const TcTileShape tile = choose_tile(p.dim, dtype);
         return std::make_unique<PreparedTc>(p, Q, K, V, dtype, tile);
     };
-    b.prepare_backward = [](const AttentionProblem& p, const BackwardInputs& in,
-                            DType dtype) -> std::unique_ptr<PreparedBackward> {
-        tc_check_backward_problem(p, dtype);
-        return std::make_unique<PreparedTcBackward>(p, in, dtype);
-    };
     // The device entries: the same kernels on the caller's 16-bit arrays, queued on the caller's
-    // stream (common/backend.hpp). The forward needs no workspace; the backward's is D and, in
-    // deterministic mode, the dQ turn counters (cut_backward_workspace).
+    // stream (common/backend.hpp).
     // The device entry's workspace: split-KV's partial results (none when S = 1).
     b.device_workspace_bytes = [](const AttentionProblem& p, DType dtype) {
         cuda::WorkspaceCarver counter;
@@ -185,27 +181,46 @@ Backend tc_backend() {
         args.O_partial = partials.O, args.lse_partial = partials.lse;
         tc_forward(args, tile);
     };
-    b.device_backward_workspace_bytes = [](const AttentionProblem& p, DType dtype) {
+    add_16bit_backward(b, {"cuda-tc", tc_check_backward_problem,
+                           [](const AttentionProblem& p, DType dtype) {
+                               return tc_backward_turn_count(p, choose_backward_shape(p.dim, dtype));
+                           },
+                           [](const TcBackwardArgs& args, bool deterministic) {
+                               tc_backward(args, choose_backward_shape(args.problem.dim, args.dtype),
+                                           deterministic);
+                           }});
+    return b;
+}
+
+void add_16bit_backward(Backend& b, const Kernel16Backward& kernel) {
+    b.prepare_backward = [kernel](const AttentionProblem& p, const BackwardInputs& in,
+                                  DType dtype) -> std::unique_ptr<PreparedBackward> {
+        kernel.check(p, dtype);
+        return std::make_unique<Prepared16Backward>(p, in, dtype, kernel);
+    };
+    // The device entry: the same kernel on the caller's 16-bit arrays, queued on the caller's
+    // stream (common/backend.hpp); its workspace is D and, in deterministic mode, the dQ turn
+    // counters (cut_backward_workspace).
+    b.device_backward_workspace_bytes = [kernel](const AttentionProblem& p, DType dtype) {
         cuda::WorkspaceCarver counter;
-        cut_backward_workspace(p, choose_backward_shape(p.dim, dtype), counter);
+        cut_backward_workspace(p, dtype, kernel, counter);
         return counter.bytes();
     };
-    b.run_backward_device = [](const AttentionProblem& problem, const DeviceBackward& a) {
-        tc_check_backward_problem(problem, a.dtype);
-        const TcBackwardShape shape = choose_backward_shape(problem.dim, a.dtype);
+    b.run_backward_device = [kernel](const AttentionProblem& problem, const DeviceBackward& a) {
+        kernel.check(problem, a.dtype);
         TcBackwardArgs args;
         args.problem = cuda::with_device_mask(problem, a.block_mask);
-        cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-tc's backward");
-        const BackwardWorkspace parts = cut_backward_workspace(problem, shape, workspace);
+        cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes,
+                                        std::string(kernel.backend) + "'s backward");
+        const BackwardWorkspace parts = cut_backward_workspace(problem, a.dtype, kernel, workspace);
         workspace.require_fits();
         args.dtype = a.dtype;
         args.Q = a.Q, args.K = a.K, args.V = a.V, args.dO = a.dO, args.O = a.O, args.lse = a.lse;
         args.D = parts.D, args.dq_turns = parts.dq_turns;
         args.dQ = a.dQ, args.dK = a.dK, args.dV = a.dV;
         args.stream = a.stream;
-        tc_backward(args, shape, cuda::deterministic_requested());
+        kernel.run(args, cuda::deterministic_requested());
     };
-    return b;
 }
 
 }  // namespace flashattn::tc

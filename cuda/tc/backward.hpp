@@ -54,10 +54,29 @@ struct TcBackwardArgs {
 // How many counters the deterministic mode needs (one per query tile and query head).
 std::size_t tc_backward_turn_count(const AttentionProblem& p, const TcBackwardShape& shape);
 
+// Throws std::invalid_argument for a missing array of `args` (dq_turns only when deterministic).
+void require_backward_arrays(const TcBackwardArgs& args, bool deterministic);
+
+// Algorithm 2 L4 and the zeroed sums, on args.stream: D = rowsum(dO o O) (from the 16-bit dO the
+// products read), dQ = 0, and `turns` dQ turn counters = 0 (none when 0).
+void queue_backward_prepass(const TcBackwardArgs& args, std::size_t turns);
+
 // Queues D = rowsum(dO o O), dQ = 0 and the kernel on args.stream (asynchronous).
 // `deterministic`: dQ's additions in a fixed order, the same bits on every run (slower; see
 // docs/cuda_backward.md). Throws std::invalid_argument for an unsupported problem or shape,
 // std::runtime_error for a CUDA failure.
 void tc_backward(const TcBackwardArgs& args, const TcBackwardShape& shape, bool deterministic);
+
+// A backward kernel on TcBackwardArgs: cuda-tc's (mma.sync, above) or cuda-fa3's (wgmma,
+// cuda/fa3/backward.hpp). add_16bit_backward gives a Backend its backward entries around one:
+// prepare_backward (16-bit uploads, poisoned dQ, dK, dV), the device entry and its workspace (D
+// and, in deterministic mode, the dQ turn counters).
+struct Kernel16Backward {
+    const char* backend;                                          // named in messages
+    void (*check)(const AttentionProblem&, DType);                // throws for what it cannot run
+    std::size_t (*turn_count)(const AttentionProblem&, DType);    // deterministic mode's counters
+    void (*run)(const TcBackwardArgs&, bool deterministic);       // queues D, dQ = 0, the kernel
+};
+void add_16bit_backward(Backend& b, const Kernel16Backward& kernel);
 
 }  // namespace flashattn::tc

@@ -5,7 +5,7 @@ For each shape (FlashAttention's benchmark grid: 16k tokens, hidden 2048, d = 64
 ... 8192, causal and not; --quick: N = 1024 and 4096 only), it times
   * `flashattn bench --pass backward --json` for our backends (one process, rounds interleaved,
     the backward alone after its forward): --dtype fp32: cuda-standard and cuda-fa2; fp16 / bf16:
-    cuda-tc, and
+    cuda-tc and cuda-fa3 (Hopper; left out where the binary has no cuda-fa3), and
   * PyTorch's SDPA backward: fp32 with the EFFICIENT_ATTENTION and MATH backends (TF32 off); fp16 /
     bf16 with FLASH_ATTENTION and CUDNN_ATTENTION: one forward with requires_grad, then
     torch.autograd.grad(O, (Q, K, V), dO) timed alone with CUDA events after warm-up, median of
@@ -31,8 +31,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 PLANS = {
     "fp32": (["cuda-standard", "cuda-fa2"], ["EFFICIENT_ATTENTION", "MATH"],
              [("cuda-fa2", "EFFICIENT_ATTENTION"), ("cuda-standard", "MATH")]),
-    "fp16": (["cuda-tc"], ["FLASH_ATTENTION", "CUDNN_ATTENTION"],
-             [("cuda-tc", "FLASH_ATTENTION"), ("cuda-tc", "CUDNN_ATTENTION")]),
+    "fp16": (["cuda-tc", "cuda-fa3"], ["FLASH_ATTENTION", "CUDNN_ATTENTION"],
+             [("cuda-fa3", "FLASH_ATTENTION"), ("cuda-fa3", "CUDNN_ATTENTION"),
+              ("cuda-tc", "FLASH_ATTENTION"), ("cuda-tc", "CUDNN_ATTENTION")]),
 }
 PLANS["bf16"] = PLANS["fp16"]
 OUR_DTYPE = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
@@ -102,6 +103,9 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     mine, theirs, pairs = PLANS[a.dtype]
+    listed = subprocess.run([f"{a.bin_dir}/flashattn", "backends"], capture_output=True, text=True).stdout
+    mine = [n for n in mine if n in listed]
+    pairs = [(n, t) for n, t in pairs if n in mine]
     rows = []
     print(f"# device: {torch.cuda.get_device_name()}; torch {torch.__version__}; {a.dtype} "
           f"backward, TFLOP/s (FLOPs = 2.5 x forward's); ratio = ours / torch")

@@ -1,0 +1,305 @@
+// cuda/fa3/backward_kernel.cuh — cuda-fa3's backward: FlashAttention-2's Algorithm 2 with its five
+// products on Hopper's warpgroup MMA (wgmma), K_j and V_j resident in shared memory, Q_i and dO_i
+// copied by TMA into a ring of two slots. Host side: cuda/fa3/backward.cu; the products:
+// cuda/fa3/products.cuh; what every tensor-core backward shares (the statistics, P and dS, the dQ
+// additions and turns, the final writes): cuda/stages/flash_backward.cuh. Needs sm_90a.
+//
+// The work is laid out as cuda-tc's backward (cuda/stages/flash_backward.cuh explains why): one
+// CTA per key tile j and K/V head, looping over every query head of the GQA group and every query
+// tile i that can see key tile j, with dK_j and dV_j in registers for the whole loop, and the
+// transposed products (S^T, dP^T: rows = keys), so that P^T and dS^T are already the register A
+// operand of dV_j += P^T dO_i and dK_j += dS^T Q_i. What wgmma changes:
+//   * a warpgroup (4 warps, 128 threads) owns 64 keys, and its products are 64 x N: two consumer
+//     warpgroups make Bc = 128. Whether a warpgroup skips or masks a tile is decided per
+//     warpgroup (a wgmma is collective); P, dS and the masks are still per element.
+//   * S^T, dP^T read K_j, V_j, Q_i and dO_i from shared memory (K-major, no ldmatrix); dV_j and dK_j
+//     read dO_i and Q_i as MN-major B operands, as the forward's P V reads V_j.
+//   * dQ_i = dS K_j reads both operands from shared memory as MN-major: dS^T as stored
+//     (keys x queries) and K_j (keys x d). dQ_i (64 x d) is cut into 64 x 64 blocks, one per
+//     warpgroup (at d = 64 only the first has one), each added to dQ in HBM with fp32 atomics as
+//     cuda-tc does (in a fixed order in deterministic mode).
+//
+// Algorithm 2 lines: L4 D_i (delta_kernel, before) | L5 one CTA per (j, K/V head, batch) | L6 K_j,
+// V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) | L8 the step loop (query head,
+// query tile) | L9 Q_i, dO_i (TMA, ring of 2), L_i, D_i (cp.async) | L10 S^T = K_j Q_i^T | L11,
+// L14 probabilities_and_score_gradients | L12 dV_j += P^T dO_i | L13 dP^T = V_j dO_i^T | L15 dQ_i
+// += scale dS K_j | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
+//
+// Every product is waited for before the next step: no producer warpgroup, no overlap between a
+// step's products and the next step's softmax (docs/cuda_fa3.md, "backward", says what that costs
+// and what comes next).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/problem.hpp"
+#include "common/tiling.hpp"
+#include "cuda/fa3/pipeline.cuh"
+#include "cuda/fa3/products.cuh"
+#include "cuda/ptx/hopper.cuh"
+#include "cuda/ptx/mma_sync.cuh"
+#include "cuda/stages/async_copy.cuh"
+#include "cuda/stages/flash_backward.cuh"
+#include "cuda/stages/mma_stages.cuh"
+
+namespace flashattn::fa3 {
+
+using cuda::BackwardParams;
+
+// One CTA: two warpgroups of 64 keys each (Bc = 128), query tiles of Br = 64 rows (one panel of
+// dS^T), head dim D = 64 or 128 (1 or 2 panels).
+template <class T_, int D_>
+struct Fa3BackwardTile {
+    using T = T_;
+    static constexpr int D = D_;
+    static constexpr int Br = 64;
+    static constexpr int Bc = 128;
+    static constexpr int kWarpgroups = Bc / 64;
+    static constexpr int kThreads = 128 * kWarpgroups;
+    static constexpr int kPanels = D / 64;
+    // dQ_i's 64 x 64 blocks, one per panel of d, each summed over all Bc keys by one warpgroup
+    // (at d = 64 the second warpgroup has none: splitting the keys would add twice as many
+    // atomics, and two warpgroups adding to the same dQ_i in turn would need another barrier).
+    static constexpr int kDqBlocks = kPanels;
+    static constexpr std::uint32_t kKeyTileBytes = Bc * D * sizeof(T_);    // K_j or V_j
+    static constexpr std::uint32_t kStepBytes = 2 * Br * D * sizeof(T_);  // Q_i and dO_i
+    static_assert(D == 64 || D == 128, "cuda-fa3 backward: D = 64 or 128");
+    static_assert(kDqBlocks <= kWarpgroups, "a dQ block per warpgroup at most");
+};
+
+// The barriers: K_j and V_j have landed; slot s's Q_i and dO_i have landed.
+struct Fa3BackwardBarriers {
+    std::uint64_t kv;
+    std::uint64_t step[2];
+    __device__ void init() {
+        hopper::mbarrier_init(&kv, 1);
+        hopper::mbarrier_init(&step[0], 1);
+        hopper::mbarrier_init(&step[1], 1);
+        hopper::fence_barrier_init();
+    }
+};
+
+// Shared memory, from a 1024-byte boundary (the 128-byte swizzle repeats every 8 rows): K_j, V_j
+// (Bc x D each), two slots of Q_i and dO_i (Br x D each), dS^T (Bc x Br), two slots of L_i and
+// D_i (Br floats each), the barriers.
+template <class Cfg>
+constexpr int backward_smem_bytes() {
+    return int((2 * Cfg::Bc * Cfg::D + 4 * Cfg::Br * Cfg::D + Cfg::Bc * Cfg::Br) *
+               sizeof(typename Cfg::T)) +
+           int(4 * Cfg::Br * sizeof(float)) + int(sizeof(Fa3BackwardBarriers)) + 1024;
+}
+
+// What the kernel reads: the backward's parameters (shared with cuda-tc) and the tensor maps of
+// Q, K, V and dO (cuda/fa3/tensor_map.hpp; boxes of 64 columns x Br or Bc rows).
+struct Fa3BackwardParams {
+    BackwardParams base;
+    CUtensorMap q, k, v, dO;
+};
+
+// Algorithm 2 L15's left operand: a warp's 16 keys of dS^T (its fp32 accumulator, Br query
+// columns), rounded to T, into shared memory as rows of keys, each one 128-byte panel row of Br =
+// 64 queries in the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)).
+template <class Cfg>
+__device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
+                                                      const float (&dS)[Cfg::Br / 8][4], int key0,
+                                                      int lane) {
+    static_assert(Cfg::Br == 64, "dS^T's rows are one panel");
+#pragma unroll
+    for (int nt = 0; nt < Cfg::Br / 8; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int key = key0 + lane / 4 + 8 * r;
+            *reinterpret_cast<std::uint32_t*>(sdS + key * 64 + (nt ^ (key % 8)) * 8 +
+                                              2 * (lane % 4)) =
+                tc::pack2<typename Cfg::T>(dS[nt][2 * r], dS[nt][2 * r + 1]);
+        }
+}
+
+// ---- the kernel ------------------------------------------------------------------------------
+// Grid: (Tc, batch x K/V heads); key tile 0 (the most query tiles under a causal mask) first.
+// Block: Cfg::kThreads (every warpgroup computes; thread 0 also issues the TMA copies). Dynamic
+// shared memory: backward_smem_bytes<Cfg>().
+template <class Cfg, bool kBlockMask, bool kDeterministic>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fa3_backward_kernel(const __grid_constant__ Fa3BackwardParams params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using T = typename Cfg::T;
+    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D, kPanels = Cfg::kPanels;
+    extern __shared__ uint4 smem_raw[];
+    const std::uintptr_t raw = reinterpret_cast<std::uintptr_t>(smem_raw);
+    T* sK = reinterpret_cast<T*>((raw + 1023) & ~std::uintptr_t(1023));
+    T* sV = sK + Bc * D;
+    T* sQ = sV + Bc * D;     // two slots of Br x D
+    T* sdO = sQ + 2 * Br * D;  // two slots of Br x D
+    T* sdS = sdO + 2 * Br * D;  // Bc x Br
+    float* sL = reinterpret_cast<float*>(sdS + Bc * Br);  // two slots of Br
+    float* sDelta = sL + 2 * Br;
+    auto* bars = reinterpret_cast<Fa3BackwardBarriers*>(sDelta + 2 * Br);
+
+    const BackwardParams& bp = params.base;
+    const AttentionProblem& p = bp.problem;
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int wg = warp / 4, wg_warp = warp % 4;
+    const int seq_q = int(p.seq_q), seq_kv = int(p.seq_kv);
+    const int Tr = int(tile_count(seq_q, Br));
+
+    // L5: key tile j of K/V head g, batch b; its query heads are h0 .. h0 + G - 1. Warpgroup wg
+    // owns keys wg_key0 .. wg_key0 + 63, its warp wg_warp 16 of them.
+    const int j = int(blockIdx.x);
+    const std::int64_t b = blockIdx.y / p.heads_kv, g = blockIdx.y % p.heads_kv;
+    const std::int64_t G = p.group_size(), h0 = g * G;
+    const TileRange cols = {j * Bc, min(j * Bc + Bc, seq_kv)};
+    const int wg_key0 = j * Bc + 64 * wg;
+    const TileRange wg_cols = {min(wg_key0, seq_kv), min(wg_key0 + 64, seq_kv)};
+    const std::int64_t kv_off = p.kv_offset(b, h0);
+    const int key0 = 64 * wg + 16 * wg_warp;  // this warp's first key within the tile
+
+    if (threadIdx.x == 0) bars->init();
+    __syncthreads();
+
+    // L6: K_j, V_j, once (rows past N_kv arrive as zeros).
+    if (threadIdx.x == 0) {
+        const int kv_head = int(b * p.heads_kv + g);
+        hopper::mbarrier_arrive_expect_bytes(&bars->kv, 2 * Cfg::kKeyTileBytes);
+#pragma unroll
+        for (int pn = 0; pn < kPanels; ++pn) {
+            hopper::tma_load_3d(sK + pn * Bc * 64, &params.k, &bars->kv, 64 * pn, j * Bc, kv_head);
+            hopper::tma_load_3d(sV + pn * Bc * 64, &params.v, &bars->kv, 64 * pn, j * Bc, kv_head);
+        }
+    }
+    // L9 for step (h, i) into ring slot `slot`: Q_i and dO_i by TMA (thread 0), L_i and D_i by
+    // cp.async (every thread; committed by the caller).
+    const auto load_step = [&](int slot, std::int64_t h, int i) {
+        if (threadIdx.x == 0) {
+            const int q_head = int(b * p.heads + h);
+            hopper::mbarrier_arrive_expect_bytes(&bars->step[slot], Cfg::kStepBytes);
+#pragma unroll
+            for (int pn = 0; pn < kPanels; ++pn) {
+                hopper::tma_load_3d(sQ + slot * Br * D + pn * Br * 64, &params.q, &bars->step[slot],
+                                    64 * pn, i * Br, q_head);
+                hopper::tma_load_3d(sdO + slot * Br * D + pn * Br * 64, &params.dO,
+                                    &bars->step[slot], 64 * pn, i * Br, q_head);
+            }
+        }
+        cuda::load_row_statistics<Br, Cfg::kThreads>(bp, b, h, i, sL + slot * Br,
+                                                     sDelta + slot * Br);
+    };
+
+    // L8: the steps are (h, i) for every query head of the group and every query tile that can
+    // see key tile j, in order; `next` finds the one after (h, i), h = h0 + G when none is left.
+    const auto next = [&](std::int64_t& h, int& i) {
+        i = int(next_visible_tile(p, TileAxis::queries, cols, i + 1, Tr, Br));
+        while (i >= Tr && ++h < h0 + G) i = int(next_visible_tile(p, TileAxis::queries, cols, 0, Tr, Br));
+    };
+    std::int64_t h = h0;
+    int i = -1;
+    next(h, i);
+    if (h < h0 + G) load_step(0, h, i);
+    cp_async_commit();
+
+    // L7: dK_j = 0, dV_j = 0: this warp's 16 keys x D.
+    float dK[D / 8][4], dV[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dK[dt][e] = dV[dt][e] = 0.0f;
+
+    RingPosition ring;
+    bool keys_landed = false;
+    while (h < h0 + G) {
+        std::int64_t h_next = h;
+        int i_next = i;
+        next(h_next, i_next);
+        // This step's tiles have landed, and every warpgroup is done with the previous step (its
+        // slot, which the next copy overwrites, and dS^T, which this step rewrites).
+        cp_async_wait_all();
+        hopper::mbarrier_wait(&bars->step[ring.stage], ring.phase);
+        if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
+        keys_landed = true;
+        __syncthreads();
+        if (h_next < h0 + G) load_step(ring.stage ^ 1, h_next, i_next);
+        cp_async_commit();
+
+        const T* sQ_i = fresh(sQ) + ring.stage * Br * D;
+        const T* sdO_i = fresh(sdO) + ring.stage * Br * D;
+        const T* sK_j = fresh(sK);
+        const T* sV_j = fresh(sV);
+        const TileRange rows = {i * Br, min(i * Br + Br, seq_q)};
+        const TileVisibility seen = wg_cols.size() > 0
+                                        ? mma::visibility<kBlockMask>(p, rows, wg_cols)
+                                        : TileVisibility::none;
+        if (seen != TileVisibility::none) {
+            float S[Br / 8][4], dP[Br / 8][4];
+            issue_ab_t<T, Br, kPanels>(S, sK_j + 64 * wg * 64, Bc * 64, sQ_i, Br * 64);    // L10
+            issue_ab_t<T, Br, kPanels>(dP, sV_j + 64 * wg * 64, Bc * 64, sdO_i, Br * 64);  // L13
+            hopper::wgmma_wait<0>();
+            hopper::wgmma_fence_registers(S);
+            hopper::wgmma_fence_registers(dP);
+            const float* sL_i = sL + ring.stage * Br;
+            const float* sD_i = sDelta + ring.stage * Br;
+            if (seen == TileVisibility::partial || rows.size() < Br || wg_cols.size() < 64)
+                cuda::probabilities_and_score_gradients<Br, kBlockMask, true, false>(
+                    S, dP, sL_i, sD_i, bp, rows.begin, j * Bc + key0, lane);
+            else
+                cuda::probabilities_and_score_gradients<Br, kBlockMask, false, false>(
+                    S, dP, sL_i, sD_i, bp, rows.begin, j * Bc + key0, lane);
+            std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
+            pack_a<T, Br / 16>(aP, S);
+            issue_a_regs_b<T, Br / 16, kPanels>(dV, aP, sdO_i, Br * 64);  // L12
+            pack_a<T, Br / 16>(adS, dP);
+            store_score_gradients<Cfg>(sdS, dP, key0, lane);
+            issue_a_regs_b<T, Br / 16, kPanels>(dK, adS, sQ_i, Br * 64);  // L16 (unscaled)
+            hopper::wgmma_wait<0>();
+            hopper::wgmma_fence_registers(dV);
+            hopper::wgmma_fence_registers(dK);
+            hopper::wgmma_fence_registers(aP);
+            hopper::wgmma_fence_registers(adS);
+        } else {
+            float zero[Br / 8][4] = {};
+            store_score_gradients<Cfg>(sdS, zero, key0, lane);
+        }
+        hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
+        __syncthreads();              // dS^T complete
+
+        // L15: dQ_i += scale dS K_j; in kDeterministic mode after the key tiles before this one.
+        int* turn = nullptr;
+        if constexpr (kDeterministic) {
+            turn = bp.dq_turns + (b * p.heads + h) * Tr + i;
+            if (threadIdx.x == 0) {
+                const int mine = cuda::dq_turn<kBlockMask>(p, rows, j, Bc);
+                while (*static_cast<volatile int*>(turn) != mine) {
+                }
+                __threadfence();
+            }
+            __syncthreads();
+        }
+        if (wg < Cfg::kDqBlocks) {  // block wg: columns 64 wg .. 64 wg + 63, keys 0 .. Bc - 1
+            float acc[8][4];
+            issue_mn_major<T, Bc / 16>(acc, fresh(sdS), fresh(sK) + wg * Bc * 64);
+            hopper::wgmma_wait<0>();
+            hopper::wgmma_fence_registers(acc);
+            cuda::add_dq_piece<8>(bp, bp.dQ + p.q_offset(b, h), acc, rows.begin + 16 * wg_warp,
+                                  64 * wg, lane);
+        }
+        if constexpr (kDeterministic) {
+            __threadfence();  // this tile's additions are done before the next tile's turn
+            __syncthreads();
+            if (threadIdx.x == 0) atomicAdd(turn, 1);
+        }
+        h = h_next, i = i_next;
+        ring.advance<2>();
+    }
+    cp_async_wait_all();
+    // A CTA with no step must not end while its K_j, V_j copy is still writing its shared memory.
+    if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
+
+    // L18. Q was read times q_sign (so S^T had the right sign): dK's scale is |scale|.
+    cuda::write_key_gradients<D>(bp, dK, dV, bp.abs_scale, kv_off, j * Bc + key0, lane);
+#endif
+}
+
+}  // namespace flashattn::fa3

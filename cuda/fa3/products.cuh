@@ -1,0 +1,99 @@
+// cuda/fa3/products.cuh — the warpgroup products cuda-fa3's forward (cuda/fa3/kernel.cuh) and
+// backward (cuda/fa3/backward_kernel.cuh) are built from, each a whole 64-row product issued on
+// wgmma and committed as one group (not waited for: the caller decides when).
+//
+// Every tile in shared memory is a stack of panels of 64 columns (128 bytes per row, the 128-byte
+// swizzle TMA writes); a tile of `rows` rows has its panel p at p * rows * 64 elements. Two ways to
+// read a panel (PTX "Matrix Descriptor", checked on an H100 by cuda/tools/wgmma_probe.cu):
+//   * K-major: the panel's rows are the product's rows (M or N) and its 64 columns are k. A k-step
+//     of 16 is 32 bytes into the rows: Q_i and K_j for S = Q K^T.
+//   * MN-major: the panel's rows are k and its 64 columns are M or N. A k-step of 16 is 16 rows
+//     (16 * 64 elements): V_j for O += P~ V (keys are k, d is N).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/ptx/hopper.cuh"
+#include "cuda/ptx/mma_sync.cuh"
+
+namespace flashattn::fa3 {
+
+// The same address, which the compiler must treat as new: a tile's matrix descriptors (64 bits
+// each, one per k-step and panel) are then computed where a product is issued, from a few
+// registers, instead of all being computed once before the loop and held in registers for its
+// whole length, which a kernel with five products cannot afford.
+template <class T>
+__device__ __forceinline__ T* fresh(T* p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
+// acc (64 x N) = A B^T over kPanels * 64 columns, A (64 rows) and B (N rows) both K-major; the
+// accumulator is zeroed first. A's and B's panels lie a_panel and b_panel elements apart.
+// Forward: S = Q_i K_j^T (FA2 Algorithm 1 L8). Backward: S^T = K_j Q_i^T and dP^T = V_j dO_i^T
+// (Algorithm 2 L10, L13).
+template <class T, int N, int kPanels>
+__device__ __forceinline__ void issue_ab_t(float (&acc)[N / 8][4], const T* A, int a_panel,
+                                           const T* B, int b_panel) {
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    hopper::wgmma_fence_registers(acc);
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            hopper::wgmma_ss<T, N>(acc, hopper::smem_descriptor(A + pn * a_panel + 16 * kk),
+                                   hopper::smem_descriptor(B + pn * b_panel + 16 * kk));
+    hopper::wgmma_commit();
+}
+
+// A fp32 accumulator (64 x 16 kKSteps, rows in m16n8's C layout) rounded to T and packed as
+// wgmma's register A operand, kKSteps k-steps of 16 columns: wgmma's A fragment is m16n8k16's,
+// warp by warp, so no data moves between threads. Forward: P~ (FA2 L10); backward: P^T and dS^T.
+template <class T, int kKSteps>
+__device__ __forceinline__ void pack_a(std::uint32_t (&a)[kKSteps][4],
+                                       const float (&acc)[2 * kKSteps][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) tc::accumulators_to_a_fragment<T>(a[kk], acc[2 * kk], acc[2 * kk + 1]);
+}
+
+// acc (64 x 64 kPanels) += A B: A from registers (kKSteps k-steps of 16, pack_a), B MN-major,
+// kPanels panels of 64 columns of N lying b_panel elements apart. Forward: O += P~ V_j (FA2 L10);
+// backward: dV_j += P^T dO_i and dK_j += dS^T Q_i (Algorithm 2 L12, L16).
+template <class T, int kKSteps, int kPanels>
+__device__ __forceinline__ void issue_a_regs_b(float (&acc)[8 * kPanels][4],
+                                               const std::uint32_t (&a)[kKSteps][4], const T* B,
+                                               int b_panel) {
+    hopper::wgmma_fence_registers(acc);
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+        hopper::wgmma_rs<T, 0>(acc, a[kk], hopper::smem_descriptor(B + 16 * kk * 64));
+        if constexpr (kPanels == 2)
+            hopper::wgmma_rs<T, 8>(acc, a[kk], hopper::smem_descriptor(B + b_panel + 16 * kk * 64));
+    }
+    hopper::wgmma_commit();
+}
+
+// acc (64 x 64) += A B over kKSteps k-steps of 16, A and B both MN-major panels read from shared
+// memory: A's panel has k rows of 64 M values, B's k rows of 64 N values. Backward: dQ_i = dS K_j
+// with dS^T stored as (keys x queries) and K_j as (keys x d) (Algorithm 2 L15).
+template <class T, int kKSteps>
+__device__ __forceinline__ void issue_mn_major(float (&acc)[8][4], const T* A, const T* B) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    hopper::wgmma_fence_registers(acc);
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+        hopper::wgmma_ss_mn_major<T>(acc, hopper::smem_descriptor(A + 16 * kk * 64),
+                                     hopper::smem_descriptor(B + 16 * kk * 64));
+    hopper::wgmma_commit();
+}
+
+}  // namespace flashattn::fa3

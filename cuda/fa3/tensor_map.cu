@@ -1,0 +1,59 @@
+// cuda/fa3/tensor_map.cu — see cuda/fa3/tensor_map.hpp.
+#include "cuda/fa3/tensor_map.hpp"
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda/host/check.hpp"
+
+namespace flashattn::fa3 {
+namespace {
+
+// cuTensorMapEncodeTiled is a driver function; the runtime hands out its address, so the library
+// needs no link to libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        FA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                       cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+            throw std::runtime_error(
+                "cuda-fa3: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs 12.0 or newer)");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    return encode;
+}
+
+}  // namespace
+
+CUtensorMap tile_map(const void* base, DType dtype, std::int64_t heads, std::int64_t rows,
+                     std::int64_t d, int box_rows) {
+    CUtensorMap map;
+    const cuuint64_t size[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};
+    const cuuint64_t stride_bytes[2] = {cuuint64_t(d) * 2, cuuint64_t(rows) * cuuint64_t(d) * 2};
+    const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
+    const cuuint32_t step[3] = {1, 1, 1};
+    const CUresult status = tensor_map_encoder()(
+        &map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        3, const_cast<void*>(base), size, stride_bytes, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (status != CUDA_SUCCESS)
+        throw std::runtime_error("cuda-fa3: cuTensorMapEncodeTiled failed (CUresult " +
+                                 std::to_string(int(status)) + ")");
+    return map;
+}
+
+void require_tma_aligned(const void* array, const char* name) {
+    const auto address = reinterpret_cast<std::uintptr_t>(array);
+    if (address % 16 != 0)
+        throw std::invalid_argument(std::string(name) + " = " + std::to_string(address) +
+                                    ": cuda-fa3 reads it with TMA, which needs a 16-byte aligned "
+                                    "address");
+}
+
+}  // namespace flashattn::fa3

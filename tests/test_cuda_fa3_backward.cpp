@@ -1,0 +1,210 @@
+// tests/test_cuda_fa3_backward.cpp — cuda-fa3's backward (wgmma, Hopper) against the float64
+// backward reference by the 2x rule, as cuda-tc's backward is checked
+// (tests/test_cuda_tc_backward.cpp, whose opening comment states the rule): fresh random inputs,
+// poisoned outputs, shapes that are not multiples of its tiles (Br = 64 queries, Bc = 128 keys,
+// 64 keys per warpgroup). Exits 77 without a CUDA device; without cuda-fa3 (a build without
+// sm_90a, or a GPU that is not compute capability 9.0) every case says so and checks nothing else.
+#include "catch.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/registry.hpp"
+#include "common/tiling.hpp"
+#include "helpers.hpp"
+
+using namespace flashattn;
+using flashattn::test::check_backward_against_reference;
+
+namespace {
+
+const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
+
+// The registry's cuda-fa3, or nullptr (with a warning) where this build or GPU has none.
+const Backend* fa3() {
+    for (const Backend& b : available_backends())
+        if (b.name == "cuda-fa3") return &b;
+    WARN("no cuda-fa3 here (it needs a build with CMAKE_CUDA_ARCHITECTURES=90a and a Hopper GPU)");
+    return nullptr;
+}
+
+// Forward then backward of cuda-fa3 with the given inputs; returns dQ, dK, dV.
+test::Gradients gradients(const Backend& b, const AttentionProblem& p, const ProblemData& in,
+                          const std::vector<float>& dO, DType dtype) {
+    std::vector<float> O(p.q_elements()), lse(p.lse_elements());
+    run_backend(b, p, in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dtype);
+    const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dO.data()};
+    test::Gradients g{std::vector<float>(p.q_elements()), std::vector<float>(p.kv_elements()),
+                      std::vector<float>(p.kv_elements())};
+    run_backward(b, p, bin, g.dQ.data(), g.dK.data(), g.dV.data(), dtype);
+    return g;
+}
+
+bool row_has_nan(const std::vector<float>& v, std::int64_t row, std::int64_t d) {
+    for (std::int64_t k = 0; k < d; ++k)
+        if (std::isnan(v[row * d + k])) return true;
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("cuda-fa3 backward matches float64 by the 2x rule on odd shapes") {
+    const Backend* b = fa3();
+    if (!b) return;
+    REQUIRE(b->has_backward());
+    for (DType dtype : kDtypes)
+        for (std::int64_t d : {64, 128})
+            for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                     {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 517}, {517, 203}})
+                for (bool causal : {false, true})
+                    check_backward_against_reference(*b, test::make_problem(2, 3, 3, Nq, Nkv, d, causal),
+                                                     dtype);
+}
+
+TEST_CASE("cuda-fa3 backward: many tiles (N = 1023), GQA and MQA, any scale, long rows") {
+    const Backend* b = fa3();
+    if (!b) return;
+    for (DType dtype : kDtypes) {
+        for (std::int64_t d : {64, 128})
+            for (bool causal : {false, true})
+                check_backward_against_reference(*b, test::make_problem(1, 2, 1, 1023, 1023, d, causal),
+                                                 dtype);
+        for (std::int64_t Hkv : {3, 2, 1})  // dK and dV summed over groups of 2, 3 and 6 heads
+            for (bool causal : {false, true})
+                check_backward_against_reference(*b, test::make_problem(2, 6, Hkv, 37, 153, 64, causal),
+                                                 dtype);
+        for (float scale : {0.0f, 0.05f, -0.6f, 1.5f}) {
+            AttentionProblem p = test::make_problem(1, 2, 1, 157, 91, 64, true);
+            p.scale = scale;
+            check_backward_against_reference(*b, p, dtype);
+        }
+        check_backward_against_reference(*b, test::make_problem(1, 1, 1, 3, 1500, 128), dtype);
+        check_backward_against_reference(*b, test::make_problem(1, 1, 1, 1500, 3, 64), dtype);
+    }
+}
+
+TEST_CASE("cuda-fa3 backward: block masks, and a fully masked row gets zero gradients") {
+    const Backend* b = fa3();
+    if (!b) return;
+    std::mt19937 gen(Catch::rngSeed() + 47);
+    for (DType dtype : kDtypes)
+        for (bool causal : {false, true})
+            for (int repeat = 0; repeat < 3; ++repeat) {
+                AttentionProblem p = test::make_problem(1, 4, 2, 147, 290, 64, causal);
+                const std::int64_t bq = 1 + gen() % 80, bkv = 1 + gen() % 80;
+                const std::int64_t Tr = tile_count(p.seq_q, bq), Tc = tile_count(p.seq_kv, bkv);
+                std::vector<std::uint8_t> mask(Tr * Tc);
+                for (auto& m : mask) m = gen() % 3 != 0;
+                const std::int64_t empty = gen() % Tr;  // one row of blocks sees nothing
+                std::fill_n(mask.begin() + empty * Tc, Tc, 0);
+                p.block_mask = {mask.data(), bq, bkv};
+                const std::uint64_t seed = test::next_seed();
+                const ProblemData in = random_problem_data(p, seed);
+                const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+                const test::Gradients g = check_backward_against_reference(*b, p, in, dO, dtype);
+                for (std::int64_t bh = 0; bh < p.heads; ++bh)
+                    for (std::int64_t i = empty * bq; i < std::min(p.seq_q, (empty + 1) * bq); ++i)
+                        for (std::int64_t k = 0; k < p.dim; ++k)
+                            CHECK(g.dQ[(bh * p.seq_q + i) * p.dim + k] == 0.0f);
+            }
+    // Causal with N_q > N_kv: the first N_q - N_kv rows see no key at all.
+    for (DType dtype : kDtypes)
+        check_backward_against_reference(*b, test::make_problem(1, 2, 1, 131, 29, 128, true), dtype);
+}
+
+TEST_CASE("cuda-fa3 backward: FLASHATTN_DETERMINISTIC=1 gives the same bits on every run") {
+    const Backend* b = fa3();
+    if (!b) return;
+    const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+    deterministic.set("1");
+    std::vector<std::uint8_t> mask = {1, 0, 1, 1, 1, 0, 0, 1, 1};  // 3 x 3 blocks of 100 x 150
+    for (DType dtype : kDtypes)
+        for (int variant = 0; variant < 3; ++variant) {
+            AttentionProblem p = test::make_problem(2, 4, 2, 300, 450, variant == 0 ? 128 : 64,
+                                                    variant == 1);
+            if (variant == 2) p.block_mask = {mask.data(), 100, 150};
+            const std::uint64_t seed = test::next_seed();
+            const ProblemData in = random_problem_data(p, seed);
+            const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+            const test::Gradients first = check_backward_against_reference(*b, p, in, dO, dtype);
+            for (int run = 0; run < 3; ++run) {
+                const test::Gradients again = gradients(*b, p, in, dO, dtype);
+                INFO(test::describe(p) << " " << to_string(dtype) << ", run " << run);
+                CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * 4) == 0);
+                CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
+                CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * 4) == 0);
+            }
+        }
+}
+
+TEST_CASE("cuda-fa3 backward: the default (atomic dQ) mode keeps dK, dV bits and dQ within the rule") {
+    // As cuda-tc's: dQ's fp32 atomic additions may come in another order on every run; dK and dV
+    // are summed in registers in a fixed order.
+    const Backend* b = fa3();
+    if (!b) return;
+    const AttentionProblem p = test::make_problem(2, 4, 2, 300, 1000, 128, true);
+    const std::uint64_t seed = test::next_seed();
+    const ProblemData in = random_problem_data(p, seed);
+    const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+    const test::Gradients first = check_backward_against_reference(*b, p, in, dO, DType::f16);
+    double moved = 0;
+    for (int run = 0; run < 3; ++run) {
+        const test::Gradients again = check_backward_against_reference(*b, p, in, dO, DType::f16);
+        CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
+        CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * 4) == 0);
+        for (std::size_t e = 0; e < first.dQ.size(); ++e)
+            moved = std::max(moved, double(std::fabs(first.dQ[e] - again.dQ[e])));
+    }
+    WARN("largest run-to-run change of dQ: " << moved);
+}
+
+TEST_CASE("cuda-fa3 backward: a NaN reaches the gradients that read it, and at most its 64-key tile") {
+    // N = 203, causal. A NaN in Q at row 57 makes P_57j and dS_57j NaN for every key j <= 57 the
+    // row sees: dQ_57, and dK_j, dV_j for j <= 57; no other row of dQ reads Q_57. Keys 58..63 share
+    // the 64-key warpgroup tile of key 57 (0..63): there the masked dS_57j = 0 still meets Q_57 in
+    // the tensor-core product, so their dK may be NaN; keys from 64 on must not be.
+    const Backend* b = fa3();
+    if (!b) return;
+    for (DType dtype : kDtypes) {
+        const AttentionProblem p = test::make_problem(1, 1, 1, 203, 203, 64, true);
+        const std::uint64_t seed = test::next_seed();
+        ProblemData in = random_problem_data(p, seed);
+        const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+        in.Q[57 * p.dim + 3] = std::numeric_limits<float>::quiet_NaN();
+        const test::Gradients g = gradients(*b, p, in, dO, dtype);
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+            INFO("dQ row " << i);
+            CHECK(row_has_nan(g.dQ, i, p.dim) == (i == 57));
+        }
+        for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+            INFO("key " << j);
+            if (j <= 57) CHECK(row_has_nan(g.dK, j, p.dim));
+            if (j <= 57) CHECK(row_has_nan(g.dV, j, p.dim));
+            if (j >= 64) CHECK_FALSE(row_has_nan(g.dK, j, p.dim));
+            if (j >= 64) CHECK_FALSE(row_has_nan(g.dV, j, p.dim));
+        }
+    }
+}
+
+TEST_CASE("cuda-fa3 backward rejects what it cannot run, naming the field") {
+    const Backend* b = fa3();
+    if (!b) return;
+    const AttentionProblem p = test::make_problem(1, 1, 1, 5, 5, 32);
+    const ProblemData in = random_problem_data(p, 1);
+    const std::vector<float> dO(p.q_elements(), 1.0f), O(p.q_elements()), lse(p.lse_elements());
+    std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
+    BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dO.data()};
+    CHECK_THROWS_WITH(run_backward(*b, p, bin, dQ.data(), dK.data(), dV.data(), DType::f16),
+                      Catch::Contains("dim = 32"));
+    const AttentionProblem p64 = test::make_problem(1, 1, 1, 4, 4, 64);
+    const ProblemData in64 = random_problem_data(p64, 2);
+    bin = {in64.Q.data(), in64.K.data(), in64.V.data(), O.data(), lse.data(), dO.data()};
+    CHECK_THROWS_WITH(run_backward(*b, p64, bin, dQ.data(), dK.data(), dV.data(), DType::f32),
+                      Catch::Contains("dtype = f32"));
+    bin.dO = nullptr;
+    CHECK_THROWS_WITH(run_backward(*b, p64, bin, dQ.data(), dK.data(), dV.data(), DType::f16),
+                      Catch::Contains("dO = null"));
+}
