@@ -14,12 +14,10 @@
 #include "cuda/fa3/tensor_map.hpp"
 #include "cuda/host/check.hpp"
 #include "cuda/host/tensor_core_eligibility.hpp"
+#include "cuda/host/variants.hpp"
 
 namespace flashattn::fa3 {
 namespace {
-
-// The tile sizes (the same for every T and D): the turn counters count query tiles of Br rows.
-constexpr int kBr = Fa3BackwardTile<__half, 64>::Br, kBc = Fa3BackwardTile<__half, 64>::Bc;
 
 template <class Cfg, bool kBlockMask, bool kDeterministic>
 void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
@@ -33,9 +31,15 @@ void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
     FA_CUDA_CHECK_LAUNCH();
 }
 
+// The tensor maps (boxes of Br rows for Q and dO, Bc for K and V), then the kernel.
 template <class Cfg>
-void launch(const Fa3BackwardParams& params, bool deterministic, cudaStream_t stream) {
-    static_assert(Cfg::Br == kBr && Cfg::Bc == kBc, "one tile shape for every T and D");
+void launch(Fa3BackwardParams params, const tc::TcBackwardArgs& args, bool deterministic,
+            cudaStream_t stream) {
+    const AttentionProblem& p = args.problem;
+    params.q = tile_map(args.Q, args.dtype, p.batch * p.heads, p.seq_q, p.dim, Cfg::Br);
+    params.dO = tile_map(args.dO, args.dtype, p.batch * p.heads, p.seq_q, p.dim, Cfg::Br);
+    params.k = tile_map(args.K, args.dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
+    params.v = tile_map(args.V, args.dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
     if (params.base.problem.block_mask.active())
         deterministic ? launch_kernel<Cfg, true, true>(params, stream)
                       : launch_kernel<Cfg, true, false>(params, stream);
@@ -44,12 +48,34 @@ void launch(const Fa3BackwardParams& params, bool deterministic, cudaStream_t st
                       : launch_kernel<Cfg, false, false>(params, stream);
 }
 
-template <class T>
-void launch_dim(const Fa3BackwardParams& params, bool deterministic, cudaStream_t stream) {
-    if (params.base.problem.dim == 64)
-        launch<Fa3BackwardTile<T, 64>>(params, deterministic, stream);
+template <int D, int Br>
+void run_variant(const Fa3BackwardParams& params, const tc::TcBackwardArgs& args,
+                 bool deterministic, cudaStream_t stream) {
+    if (args.dtype == DType::f16)
+        launch<Fa3BackwardTile<__half, D, Br>>(params, args, deterministic, stream);
     else
-        launch<Fa3BackwardTile<T, 128>>(params, deterministic, stream);
+        launch<Fa3BackwardTile<__nv_bfloat16, D, Br>>(params, args, deterministic, stream);
+}
+
+// The compiled tiles per head dim, Bc = 128 keys each: the default (first listed for a d) is the
+// one measured fastest in docs/cuda_fa3.md ("backward"); FLASHATTN_VARIANT=cuda-fa3-backward=<name>
+// picks another.
+struct Variant {
+    const char* name;
+    const char* kind;  // no groups: every variant is named on its own
+    int dim, Br;
+    void (*run)(const Fa3BackwardParams&, const tc::TcBackwardArgs&, bool, cudaStream_t);
+};
+const Variant kVariants[] = {
+    {"d64-Br128", "", 64, 128, run_variant<64, 128>},
+    {"d64-Br64", "", 64, 64, run_variant<64, 64>},
+    {"d128-Br64", "", 128, 64, run_variant<128, 64>},
+};
+
+const Variant& choose_variant(const AttentionProblem& p) {
+    return cuda::choose_variant(
+        "cuda-fa3-backward", cuda::requested_variant("cuda-fa3-backward"), kVariants,
+        [&](const Variant& v) { return v.dim == p.dim; }, "dim = " + std::to_string(p.dim));
 }
 
 }  // namespace
@@ -70,7 +96,7 @@ void fa3_check_backward_problem(const AttentionProblem& p, DType dtype) {
 }
 
 std::size_t fa3_backward_turn_count(const AttentionProblem& p, DType) {
-    return static_cast<std::size_t>(p.batch * p.heads * tile_count(p.seq_q, kBr));
+    return static_cast<std::size_t>(p.batch * p.heads * tile_count(p.seq_q, choose_variant(p).Br));
 }
 
 void fa3_backward(const tc::TcBackwardArgs& args, bool deterministic) {
@@ -83,15 +109,7 @@ void fa3_backward(const tc::TcBackwardArgs& args, bool deterministic) {
     Fa3BackwardParams params;
     params.base = cuda::make_backward_params(p, args.Q, args.K, args.V, args.dO, args.lse, args.D,
                                              args.dQ, args.dK, args.dV, args.dq_turns);
-    params.q = tile_map(args.Q, args.dtype, p.batch * p.heads, p.seq_q, p.dim, kBr);
-    params.dO = tile_map(args.dO, args.dtype, p.batch * p.heads, p.seq_q, p.dim, kBr);
-    params.k = tile_map(args.K, args.dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, kBc);
-    params.v = tile_map(args.V, args.dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, kBc);
-    const auto stream = static_cast<cudaStream_t>(args.stream);
-    if (args.dtype == DType::f16)
-        launch_dim<__half>(params, deterministic, stream);
-    else
-        launch_dim<__nv_bfloat16>(params, deterministic, stream);
+    choose_variant(p).run(params, args, deterministic, static_cast<cudaStream_t>(args.stream));
 }
 
 }  // namespace flashattn::fa3

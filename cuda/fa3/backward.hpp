@@ -15,7 +15,7 @@ namespace flashattn::fa3 {
 // fp16/bf16, d = 64 or 128.
 void fa3_check_backward_problem(const AttentionProblem& p, DType dtype);
 
-// How many counters the deterministic mode needs (one per query tile of 64 rows and query head).
+// How many counters the deterministic mode needs (one per query tile and query head).
 std::size_t fa3_backward_turn_count(const AttentionProblem& p, DType dtype);
 
 // Queues D = rowsum(dO o O), dQ = 0 and the kernel on args.stream (asynchronous). Q, K, V and dO

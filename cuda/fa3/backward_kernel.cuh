@@ -50,24 +50,25 @@ namespace flashattn::fa3 {
 
 using cuda::BackwardParams;
 
-// One CTA: two warpgroups of 64 keys each (Bc = 128), query tiles of Br = 64 rows (one panel of
-// dS^T), head dim D = 64 or 128 (1 or 2 panels).
-template <class T_, int D_>
+// One CTA: two warpgroups of 64 keys each (Bc = 128), query tiles of Br = 64 or 128 rows (1 or 2
+// panels of dS^T), head dim D = 64 or 128 (1 or 2 panels).
+template <class T_, int D_, int Br_>
 struct Fa3BackwardTile {
     using T = T_;
     static constexpr int D = D_;
-    static constexpr int Br = 64;
+    static constexpr int Br = Br_;
     static constexpr int Bc = 128;
     static constexpr int kWarpgroups = Bc / 64;
     static constexpr int kThreads = 128 * kWarpgroups;
     static constexpr int kPanels = D / 64;
-    // dQ_i's 64 x 64 blocks, one per panel of d, each summed over all Bc keys by one warpgroup
-    // (at d = 64 the second warpgroup has none: splitting the keys would add twice as many
-    // atomics, and two warpgroups adding to the same dQ_i in turn would need another barrier).
-    static constexpr int kDqBlocks = kPanels;
+    // dQ_i's 64 x 64 blocks, (Br / 64) x (D / 64), each summed over all Bc keys by one
+    // warpgroup (with a single block the second warpgroup has none: splitting the keys would add
+    // twice as many atomics, and two warpgroups adding to the same dQ_i in turn need an order).
+    static constexpr int kDqBlocks = (Br / 64) * kPanels;
     static constexpr std::uint32_t kKeyTileBytes = Bc * D * sizeof(T_);    // K_j or V_j
     static constexpr std::uint32_t kStepBytes = 2 * Br * D * sizeof(T_);  // Q_i and dO_i
     static_assert(D == 64 || D == 128, "cuda-fa3 backward: D = 64 or 128");
+    static_assert(Br == 64 || Br == 128, "cuda-fa3 backward: Br = 64 or 128 (the N of S^T)");
     static_assert(kDqBlocks <= kWarpgroups, "a dQ block per warpgroup at most");
 };
 
@@ -101,20 +102,19 @@ struct Fa3BackwardParams {
 };
 
 // Algorithm 2 L15's left operand: a warp's 16 keys of dS^T (its fp32 accumulator, Br query
-// columns), rounded to T, into shared memory as rows of keys, each one 128-byte panel row of Br =
-// 64 queries in the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)).
+// columns), rounded to T, into shared memory as Br / 64 panels (Bc rows of keys x 64 queries each)
+// in the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)).
 template <class Cfg>
 __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
                                                       const float (&dS)[Cfg::Br / 8][4], int key0,
                                                       int lane) {
-    static_assert(Cfg::Br == 64, "dS^T's rows are one panel");
 #pragma unroll
     for (int nt = 0; nt < Cfg::Br / 8; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int key = key0 + lane / 4 + 8 * r;
-            *reinterpret_cast<std::uint32_t*>(sdS + key * 64 + (nt ^ (key % 8)) * 8 +
-                                              2 * (lane % 4)) =
+            *reinterpret_cast<std::uint32_t*>(sdS + (nt / 8) * Cfg::Bc * 64 + key * 64 +
+                                              ((nt % 8) ^ (key % 8)) * 8 + 2 * (lane % 4)) =
                 tc::pack2<typename Cfg::T>(dS[nt][2 * r], dS[nt][2 * r + 1]);
         }
 }
@@ -277,13 +277,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
             __syncthreads();
         }
-        if (wg < Cfg::kDqBlocks) {  // block wg: columns 64 wg .. 64 wg + 63, keys 0 .. Bc - 1
+        // Block wg: rows 64 rb .., columns 64 cb .., keys 0 .. Bc - 1. Where every warpgroup has a
+        // block the test is left out at compile time: a branch around a wgmma measured ~20% slower
+        // at d = 128.
+        if (Cfg::kDqBlocks == Cfg::kWarpgroups || wg < Cfg::kDqBlocks) {
+            const int rb = wg / kPanels, cb = wg % kPanels;
             float acc[8][4];
-            issue_mn_major<T, Bc / 16>(acc, fresh(sdS), fresh(sK) + wg * Bc * 64);
+            issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK) + cb * Bc * 64);
             hopper::wgmma_wait<0>();
             hopper::wgmma_fence_registers(acc);
-            cuda::add_dq_piece<8>(bp, bp.dQ + p.q_offset(b, h), acc, rows.begin + 16 * wg_warp,
-                                  64 * wg, lane);
+            cuda::add_dq_piece<8>(bp, bp.dQ + p.q_offset(b, h), acc,
+                                  rows.begin + 64 * rb + 16 * wg_warp, 64 * cb, lane);
         }
         if constexpr (kDeterministic) {
             __threadfence();  // this tile's additions are done before the next tile's turn
