@@ -186,7 +186,7 @@ Backend fa3_backend() {
     };
     // The backward: cuda/fa3/backward.cu, with cuda-tc's entries around it (16-bit uploads, D and
     // the dQ turn counters as workspace).
-    tc::add_16bit_backward(b, {"cuda-fa3", fa3_check_backward_problem, fa3_backward_turn_count,
+    cuda::add_16bit_backward(b, {"cuda-fa3", fa3_check_backward_problem, fa3_backward_turn_count,
                                fa3_backward});
     return b;
 }

@@ -11,8 +11,9 @@ namespace flashattn::fa3 {
 // current device can run them (compute capability 9.0).
 bool fa3_available();
 
-// "cuda-fa3": fp16/bf16, d = 64 or 128, forward only; host arrays (prepare) or device arrays
-// (run_device, asynchronous on the caller's stream).
+// "cuda-fa3": fp16/bf16, d = 64 or 128, forward and backward; host arrays (prepare,
+// prepare_backward) or device arrays (run_device, run_backward_device, asynchronous on the
+// caller's stream).
 Backend fa3_backend();
 
 }  // namespace flashattn::fa3

@@ -33,7 +33,7 @@ void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
 
 // The tensor maps (boxes of Br rows for Q and dO, Bc for K and V), then the kernel.
 template <class Cfg>
-void launch(Fa3BackwardParams params, const tc::TcBackwardArgs& args, bool deterministic,
+void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool deterministic,
             cudaStream_t stream) {
     const AttentionProblem& p = args.problem;
     params.q = tile_map(args.Q, args.dtype, p.batch * p.heads, p.seq_q, p.dim, Cfg::Br);
@@ -49,7 +49,7 @@ void launch(Fa3BackwardParams params, const tc::TcBackwardArgs& args, bool deter
 }
 
 template <int D, int Br>
-void run_variant(const Fa3BackwardParams& params, const tc::TcBackwardArgs& args,
+void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& args,
                  bool deterministic, cudaStream_t stream) {
     if (args.dtype == DType::f16)
         launch<Fa3BackwardTile<__half, D, Br>>(params, args, deterministic, stream);
@@ -64,7 +64,7 @@ struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own
     int dim, Br;
-    void (*run)(const Fa3BackwardParams&, const tc::TcBackwardArgs&, bool, cudaStream_t);
+    void (*run)(const Fa3BackwardParams&, const cuda::Backward16Args&, bool, cudaStream_t);
 };
 const Variant kVariants[] = {
     {"d64-Br128", "", 64, 128, run_variant<64, 128>},
@@ -99,13 +99,13 @@ std::size_t fa3_backward_turn_count(const AttentionProblem& p, DType) {
     return static_cast<std::size_t>(p.batch * p.heads * tile_count(p.seq_q, choose_variant(p).Br));
 }
 
-void fa3_backward(const tc::TcBackwardArgs& args, bool deterministic) {
+void fa3_backward(const cuda::Backward16Args& args, bool deterministic) {
     const AttentionProblem& p = args.problem;
     fa3_check_backward_problem(p, args.dtype);
-    tc::require_backward_arrays(args, deterministic);
+    cuda::require_backward_arrays(args, deterministic);
     require_tma_aligned(args.Q, "Q"), require_tma_aligned(args.K, "K");
     require_tma_aligned(args.V, "V"), require_tma_aligned(args.dO, "dO");
-    tc::queue_backward_prepass(args, deterministic ? fa3_backward_turn_count(p, args.dtype) : 0);
+    cuda::queue_backward_prepass(args, deterministic ? fa3_backward_turn_count(p, args.dtype) : 0);
     Fa3BackwardParams params;
     params.base = cuda::make_backward_params(p, args.Q, args.K, args.V, args.dO, args.lse, args.D,
                                              args.dQ, args.dK, args.dV, args.dq_turns);

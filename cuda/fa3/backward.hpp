@@ -1,13 +1,13 @@
 // cuda/fa3/backward.hpp — host interface of cuda-fa3's backward kernel
 // (cuda/fa3/backward_kernel.cuh): which problems it runs, and the launch on device arrays, with
-// the same arguments as cuda-tc's backward (cuda/tc/backward.hpp). No CUDA types here.
+// the arguments every 16-bit backward takes (cuda/host/backward16.hpp). No CUDA types here.
 #pragma once
 
 #include <cstddef>
 
 #include "common/backend.hpp"
 #include "common/problem.hpp"
-#include "cuda/tc/backward.hpp"
+#include "cuda/host/backward16.hpp"
 
 namespace flashattn::fa3 {
 
@@ -20,6 +20,6 @@ std::size_t fa3_backward_turn_count(const AttentionProblem& p, DType dtype);
 
 // Queues D = rowsum(dO o O), dQ = 0 and the kernel on args.stream (asynchronous). Q, K, V and dO
 // must be 16-byte aligned (TMA). `deterministic`: dQ's additions in a fixed order.
-void fa3_backward(const tc::TcBackwardArgs& args, bool deterministic);
+void fa3_backward(const cuda::Backward16Args& args, bool deterministic);
 
 }  // namespace flashattn::fa3

@@ -93,51 +93,6 @@ TcBackwardShape choose_backward_shape(std::int64_t dim, DType dtype) {
     return choose_shape("cuda-tc-backward", tc_backward_shapes(dim, dtype), dim, dtype);
 }
 
-// The backward device entry's workspace: D = rowsum(dO o O) and, in deterministic mode, the dQ
-// turn counters.
-struct BackwardWorkspace {
-    float* D;
-    int* dq_turns;
-};
-BackwardWorkspace cut_backward_workspace(const AttentionProblem& p, DType dtype,
-                                         const Kernel16Backward& kernel, cuda::WorkspaceCarver& w) {
-    BackwardWorkspace parts{w.take<float>(static_cast<std::size_t>(p.lse_elements())), nullptr};
-    if (cuda::deterministic_requested()) parts.dq_turns = w.take<int>(kernel.turn_count(p, dtype));
-    return parts;
-}
-
-// prepare_backward's object: 16-bit Q, K, V, dO on the device (PreparedCudaBackward), D and the
-// turn counters as workspace; execute() queues the kernel and waits.
-class Prepared16Backward final : public cuda::PreparedCudaBackward {
-public:
-    Prepared16Backward(const AttentionProblem& p, const BackwardInputs& in, DType dtype,
-                       const Kernel16Backward& kernel)
-        : PreparedCudaBackward(kernel.backend, p, in, dtype, cuda::InputForm::bits16),
-          kernel_(kernel),
-          deterministic_(cuda::deterministic_requested()) {
-        D_ = workspace<float>(static_cast<std::size_t>(p.lse_elements()));
-        if (deterministic_) turns_ = workspace<int>(kernel.turn_count(p, dtype));
-    }
-
-    void execute() override {
-        TcBackwardArgs args;
-        args.problem = problem_;
-        args.dtype = dtype_;
-        args.Q = Q16_.data(), args.K = K16_.data(), args.V = V16_.data(), args.dO = dO16_.data();
-        args.O = O_.data(), args.lse = lse_.data();
-        args.D = D_.data(), args.dq_turns = turns_.data();
-        args.dQ = dQ_.data(), args.dK = dK_.data(), args.dV = dV_.data();
-        kernel_.run(args, deterministic_);
-        cuda::synchronize_device();
-    }
-
-private:
-    Kernel16Backward kernel_;
-    bool deterministic_;
-    cuda::DeviceBuffer<float> D_;
-    cuda::DeviceBuffer<int> turns_;
-};
-
 }  // namespace
 
 Backend tc_backend() {
@@ -181,7 +136,7 @@ Backend tc_backend() {
         args.O_partial = partials.O, args.lse_partial = partials.lse;
         tc_forward(args, tile);
     };
-    add_16bit_backward(b, {"cuda-tc", tc_check_backward_problem,
+    cuda::add_16bit_backward(b, {"cuda-tc", tc_check_backward_problem,
                            [](const AttentionProblem& p, DType dtype) {
                                return tc_backward_turn_count(p, choose_backward_shape(p.dim, dtype));
                            },
@@ -190,37 +145,6 @@ Backend tc_backend() {
                                            deterministic);
                            }});
     return b;
-}
-
-void add_16bit_backward(Backend& b, const Kernel16Backward& kernel) {
-    b.prepare_backward = [kernel](const AttentionProblem& p, const BackwardInputs& in,
-                                  DType dtype) -> std::unique_ptr<PreparedBackward> {
-        kernel.check(p, dtype);
-        return std::make_unique<Prepared16Backward>(p, in, dtype, kernel);
-    };
-    // The device entry: the same kernel on the caller's 16-bit arrays, queued on the caller's
-    // stream (common/backend.hpp); its workspace is D and, in deterministic mode, the dQ turn
-    // counters (cut_backward_workspace).
-    b.device_backward_workspace_bytes = [kernel](const AttentionProblem& p, DType dtype) {
-        cuda::WorkspaceCarver counter;
-        cut_backward_workspace(p, dtype, kernel, counter);
-        return counter.bytes();
-    };
-    b.run_backward_device = [kernel](const AttentionProblem& problem, const DeviceBackward& a) {
-        kernel.check(problem, a.dtype);
-        TcBackwardArgs args;
-        args.problem = cuda::with_device_mask(problem, a.block_mask);
-        cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes,
-                                        std::string(kernel.backend) + "'s backward");
-        const BackwardWorkspace parts = cut_backward_workspace(problem, a.dtype, kernel, workspace);
-        workspace.require_fits();
-        args.dtype = a.dtype;
-        args.Q = a.Q, args.K = a.K, args.V = a.V, args.dO = a.dO, args.O = a.O, args.lse = a.lse;
-        args.D = parts.D, args.dq_turns = parts.dq_turns;
-        args.dQ = a.dQ, args.dK = a.dK, args.dV = a.dV;
-        args.stream = a.stream;
-        kernel.run(args, cuda::deterministic_requested());
-    };
 }
 
 }  // namespace flashattn::tc

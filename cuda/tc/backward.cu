@@ -12,7 +12,6 @@
 #include <type_traits>
 
 #include "common/tiling.hpp"
-#include "cuda/stages/backward_prepass.cuh"
 #include "cuda/host/check.hpp"
 #include "cuda/host/prepared.hpp"
 #include "cuda/host/variants.hpp"
@@ -143,34 +142,11 @@ std::size_t tc_backward_turn_count(const AttentionProblem& p, const TcBackwardSh
     return static_cast<std::size_t>(p.batch * p.heads * tile_count(p.seq_q, shape.Br));
 }
 
-void require_backward_arrays(const TcBackwardArgs& args, bool deterministic) {
-    require_array(args.Q, "Q"), require_array(args.K, "K"), require_array(args.V, "V");
-    require_array(args.dO, "dO"), require_array(args.O, "O"), require_array(args.lse, "LSE");
-    require_array(args.D, "D"), require_array(args.dQ, "dQ"), require_array(args.dK, "dK");
-    require_array(args.dV, "dV");
-    if (deterministic) require_array(args.dq_turns, "dq_turns");
-}
-
-void queue_backward_prepass(const TcBackwardArgs& args, std::size_t turns) {
-    const AttentionProblem& p = args.problem;
-    const auto stream = static_cast<cudaStream_t>(args.stream);
-    const std::int64_t rows = p.batch * p.heads * p.seq_q;
-    const int d = static_cast<int>(p.dim);
-    // L4: D = rowsum(dO o O), in the dO the products read (rounded to 16 bits).
-    if (args.dtype == DType::f16)
-        cuda::launch_delta(static_cast<const __half*>(args.dO), args.O, args.D, rows, d, stream);
-    else
-        cuda::launch_delta(static_cast<const __nv_bfloat16*>(args.dO), args.O, args.D, rows, d,
-                           stream);
-    FA_CUDA_CHECK(cudaMemsetAsync(args.dQ, 0, sizeof(float) * std::size_t(p.q_elements()), stream));
-    if (turns > 0) FA_CUDA_CHECK(cudaMemsetAsync(args.dq_turns, 0, sizeof(int) * turns, stream));
-}
-
 void tc_backward(const TcBackwardArgs& args, const TcBackwardShape& shape, bool deterministic) {
     const AttentionProblem& p = args.problem;
     tc_check_backward_problem(p, args.dtype);
-    require_backward_arrays(args, deterministic);
-    queue_backward_prepass(args, deterministic ? tc_backward_turn_count(p, shape) : 0);
+    cuda::require_backward_arrays(args, deterministic);
+    cuda::queue_backward_prepass(args, deterministic ? tc_backward_turn_count(p, shape) : 0);
     const auto stream = static_cast<cudaStream_t>(args.stream);
     const BackwardParams params = cuda::make_backward_params(
         p, args.Q, args.K, args.V, args.dO, args.lse, args.D, args.dQ, args.dK, args.dV,

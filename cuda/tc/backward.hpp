@@ -9,6 +9,7 @@
 
 #include "common/backend.hpp"
 #include "common/problem.hpp"
+#include "cuda/host/backward16.hpp"
 
 namespace flashattn::tc {
 
@@ -37,46 +38,16 @@ std::vector<TcBackwardShape> tc_backward_shapes(std::int64_t dim, DType dtype);
 // Throws std::invalid_argument naming the field for a problem (or dtype) the backward cannot run.
 void tc_check_backward_problem(const AttentionProblem& p, DType dtype);
 
-// Q (times q_sign), K, V and dO as 16-bit values of `dtype`; O and LSE of the forward as float;
-// dQ, dK, dV float. D (B H N_q floats) is working memory; dq_turns (tc_backward_turn_count ints)
-// too, used only when `deterministic`.
-struct TcBackwardArgs {
-    AttentionProblem problem;  // block_mask.data, if set, must point to device memory
-    DType dtype = DType::f16;
-    const void *Q = nullptr, *K = nullptr, *V = nullptr, *dO = nullptr;
-    const float *O = nullptr, *lse = nullptr;
-    float* D = nullptr;
-    int* dq_turns = nullptr;
-    float *dQ = nullptr, *dK = nullptr, *dV = nullptr;
-    void* stream = nullptr;  // a cudaStream_t; nullptr for the default stream
-};
+// The arguments: cuda/host/backward16.hpp's (shared with cuda-fa3's backward).
+using TcBackwardArgs = cuda::Backward16Args;
 
 // How many counters the deterministic mode needs (one per query tile and query head).
 std::size_t tc_backward_turn_count(const AttentionProblem& p, const TcBackwardShape& shape);
-
-// Throws std::invalid_argument for a missing array of `args` (dq_turns only when deterministic).
-void require_backward_arrays(const TcBackwardArgs& args, bool deterministic);
-
-// Algorithm 2 L4 and the zeroed sums, on args.stream: D = rowsum(dO o O) (from the 16-bit dO the
-// products read), dQ = 0, and `turns` dQ turn counters = 0 (none when 0).
-void queue_backward_prepass(const TcBackwardArgs& args, std::size_t turns);
 
 // Queues D = rowsum(dO o O), dQ = 0 and the kernel on args.stream (asynchronous).
 // `deterministic`: dQ's additions in a fixed order, the same bits on every run (slower; see
 // docs/cuda_backward.md). Throws std::invalid_argument for an unsupported problem or shape,
 // std::runtime_error for a CUDA failure.
 void tc_backward(const TcBackwardArgs& args, const TcBackwardShape& shape, bool deterministic);
-
-// A backward kernel on TcBackwardArgs: cuda-tc's (mma.sync, above) or cuda-fa3's (wgmma,
-// cuda/fa3/backward.hpp). add_16bit_backward gives a Backend its backward entries around one:
-// prepare_backward (16-bit uploads, poisoned dQ, dK, dV), the device entry and its workspace (D
-// and, in deterministic mode, the dQ turn counters).
-struct Kernel16Backward {
-    const char* backend;                                          // named in messages
-    void (*check)(const AttentionProblem&, DType);                // throws for what it cannot run
-    std::size_t (*turn_count)(const AttentionProblem&, DType);    // deterministic mode's counters
-    void (*run)(const TcBackwardArgs&, bool deterministic);       // queues D, dQ = 0, the kernel
-};
-void add_16bit_backward(Backend& b, const Kernel16Backward& kernel);
 
 }  // namespace flashattn::tc

@@ -34,7 +34,7 @@ Where it runs:
                                  cuda-fa3's where it has one, else cuda-tc's (it works from any
                                  forward's O and LSE).
     cuda-tc and cuda-fa3 accumulate, take the softmax and write O and the gradients in float32,
-    cast to the input's dtype on the GPU. cuda-tc's backward adds dQ with fp32 atomics, so dQ's
+    cast to the input's dtype on the GPU. Their backwards add dQ with fp32 atomics, so dQ's
     last bits may change from run to run; FLASHATTN_DETERMINISTIC=1 fixes their order (slower).
   * `backend=` forces a backend (for CUDA tensors, one with a device entry and the tensors' dtype).
 
@@ -939,7 +939,7 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     that precision, as `flashattn run --dtype` does; outputs have the input's dtype), or PyTorch
     CUDA tensors (computed on their GPU, asynchronously on PyTorch's current stream, results on
     the same device): float32 on cuda-fa2; float16 and bfloat16 on cuda-fa3 on a Hopper GPU for
-    d = 64 and 128 and more than 64 query rows (forward; its backward on cuda-tc), else on
+    d = 64 and 128 and more than 64 query rows (its backward too, after any forward), else on
     cuda-tc (d in 32, 64, 96, 128, and 256 forward only; decoding: split keys, GQA groups packed).
 
     causal: bottom-right aligned mask (query i sees key j iff j <= i + N_kv - N_q).
