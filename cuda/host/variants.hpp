@@ -12,7 +12,9 @@
 // Backends not named there run their default. A name the backend does not know is an error
 // (std::invalid_argument listing the names it does know), never a silent default. The variants of
 // each backend: cuda-fa1 tf32 | ffma; cuda-fa2 tf32 | ffma | one configuration of its kVariants
-// table (cuda/fa2/backend.cu); cuda-tc one tile shape of tc_tile_shapes (cuda/tc/forward.hpp).
+// table (cuda/fa2/backend.cu); cuda-tc one tile shape of tc_tile_shapes (cuda/tc/forward.hpp);
+// cuda-fa3 and cuda-fa3-backward one row of their kVariants tables (cuda/fa3/backend.cu,
+// cuda/fa3/backward.cu).
 #pragma once
 
 #include <algorithm>
