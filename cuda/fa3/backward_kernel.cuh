@@ -9,15 +9,15 @@
 // tile i that can see key tile j, with dK_j and dV_j in registers for the whole loop, and the
 // transposed products (S^T, dP^T: rows = keys), so that P^T and dS^T are already the register A
 // operand of dV_j += P^T dO_i and dK_j += dS^T Q_i. What wgmma changes:
-//   * a warpgroup (4 warps, 128 threads) owns 64 keys, and its products are 64 x N: two consumer
+//   * a warpgroup (4 warps, 128 threads) owns 64 keys, and its products are 64 x N: two
 //     warpgroups make Bc = 128. Whether a warpgroup skips or masks a tile is decided per
 //     warpgroup (a wgmma is collective); P, dS and the masks are still per element.
 //   * S^T, dP^T read K_j, V_j, Q_i and dO_i from shared memory (K-major, no ldmatrix); dV_j and dK_j
 //     read dO_i and Q_i as MN-major B operands, as the forward's P V reads V_j.
 //   * dQ_i = dS K_j reads both operands from shared memory as MN-major: dS^T as stored
-//     (keys x queries) and K_j (keys x d). dQ_i (64 x d) is cut into 64 x 64 blocks, one per
-//     warpgroup (at d = 64 only the first has one), each added to dQ in HBM with fp32 atomics as
-//     cuda-tc does (in a fixed order in deterministic mode).
+//     (keys x queries) and K_j (keys x d). dQ_i (Br x d) is cut into 64 x 64 blocks, one per
+//     warpgroup in the default tiles (d = 64 with Br = 128, d = 128 with Br = 64), each added to
+//     dQ in HBM with fp32 atomics as cuda-tc does (in a fixed order in deterministic mode).
 //
 // Algorithm 2 lines: L4 D_i (delta_kernel, before) | L5 one CTA per (j, K/V head, batch) | L6 K_j,
 // V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) | L8 the step loop (query head,
@@ -25,9 +25,10 @@
 // L14 probabilities_and_score_gradients | L12 dV_j += P^T dO_i | L13 dP^T = V_j dO_i^T | L15 dQ_i
 // += scale dS K_j | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
 //
-// Every product is waited for before the next step: no producer warpgroup, no overlap between a
-// step's products and the next step's softmax (docs/cuda_fa3.md, "backward", says what that costs
-// and what comes next).
+// Every product is waited for where it is issued, and every thread computes (thread 0 also issues
+// the copies): no producer warpgroup, no overlap of a step's products with its own or the next
+// step's softmax. docs/cuda_fa3.md, "The backward on wgmma", measures this form, an overlapped one
+// that did not pay, and says what comes next.
 #pragma once
 
 #include <cuda.h>
