@@ -132,6 +132,37 @@ struct Gradients {
     std::vector<float> dQ, dK, dV;
 };
 
+// One forward then backward of `backend` on these inputs, unchecked (for tests that compare runs
+// or look for NaN): the backward reads the forward's O and LSE, and dQ, dK, dV are poisoned (NaN)
+// before the run, so an element the backward leaves unwritten reads as NaN.
+inline Gradients run_forward_backward(const Backend& backend, const AttentionProblem& p,
+                                      const ProblemData& in, const std::vector<float>& dO,
+                                      DType dtype) {
+    const Outputs fwd = run_poisoned(backend, p, in, dtype);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    Gradients g{std::vector<float>(p.q_elements(), nan), std::vector<float>(p.kv_elements(), nan),
+                std::vector<float>(p.kv_elements(), nan)};
+    const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), fwd.O.data(), fwd.lse.data(),
+                             dO.data()};
+    run_backward(backend, p, bin, g.dQ.data(), g.dK.data(), g.dV.data(), dtype);
+    return g;
+}
+
+// Whether row `row` of a (rows x d) array holds a NaN.
+inline bool row_has_nan(const std::vector<float>& v, std::int64_t row, std::int64_t d) {
+    for (std::int64_t k = 0; k < d; ++k)
+        if (std::isnan(v[row * d + k])) return true;
+    return false;
+}
+
+// The registry's cuda-fa3, or nullptr (with a warning) where this build or GPU has none.
+inline const Backend* cuda_fa3_or_warn() {
+    for (const Backend& b : available_backends())
+        if (b.name == "cuda-fa3") return &b;
+    WARN("no cuda-fa3 here (it needs a build with CMAKE_CUDA_ARCHITECTURES=90a and a Hopper GPU)");
+    return nullptr;
+}
+
 // Prepares one problem once, executes it `runs` + 1 times and checks that every run gives the
 // first run's bits, O and LSE: a race, or a sum whose order changes from run to run, would show as
 // a difference. Returns the first run's outputs.

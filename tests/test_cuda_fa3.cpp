@@ -23,18 +23,10 @@ namespace {
 
 const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
 
-// The registry's cuda-fa3, or nullptr (with a warning) where this build or GPU has none.
-const Backend* fa3() {
-    for (const Backend& b : available_backends())
-        if (b.name == "cuda-fa3") return &b;
-    WARN("no cuda-fa3 here (it needs a build with CMAKE_CUDA_ARCHITECTURES=90a and a Hopper GPU)");
-    return nullptr;
-}
-
 }  // namespace
 
 TEST_CASE("cuda-fa3 matches float64 attention by the 2x rule on odd shapes") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     for (DType dtype : kDtypes)
         for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
@@ -45,7 +37,7 @@ TEST_CASE("cuda-fa3 matches float64 attention by the 2x rule on odd shapes") {
 }
 
 TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     for (const char* variant : {"d64-Bc128", "d64-Bc128-pingpong", "d128-Bc128-pingpong", "d128-Bc128"}) {
         INFO("FLASHATTN_VARIANT=cuda-fa3=" << variant);
@@ -68,7 +60,7 @@ TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
 }
 
 TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     std::mt19937 gen(Catch::rngSeed() + 47);
     for (DType dtype : kDtypes) {
@@ -97,7 +89,7 @@ TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
 // The persistent grid has one CTA per SM (132 on an H100): these problems have several hundred
 // work tiles, so every CTA takes several, one after another, through the counter in device memory.
 TEST_CASE("cuda-fa3: more work tiles than SMs, each CTA taking several in turn") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     std::mt19937 gen(Catch::rngSeed() + 53);
     for (std::int64_t d : {64, 128})
@@ -116,7 +108,7 @@ TEST_CASE("cuda-fa3: more work tiles than SMs, each CTA taking several in turn")
 }
 
 TEST_CASE("cuda-fa3: repeated runs give bit-identical outputs (whichever CTA takes a tile)") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     for (std::int64_t d : {64, 128}) {
         const AttentionProblem p = test::make_problem(2, 16, 4, 1023, 1111, d, true);
@@ -125,7 +117,7 @@ TEST_CASE("cuda-fa3: repeated runs give bit-identical outputs (whichever CTA tak
 }
 
 TEST_CASE("cuda-fa3 refuses what it cannot run, naming the field") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     const float x[256] = {};
     for (std::int64_t d : {32, 96, 256})

@@ -24,36 +24,10 @@ namespace {
 
 const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
 
-// The registry's cuda-fa3, or nullptr (with a warning) where this build or GPU has none.
-const Backend* fa3() {
-    for (const Backend& b : available_backends())
-        if (b.name == "cuda-fa3") return &b;
-    WARN("no cuda-fa3 here (it needs a build with CMAKE_CUDA_ARCHITECTURES=90a and a Hopper GPU)");
-    return nullptr;
-}
-
-// Forward then backward of cuda-fa3 with the given inputs; returns dQ, dK, dV.
-test::Gradients gradients(const Backend& b, const AttentionProblem& p, const ProblemData& in,
-                          const std::vector<float>& dO, DType dtype) {
-    std::vector<float> O(p.q_elements()), lse(p.lse_elements());
-    run_backend(b, p, in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dtype);
-    const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dO.data()};
-    test::Gradients g{std::vector<float>(p.q_elements()), std::vector<float>(p.kv_elements()),
-                      std::vector<float>(p.kv_elements())};
-    run_backward(b, p, bin, g.dQ.data(), g.dK.data(), g.dV.data(), dtype);
-    return g;
-}
-
-bool row_has_nan(const std::vector<float>& v, std::int64_t row, std::int64_t d) {
-    for (std::int64_t k = 0; k < d; ++k)
-        if (std::isnan(v[row * d + k])) return true;
-    return false;
-}
-
 }  // namespace
 
 TEST_CASE("cuda-fa3 backward matches float64 by the 2x rule on odd shapes") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     REQUIRE(b->has_backward());
     for (DType dtype : kDtypes)
@@ -66,7 +40,7 @@ TEST_CASE("cuda-fa3 backward matches float64 by the 2x rule on odd shapes") {
 }
 
 TEST_CASE("cuda-fa3 backward: many tiles (N = 1023), GQA and MQA, any scale, long rows") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     for (DType dtype : kDtypes) {
         for (std::int64_t d : {64, 128})
@@ -88,7 +62,7 @@ TEST_CASE("cuda-fa3 backward: many tiles (N = 1023), GQA and MQA, any scale, lon
 }
 
 TEST_CASE("cuda-fa3 backward: block masks, and a fully masked row gets zero gradients") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     std::mt19937 gen(Catch::rngSeed() + 47);
     for (DType dtype : kDtypes)
@@ -117,7 +91,7 @@ TEST_CASE("cuda-fa3 backward: block masks, and a fully masked row gets zero grad
 }
 
 TEST_CASE("cuda-fa3 backward: FLASHATTN_DETERMINISTIC=1 gives the same bits on every run") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
     deterministic.set("1");
@@ -132,7 +106,7 @@ TEST_CASE("cuda-fa3 backward: FLASHATTN_DETERMINISTIC=1 gives the same bits on e
             const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
             const test::Gradients first = check_backward_against_reference(*b, p, in, dO, dtype);
             for (int run = 0; run < 3; ++run) {
-                const test::Gradients again = gradients(*b, p, in, dO, dtype);
+                const test::Gradients again = test::run_forward_backward(*b, p, in, dO, dtype);
                 INFO(test::describe(p) << " " << to_string(dtype) << ", run " << run);
                 CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * 4) == 0);
                 CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
@@ -144,7 +118,7 @@ TEST_CASE("cuda-fa3 backward: FLASHATTN_DETERMINISTIC=1 gives the same bits on e
 TEST_CASE("cuda-fa3 backward: the default (atomic dQ) mode keeps dK, dV bits and dQ within the rule") {
     // As cuda-tc's: dQ's fp32 atomic additions may come in another order on every run; dK and dV
     // are summed in registers in a fixed order.
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     const AttentionProblem p = test::make_problem(2, 4, 2, 300, 1000, 128, true);
     const std::uint64_t seed = test::next_seed();
@@ -169,7 +143,7 @@ TEST_CASE("cuda-fa3 backward: a NaN reaches the gradients that read it, and at m
     // partly visible, the masked dS_57j = 0 still meets Q_57 in the tensor-core product, so dK_j
     // may be NaN for j < Br (Br = 128 at d = 64: keys 64..127 see rows 64..127 of that tile);
     // keys from 128 on must not be.
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     for (DType dtype : kDtypes) {
         const AttentionProblem p = test::make_problem(1, 1, 1, 203, 203, 64, true);
@@ -177,22 +151,22 @@ TEST_CASE("cuda-fa3 backward: a NaN reaches the gradients that read it, and at m
         ProblemData in = random_problem_data(p, seed);
         const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
         in.Q[57 * p.dim + 3] = std::numeric_limits<float>::quiet_NaN();
-        const test::Gradients g = gradients(*b, p, in, dO, dtype);
+        const test::Gradients g = test::run_forward_backward(*b, p, in, dO, dtype);
         for (std::int64_t i = 0; i < p.seq_q; ++i) {
             INFO("dQ row " << i);
-            CHECK(row_has_nan(g.dQ, i, p.dim) == (i == 57));
+            CHECK(test::row_has_nan(g.dQ, i, p.dim) == (i == 57));
         }
         for (std::int64_t j = 0; j < p.seq_kv; ++j) {
             INFO("key " << j);
-            if (j <= 57) CHECK(row_has_nan(g.dK, j, p.dim));
-            if (j >= 128) CHECK_FALSE(row_has_nan(g.dK, j, p.dim));
-            CHECK(row_has_nan(g.dV, j, p.dim) == (j <= 57));  // P = 0 meets a finite dO
+            if (j <= 57) CHECK(test::row_has_nan(g.dK, j, p.dim));
+            if (j >= 128) CHECK_FALSE(test::row_has_nan(g.dK, j, p.dim));
+            CHECK(test::row_has_nan(g.dV, j, p.dim) == (j <= 57));  // P = 0 meets a finite dO
         }
     }
 }
 
 TEST_CASE("cuda-fa3 backward rejects what it cannot run, naming the field") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     const AttentionProblem p = test::make_problem(1, 1, 1, 5, 5, 32);
     const ProblemData in = random_problem_data(p, 1);
@@ -212,7 +186,7 @@ TEST_CASE("cuda-fa3 backward rejects what it cannot run, naming the field") {
 }
 
 TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
-    const Backend* b = fa3();
+    const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     for (const char* variant : {"d64-Br128", "d64-Br64", "d128-Br64"}) {
         INFO("FLASHATTN_VARIANT=cuda-fa3-backward=" << variant);

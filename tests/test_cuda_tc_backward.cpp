@@ -29,24 +29,6 @@ namespace {
 
 const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
 
-// Forward then backward of cuda-tc, with the given inputs; returns dQ, dK, dV.
-test::Gradients gradients(const Backend& b, const AttentionProblem& p, const ProblemData& in,
-                          const std::vector<float>& dO, DType dtype) {
-    std::vector<float> O(p.q_elements()), lse(p.lse_elements());
-    run_backend(b, p, in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dtype);
-    const BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dO.data()};
-    test::Gradients g{std::vector<float>(p.q_elements()), std::vector<float>(p.kv_elements()),
-                      std::vector<float>(p.kv_elements())};
-    run_backward(b, p, bin, g.dQ.data(), g.dK.data(), g.dV.data(), dtype);
-    return g;
-}
-
-bool row_has_nan(const std::vector<float>& v, std::int64_t row, std::int64_t d) {
-    for (std::int64_t k = 0; k < d; ++k)
-        if (std::isnan(v[row * d + k])) return true;
-    return false;
-}
-
 }  // namespace
 
 TEST_CASE("cuda-tc backward matches float64 by the 2x rule on odd shapes, every head dim") {
@@ -124,7 +106,7 @@ TEST_CASE("cuda-tc backward: FLASHATTN_DETERMINISTIC=1 gives the same bits on ev
             const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
             const test::Gradients first = check_backward_against_reference(backend, p, in, dO, dtype);
             for (int run = 0; run < 3; ++run) {
-                const test::Gradients again = gradients(backend, p, in, dO, dtype);
+                const test::Gradients again = test::run_forward_backward(backend, p, in, dO, dtype);
                 INFO(test::describe(p) << " " << to_string(dtype) << ", run " << run);
                 CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * 4) == 0);
                 CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
@@ -166,17 +148,17 @@ TEST_CASE("cuda-tc backward: a NaN reaches the gradients that read it, and at mo
         ProblemData in = random_problem_data(p, seed);
         const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
         in.Q[57 * p.dim + 3] = std::numeric_limits<float>::quiet_NaN();
-        const test::Gradients g = gradients(backend, p, in, dO, dtype);
+        const test::Gradients g = test::run_forward_backward(backend, p, in, dO, dtype);
         for (std::int64_t i = 0; i < p.seq_q; ++i) {
             INFO("dQ row " << i);
-            CHECK(row_has_nan(g.dQ, i, p.dim) == (i == 57));
+            CHECK(test::row_has_nan(g.dQ, i, p.dim) == (i == 57));
         }
         for (std::int64_t j = 0; j < p.seq_kv; ++j) {
             INFO("key " << j);
-            if (j <= 57) CHECK(row_has_nan(g.dK, j, p.dim));
-            if (j <= 57) CHECK(row_has_nan(g.dV, j, p.dim));
-            if (j >= 64) CHECK_FALSE(row_has_nan(g.dK, j, p.dim));
-            if (j >= 64) CHECK_FALSE(row_has_nan(g.dV, j, p.dim));
+            if (j <= 57) CHECK(test::row_has_nan(g.dK, j, p.dim));
+            if (j <= 57) CHECK(test::row_has_nan(g.dV, j, p.dim));
+            if (j >= 64) CHECK_FALSE(test::row_has_nan(g.dK, j, p.dim));
+            if (j >= 64) CHECK_FALSE(test::row_has_nan(g.dV, j, p.dim));
         }
     }
 }

@@ -28,15 +28,7 @@ namespace flashattn::fa3 {
 namespace {
 
 void check_problem(const AttentionProblem& p, DType dtype) {
-    validate(p);
-    if (dtype != DType::f16 && dtype != DType::bf16)
-        throw std::invalid_argument("dtype = " + to_string(dtype) +
-                                    ": cuda-fa3 computes in f16 or bf16 (tensor cores)");
-    if (p.dim != 64 && p.dim != 128)
-        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
-                                    ": cuda-fa3 supports head dim 64 or 128");
-    const std::string outside = cuda::mma_grid_limits(p);
-    if (!outside.empty()) throw std::invalid_argument(outside);
+    fa3_check_inputs(p, dtype);
     // Work tiles (Br = 128 rows in every variant) are numbered with int: the counter is an int.
     const std::int64_t items = tile_count(p.seq_q, 128) * p.heads * p.batch;
     if (items > (std::int64_t{1} << 30))
@@ -132,6 +124,18 @@ private:
 };
 
 }  // namespace
+
+void fa3_check_inputs(const AttentionProblem& p, DType dtype) {
+    validate(p);
+    if (dtype != DType::f16 && dtype != DType::bf16)
+        throw std::invalid_argument("dtype = " + to_string(dtype) +
+                                    ": cuda-fa3 computes in f16 or bf16 (tensor cores)");
+    if (p.dim != 64 && p.dim != 128)
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
+                                    ": cuda-fa3 supports head dim 64 or 128");
+    const std::string outside = cuda::mma_grid_limits(p);
+    if (!outside.empty()) throw std::invalid_argument(outside);
+}
 
 bool fa3_available() {
 #if defined(FLASHATTN_HAVE_SM90A)

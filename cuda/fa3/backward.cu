@@ -10,10 +10,10 @@
 #include <string>
 
 #include "common/tiling.hpp"
+#include "cuda/fa3/backend.hpp"
 #include "cuda/fa3/backward_kernel.cuh"
 #include "cuda/fa3/tensor_map.hpp"
 #include "cuda/host/check.hpp"
-#include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/host/variants.hpp"
 
 namespace flashattn::fa3 {
@@ -81,15 +81,7 @@ const Variant& choose_variant(const AttentionProblem& p) {
 }  // namespace
 
 void fa3_check_backward_problem(const AttentionProblem& p, DType dtype) {
-    validate(p);
-    if (dtype != DType::f16 && dtype != DType::bf16)
-        throw std::invalid_argument("dtype = " + to_string(dtype) +
-                                    ": cuda-fa3 computes in f16 or bf16 (tensor cores)");
-    if (p.dim != 64 && p.dim != 128)
-        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
-                                    ": cuda-fa3's backward supports head dim 64 or 128");
-    const std::string outside = cuda::mma_grid_limits(p);
-    if (!outside.empty()) throw std::invalid_argument(outside);
+    fa3_check_inputs(p, dtype);
     if (p.batch * p.heads_kv > 65535)
         throw std::invalid_argument("batch*heads_kv = " + std::to_string(p.batch * p.heads_kv) +
                                     ": cuda-fa3's backward grid allows at most 65535");

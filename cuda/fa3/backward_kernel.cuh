@@ -190,31 +190,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                                      sDelta + slot * Br);
     };
 
-    // L8: the steps are (h, i) for every query head of the group and every query tile that can
-    // see key tile j, in order; `next` finds the one after (h, i), h = h0 + G when none is left.
-    const auto next = [&](std::int64_t& h, int& i) {
-        i = int(next_visible_tile(p, TileAxis::queries, cols, i + 1, Tr, Br));
-        while (i >= Tr && ++h < h0 + G) i = int(next_visible_tile(p, TileAxis::queries, cols, 0, Tr, Br));
-    };
+    // L8: the steps (h, i), in cuda::next_step's order.
     std::int64_t h = h0;
     int i = -1;
-    next(h, i);
+    cuda::next_step(p, cols, Tr, Br, h0, G, h, i);
     if (h < h0 + G) load_step(0, h, i);
     cp_async_commit();
 
     // L7: dK_j = 0, dV_j = 0: this warp's 16 keys x D.
     float dK[D / 8][4], dV[D / 8][4];
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dK[dt][e] = dV[dt][e] = 0.0f;
+    zero(dK);
+    zero(dV);
 
     RingPosition ring;
     bool keys_landed = false;
     while (h < h0 + G) {
         std::int64_t h_next = h;
         int i_next = i;
-        next(h_next, i_next);
+        cuda::next_step(p, cols, Tr, Br, h0, G, h_next, i_next);
         // This step's tiles have landed, and every warpgroup is done with the previous step (its
         // slot, which the next copy overwrites, and dS^T, which this step rewrites).
         cp_async_wait_all();
@@ -268,16 +261,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
         // L15: dQ_i += scale dS K_j; in kDeterministic mode after the key tiles before this one.
         int* turn = nullptr;
-        if constexpr (kDeterministic) {
-            turn = bp.dq_turns + (b * p.heads + h) * Tr + i;
-            if (threadIdx.x == 0) {
-                const int mine = cuda::dq_turn<kBlockMask>(p, rows, j, Bc);
-                while (*static_cast<volatile int*>(turn) != mine) {
-                }
-                __threadfence();
-            }
-            __syncthreads();
-        }
+        if constexpr (kDeterministic)
+            turn = cuda::wait_dq_turn<kBlockMask>(bp, b, h, Tr, i, rows, j, Bc);
         // Block wg: rows 64 rb .., columns 64 cb .., keys 0 .. Bc - 1. Where every warpgroup has a
         // block the test is left out at compile time: a branch around a wgmma measured ~20% slower
         // at d = 128.
@@ -290,11 +275,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             cuda::add_dq_piece<8>(bp, bp.dQ + p.q_offset(b, h), acc,
                                   rows.begin + 64 * rb + 16 * wg_warp, 64 * cb, lane);
         }
-        if constexpr (kDeterministic) {
-            __threadfence();  // this tile's additions are done before the next tile's turn
-            __syncthreads();
-            if (threadIdx.x == 0) atomicAdd(turn, 1);
-        }
+        if constexpr (kDeterministic) cuda::pass_dq_turn(turn);
         h = h_next, i = i_next;
         ring.advance<2>();
     }

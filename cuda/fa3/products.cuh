@@ -28,6 +28,15 @@ __device__ __forceinline__ T* fresh(T* p) {
     return p;
 }
 
+// An accumulator (rows of m16n8 C tiles) set to 0.
+template <int kTiles>
+__device__ __forceinline__ void zero(float (&acc)[kTiles][4]) {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+}
+
 // acc (64 x N) = A B^T over kPanels * 64 columns, A (64 rows) and B (N rows) both K-major; the
 // accumulator is zeroed first. A's and B's panels lie a_panel and b_panel elements apart.
 // Forward: S = Q_i K_j^T (FA2 Algorithm 1 L8). Backward: S^T = K_j Q_i^T and dP^T = V_j dO_i^T
@@ -35,10 +44,7 @@ __device__ __forceinline__ T* fresh(T* p) {
 template <class T, int N, int kPanels>
 __device__ __forceinline__ void issue_ab_t(float (&acc)[N / 8][4], const T* A, int a_panel,
                                            const T* B, int b_panel) {
-#pragma unroll
-    for (int nt = 0; nt < N / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    zero(acc);
     hopper::wgmma_fence_registers(acc);
     hopper::wgmma_fence();
 #pragma unroll
@@ -83,10 +89,7 @@ __device__ __forceinline__ void issue_a_regs_b(float (&acc)[8 * kPanels][4],
 // with dS^T stored as (keys x queries) and K_j as (keys x d) (Algorithm 2 L15).
 template <class T, int kKSteps>
 __device__ __forceinline__ void issue_mn_major(float (&acc)[8][4], const T* A, const T* B) {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    zero(acc);
     hopper::wgmma_fence_registers(acc);
     hopper::wgmma_fence();
 #pragma unroll

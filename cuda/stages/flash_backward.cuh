@@ -161,6 +161,39 @@ __device__ __forceinline__ int dq_turn(const AttentionProblem& p, TileRange rows
     return turn;
 }
 
+// Algorithm 2 L8's order for key tile `cols`: the steps are (h, i) for every query head h0 ..
+// h0 + G - 1 of the K/V head's group and every query tile i that can see the keys. Moves (h, i)
+// to the step after it (start from h = h0, i = -1); h = h0 + G when none is left.
+__device__ __forceinline__ void next_step(const AttentionProblem& p, TileRange cols, int Tr, int Br,
+                                          std::int64_t h0, std::int64_t G, std::int64_t& h, int& i) {
+    i = int(next_visible_tile(p, TileAxis::queries, cols, i + 1, Tr, Br));
+    while (i >= Tr && ++h < h0 + G) i = int(next_visible_tile(p, TileAxis::queries, cols, 0, Tr, Br));
+}
+
+// Deterministic mode's fixed order of dQ additions: the CTA of key tile j waits (thread 0 spins,
+// then the whole CTA meets) until the key tiles before it have added to dQ_i of query tile i, head
+// h; returns the counter that pass_dq_turn advances once this CTA's additions are done.
+template <bool kBlockMask>
+__device__ __forceinline__ int* wait_dq_turn(const BackwardParams& params, std::int64_t b,
+                                             std::int64_t h, int Tr, int i, TileRange rows, int j,
+                                             int Bc) {
+    const AttentionProblem& p = params.problem;
+    int* turn = params.dq_turns + (b * p.heads + h) * Tr + i;
+    if (threadIdx.x == 0) {
+        const int mine = dq_turn<kBlockMask>(p, rows, j, Bc);
+        while (*static_cast<volatile int*>(turn) != mine) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+    return turn;
+}
+__device__ __forceinline__ void pass_dq_turn(int* turn) {
+    __threadfence();  // this tile's additions are done before the next tile's turn
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(turn, 1);
+}
+
 // dQ_i += scale acc for one 16-row piece (accumulator columns col0 .. col0 + 8 kNT - 1): fp32
 // atomics, two floats at a time where the row is whole; rows past N_q and columns past d are not
 // written.
@@ -252,15 +285,10 @@ __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardP
     // L6: K_j, V_j (cp.async group 0, with the first step's tiles).
     Ops::load_keys(params, sh, kv_off, j);
 
-    // L8: the steps are (h, i) for every query head of the group and every query tile that can
-    // see key tile j, in order; `next` finds the one after (h, i), h = h0 + G when none is left.
-    const auto next = [&](std::int64_t& h, int& i) {
-        i = int(next_visible_tile(p, TileAxis::queries, cols, i + 1, Tr, Br));
-        while (i >= Tr && ++h < h0 + G) i = int(next_visible_tile(p, TileAxis::queries, cols, 0, Tr, Br));
-    };
+    // L8: the steps (h, i), in next_step's order.
     std::int64_t h = h0;
     int i = -1;
-    next(h, i);
+    next_step(p, cols, Tr, Br, h0, G, h, i);
     if (h < h0 + G) Ops::load_query_step(params, sh, 0, b, h, i);
     cp_async_commit();
 
@@ -277,7 +305,7 @@ __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardP
     while (h < h0 + G) {
         std::int64_t h_next = h;
         int i_next = i;
-        next(h_next, i_next);
+        next_step(p, cols, Tr, Br, h0, G, h_next, i_next);
         // This step's tiles have landed, and every warp is done with the previous step (its slot,
         // which the next copy overwrites, and dS^T, which this step rewrites).
         cp_async_wait_all();
@@ -314,22 +342,9 @@ __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardP
 
         // L15: dQ_i += scale dS K_j; in kDeterministic mode after the key tiles before this one.
         int* turn = nullptr;
-        if constexpr (kDeterministic) {
-            turn = params.dq_turns + (b * p.heads + h) * Tr + i;
-            if (threadIdx.x == 0) {
-                const int mine = dq_turn<kBlockMask>(p, rows, j, Bc);
-                while (*static_cast<volatile int*>(turn) != mine) {
-                }
-                __threadfence();
-            }
-            __syncthreads();
-        }
+        if constexpr (kDeterministic) turn = wait_dq_turn<kBlockMask>(params, b, h, Tr, i, rows, j, Bc);
         Ops::accumulate_dq(params, params.dQ + p.q_offset(b, h), sh, rows.begin, warp, lane);
-        if constexpr (kDeterministic) {
-            __threadfence();  // this tile's additions are done before the next tile's turn
-            __syncthreads();
-            if (threadIdx.x == 0) atomicAdd(turn, 1);
-        }
+        if constexpr (kDeterministic) pass_dq_turn(turn);
         h = h_next, i = i_next;
         slot ^= 1;
     }
