@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/array_layout.hpp"
 #include "common/dtype.hpp"
 #include "common/problem.hpp"
 
@@ -89,14 +90,22 @@ enum class TileSizes {
 //     validated) copied to the device, or nullptr without one.
 // Launch failures are thrown (std::runtime_error); a failure inside a kernel surfaces at the
 // caller's next synchronization, as it does in PyTorch.
+//
+// Arrays are contiguous unless their layouts say otherwise, and O is float32 unless o_dtype says
+// `dtype`: only a backend with Backend::device_layouts takes anything else (the others refuse it,
+// require_default_layouts). Reading Q, K, V where they lie and writing O in the inputs' dtype
+// spares a PyTorch caller a copy of each (python/flashattn, _cuda_forward).
 struct DeviceForward {
     const void *Q = nullptr, *K = nullptr, *V = nullptr;
-    float *O = nullptr, *lse = nullptr;
+    void* O = nullptr;  // float32, or o_dtype
+    float* lse = nullptr;  // always contiguous float32
     void* stream = nullptr;
     DType dtype = DType::f32;
     void* workspace = nullptr;
     std::size_t workspace_bytes = 0;
     const std::uint8_t* block_mask = nullptr;
+    ArrayLayout q_layout, k_layout, v_layout, o_layout;
+    DType o_dtype = DType::f32;
 };
 struct DeviceBackward {
     const void *Q = nullptr, *K = nullptr, *V = nullptr, *dO = nullptr;
@@ -131,6 +140,9 @@ struct Backend {
     // The workspace the device entries need (DeviceForward::workspace); empty = none.
     std::function<std::size_t(const AttentionProblem&, DType)> device_workspace_bytes;
     std::function<std::size_t(const AttentionProblem&, DType)> device_backward_workspace_bytes;
+    // run_device reads Q, K, V and writes O in the layouts DeviceForward gives, and writes O in
+    // the inputs' dtype when asked (DeviceForward::o_dtype).
+    bool device_layouts = false;
 
     bool supports(DType t) const {
         return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();
@@ -157,6 +169,17 @@ inline void run_backend(const Backend& backend, const AttentionProblem& problem,
     auto prepared = backend.prepare(problem, Q, K, V, dtype);
     prepared->execute();
     prepared->fetch(O, lse);
+}
+
+// Throws std::invalid_argument when a forward's arrays are not the contiguous float32 ones that a
+// backend without Backend::device_layouts reads and writes.
+inline void require_default_layouts(const std::string& backend, const DeviceForward& a) {
+    const bool strided = !a.q_layout.is_default() || !a.k_layout.is_default() ||
+                         !a.v_layout.is_default() || !a.o_layout.is_default();
+    if (strided || a.o_dtype != DType::f32)
+        throw std::invalid_argument(
+            "backend = " + backend + ": its device entry reads contiguous Q, K, V and writes a "
+            "contiguous float32 O (strided arrays and a 16-bit O are cuda-fa3's)");
 }
 
 // Throws std::invalid_argument naming the backend when it has no backward pass.

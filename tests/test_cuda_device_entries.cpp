@@ -239,6 +239,140 @@ TEST_CASE("device entries queue behind the caller's stream, return at once, and 
     }
 }
 
+namespace {
+
+// A (batch, heads, rows, d) array of 16-bit values laid out as (batch, rows, heads, d) -- the order
+// of q, k and v cut from one projection -- with 8 unused elements after each row of heads and 16
+// after each batch entry, so that every stride differs from the contiguous one. Unused elements
+// hold 0xFFFF (NaN in f16 and bf16).
+struct Strided16 {
+    ArrayLayout layout;
+    std::vector<std::uint16_t> host;
+
+    Strided16(std::int64_t batch, std::int64_t heads, std::int64_t rows, std::int64_t d) {
+        const std::int64_t row = heads * d + 8;
+        layout = {rows * row + 16, d, row};
+        host.assign(static_cast<std::size_t>(batch * layout.batch), 0xFFFF);
+    }
+    std::size_t at(std::int64_t b, std::int64_t h, std::int64_t r, std::int64_t c) const {
+        return static_cast<std::size_t>(layout.offset(b, h) + r * layout.row + c);
+    }
+};
+
+// The contiguous (batch, heads, rows, d) array x of problem shape (heads, rows) in a Strided16.
+Strided16 strided_copy(const std::vector<float>& x, std::int64_t batch, std::int64_t heads,
+                       std::int64_t rows, std::int64_t d, DType dtype, float sign = 1.0f) {
+    Strided16 out(batch, heads, rows, d);
+    for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t h = 0; h < heads; ++h)
+            for (std::int64_t r = 0; r < rows; ++r)
+                for (std::int64_t c = 0; c < d; ++c)
+                    out.host[out.at(b, h, r, c)] =
+                        cuda::to_bits(sign * x[((b * heads + h) * rows + r) * d + c], dtype);
+    return out;
+}
+
+std::vector<std::uint8_t> bytes_of(const std::vector<std::uint16_t>& x) {
+    std::vector<std::uint8_t> out(x.size() * 2);
+    std::memcpy(out.data(), x.data(), out.size());
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits where it lies") {
+    if (!fa3::fa3_available()) {
+        WARN("cuda-fa3 needs an sm_90a build on a Hopper GPU: not tested here");
+        return;
+    }
+    const Backend& fa3 = find_backend("cuda-fa3");
+    REQUIRE(fa3.device_layouts);
+    for (auto [dtype, dim] : std::vector<std::pair<DType, std::int64_t>>{{DType::f16, 64},
+                                                                          {DType::bf16, 128}})
+        for (bool causal : {false, true}) {
+            const AttentionProblem p = test::make_problem(2, 4, 2, 113, 203, dim, causal);
+            const std::uint64_t seed = test::next_seed();
+            INFO(to_string(dtype) << " " << test::describe(p) << " seed=" << seed);
+            const ProblemData in = random_problem_data(p, seed);
+            // The host path: contiguous arrays, float32 O (checked against float64 elsewhere).
+            const test::Outputs host = test::run_poisoned(fa3, p, in, dtype);
+
+            const Strided16 Qh = strided_copy(in.Q, p.batch, p.heads, p.seq_q, dim, dtype,
+                                              cuda::q_sign(p));
+            const Strided16 Kh = strided_copy(in.K, p.batch, p.heads_kv, p.seq_kv, dim, dtype);
+            const Strided16 Vh = strided_copy(in.V, p.batch, p.heads_kv, p.seq_kv, dim, dtype);
+            const Strided16 Oh(p.batch, p.heads, p.seq_q, dim);  // all 0xFFFF
+            Stream stream;
+            Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
+            Staged O(bytes_of(Oh.host));
+            for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
+            cuda::DeviceBuffer<float> lse(p.lse_elements());
+            FA_CUDA_CHECK(cudaMemsetAsync(lse.data(), 0xFF, lse.bytes(), stream.s));
+            Workspace workspace(fa3.device_workspace_bytes(p, dtype), stream.s);
+            DeviceForward a;
+            a.Q = Q.data(), a.K = K.data(), a.V = V.data();
+            a.O = O.device.data(), a.lse = lse.data();
+            a.stream = stream.s, a.dtype = dtype;
+            a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+            a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
+            a.o_layout = Oh.layout, a.o_dtype = dtype;
+            fa3.run_device(p, a);
+            FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+            std::vector<std::uint16_t> O_bits(Oh.host.size());
+            O.device.download(reinterpret_cast<std::uint8_t*>(O_bits.data()));
+
+            // The same kernel on the same values: O is the host path's float32 O rounded to
+            // nearest even, bit for bit, and nothing outside O's rows was written.
+            std::size_t wrong = 0, touched = 0, written = 0;
+            std::vector<bool> is_O(O_bits.size(), false);
+            for (std::int64_t b = 0; b < p.batch; ++b)
+                for (std::int64_t h = 0; h < p.heads; ++h)
+                    for (std::int64_t r = 0; r < p.seq_q; ++r)
+                        for (std::int64_t c = 0; c < dim; ++c) {
+                            const std::size_t k = Oh.at(b, h, r, c);
+                            is_O[k] = true, ++written;
+                            wrong += O_bits[k] !=
+                                     cuda::to_bits(host.O[((b * p.heads + h) * p.seq_q + r) * dim + c],
+                                                   dtype);
+                        }
+            for (std::size_t k = 0; k < O_bits.size(); ++k) touched += !is_O[k] && O_bits[k] != 0xFFFF;
+            CHECK(written == std::size_t(p.q_elements()));
+            CHECK(wrong == 0);
+            CHECK(touched == 0);
+            CHECK(max_difference(download(lse), host.lse) == 0.0);
+
+            // Strides TMA cannot read, an O dtype that is neither float32 nor the inputs', and a
+            // misaligned 16-bit O are refused before any work.
+            DeviceForward bad = a;
+            bad.k_layout.row = Kh.layout.row + 4;
+            CHECK_THROWS_AS(fa3.run_device(p, bad), std::invalid_argument);
+            bad = a;
+            bad.o_dtype = dtype == DType::f16 ? DType::bf16 : DType::f16;
+            CHECK_THROWS_AS(fa3.run_device(p, bad), std::invalid_argument);
+            bad = a;
+            bad.o_layout.row = Oh.layout.row + 1;
+            CHECK_THROWS_AS(fa3.run_device(p, bad), std::invalid_argument);
+        }
+}
+
+TEST_CASE("device entries without layouts refuse strided arrays and a 16-bit O") {
+    for (const Case& c : forward_cases()) {
+        const Backend& backend = find_backend(c.backend);
+        if (backend.device_layouts) continue;
+        const AttentionProblem p = test::make_problem(1, 2, 2, 33, 40, c.dim, false);
+        cuda::DeviceBuffer<float> buffer(4 * p.q_elements() + 4 * p.kv_elements());
+        DeviceForward a;
+        a.Q = a.K = a.V = buffer.data(), a.O = buffer.data(), a.lse = buffer.data();
+        a.dtype = c.dtype;
+        a.q_layout = {0, 0, 8 * c.dim};
+        INFO(c.backend);
+        CHECK_THROWS_AS(backend.run_device(p, a), std::invalid_argument);
+        a.q_layout = {};
+        a.o_dtype = DType::f16;
+        CHECK_THROWS_AS(backend.run_device(p, a), std::invalid_argument);
+    }
+}
+
 TEST_CASE("device backward entries queue behind the caller's stream and match the host path") {
     struct BackwardCase {
         std::string backend;

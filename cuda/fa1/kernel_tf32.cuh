@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fa1_tf32_kernel(const Fa1Tf3
     const float* Q = params.Q + p.q_offset(b, h);
     const float* K = params.K + p.kv_offset(b, h);
     const float* V = params.V + p.kv_offset(b, h);
-    float* O = params.O + p.q_offset(b, h);
+    float* O = static_cast<float*>(params.O) + p.q_offset(b, h);  // always contiguous float32 here
     float* l_hbm = params.l + p.lse_offset(b, h);
     float* m_hbm = params.m + p.lse_offset(b, h);
     const TileRange my_rows = {i_begin * Br, min(i_end * Br, p.seq_q)};

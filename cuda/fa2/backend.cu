@@ -183,6 +183,7 @@ Backend cuda_fa2_backend() {
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
+        require_default_layouts("cuda-fa2", a);
         if (a.dtype != DType::f32)
             throw std::invalid_argument("dtype = " + to_string(a.dtype) +
                                         ": cuda-fa2 computes in float32 only (cuda-tc runs f16/bf16)");
@@ -190,6 +191,7 @@ Backend cuda_fa2_backend() {
         const auto* Q = static_cast<const float*>(a.Q);
         const auto* K = static_cast<const float*>(a.K);
         const auto* V = static_cast<const float*>(a.V);
+        auto* O = static_cast<float*>(a.O);  // contiguous float32 (require_default_layouts)
         const auto stream = static_cast<cudaStream_t>(a.stream);
         WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-fa2");
         int* nonfinite = cut_forward_workspace(p, workspace);
@@ -198,13 +200,13 @@ Backend cuda_fa2_backend() {
         const Fa2Variant& chosen = choose_variant(p.dim, tf32_shape_allowed(p));
         require_fits(ffma, p), require_fits(chosen, p);
         if (!tensor_cores_on_device(p)) {
-            chosen.launch(p, Q, K, V, a.O, a.lse, {}, stream);
+            chosen.launch(p, Q, K, V, O, a.lse, {}, stream);
             return;
         }
         queue_nonfinite_test({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()}},
                              nonfinite, stream);
-        chosen.launch(p, Q, K, V, a.O, a.lse, {nonfinite, false}, stream);
-        ffma.launch(p, Q, K, V, a.O, a.lse, {nonfinite, true}, stream);
+        chosen.launch(p, Q, K, V, O, a.lse, {nonfinite, false}, stream);
+        ffma.launch(p, Q, K, V, O, a.lse, {nonfinite, true}, stream);
     };
     return b;
 }

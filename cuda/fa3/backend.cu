@@ -36,20 +36,33 @@ void check_problem(const AttentionProblem& p, DType dtype) {
                                     ": cuda-fa3 numbers its work tiles with int, at most 2^30");
 }
 
+// Where Q, K and V lie (resolved ArrayLayouts): contiguous for the library's own arrays, any
+// TMA-readable strides for a caller's (DeviceForward).
+struct InputLayouts {
+    ArrayLayout q, k, v;
+
+    static InputLayouts contiguous(const AttentionProblem& p) {
+        return {ArrayLayout::contiguous(p.heads, p.seq_q, p.dim),
+                ArrayLayout::contiguous(p.heads_kv, p.seq_kv, p.dim),
+                ArrayLayout::contiguous(p.heads_kv, p.seq_kv, p.dim)};
+    }
+};
+
 // next_item: one int of device memory, the work-tile counter (zeroed on `stream` before the
 // launch). The tensor maps are host structs passed in the kernel's parameters: nothing else is
 // allocated or copied.
 template <class Cfg>
-void launch(const KernelParams& base, DType dtype, int* next_item, cudaStream_t stream) {
+void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* next_item,
+            cudaStream_t stream) {
     const AttentionProblem& p = base.problem;
     Fa3Params params;
     params.base = base;
     params.Tr = int(tile_count(p.seq_q, Cfg::Br));
     params.items = params.Tr * int(p.heads) * int(p.batch);
     params.next_item = next_item;
-    params.q = tile_map(base.Q, dtype, p.batch * p.heads, p.seq_q, p.dim, Cfg::Br);
-    params.k = tile_map(base.K, dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
-    params.v = tile_map(base.V, dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
+    params.q = tile_map(base.Q, dtype, p.batch, p.heads, p.seq_q, p.dim, at.q, Cfg::Br);
+    params.k = tile_map(base.K, dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, at.k, Cfg::Bc);
+    params.v = tile_map(base.V, dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, at.v, Cfg::Bc);
     auto kernel = fa3_forward_kernel<Cfg, false>;
     if (p.block_mask.active()) kernel = fa3_forward_kernel<Cfg, true>;
     constexpr int kSmem = smem_bytes<Cfg>();
@@ -71,15 +84,16 @@ struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own
     int dim;
-    void (*run)(const KernelParams&, DType, int* next_item, cudaStream_t);
+    void (*run)(const KernelParams&, const InputLayouts&, DType, int* next_item, cudaStream_t);
 };
 
 template <int D, int Bc, int kStages, bool kPingPong>
-void run_variant(const KernelParams& params, DType dtype, int* next_item, cudaStream_t stream) {
+void run_variant(const KernelParams& params, const InputLayouts& at, DType dtype, int* next_item,
+                 cudaStream_t stream) {
     if (dtype == DType::f16)
-        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong>>(params, dtype, next_item, stream);
+        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong>>(params, at, dtype, next_item, stream);
     else
-        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong>>(params, dtype, next_item,
+        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong>>(params, at, dtype, next_item,
                                                                    stream);
 }
 
@@ -110,7 +124,7 @@ public:
     void execute() override {
         variant_.run(mma::make_params(problem_, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
                                       lse_.data()),
-                     dtype_, next_item_.data(), nullptr);
+                     InputLayouts::contiguous(problem_), dtype_, next_item_.data(), nullptr);
         synchronize();
     }
     std::string tiles() const override {
@@ -169,8 +183,10 @@ Backend fa3_backend() {
         return std::make_unique<PreparedFa3>(p, Q, K, V, dtype);
     };
     // The device entry: the same kernels on the caller's 16-bit arrays (Q times q_sign, as
-    // cuda-tc's), queued on the caller's stream (common/backend.hpp). Its workspace is the
-    // persistent CTAs' work-tile counter.
+    // cuda-tc's), queued on the caller's stream (common/backend.hpp), read where they lie (any
+    // strides TMA can read) and O written at its layout, in float32 or the inputs' dtype. Its
+    // workspace is the persistent CTAs' work-tile counter.
+    b.device_layouts = true;
     b.device_workspace_bytes = [](const AttentionProblem&, DType) {
         cuda::WorkspaceCarver counter;
         cut_workspace(counter);
@@ -181,12 +197,23 @@ Backend fa3_backend() {
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
         require_tma_aligned(a.Q, "Q"), require_tma_aligned(a.K, "K"), require_tma_aligned(a.V, "V");
+        const InputLayouts at{a.q_layout.resolved(problem.heads, problem.seq_q, problem.dim),
+                              a.k_layout.resolved(problem.heads_kv, problem.seq_kv, problem.dim),
+                              a.v_layout.resolved(problem.heads_kv, problem.seq_kv, problem.dim)};
+        require_tma_layout(at.q, "Q"), require_tma_layout(at.k, "K"), require_tma_layout(at.v, "V");
+        if (a.o_dtype != DType::f32 && a.o_dtype != a.dtype)
+            throw std::invalid_argument("O's dtype = " + to_string(a.o_dtype) +
+                                        ": cuda-fa3 writes O in f32 or in the inputs' dtype (" +
+                                        to_string(a.dtype) + ")");
+        const ArrayLayout o_at = a.o_layout.resolved(problem.heads, problem.seq_q, problem.dim);
+        require_output_layout(a.O, o_at, a.o_dtype, "O");
         const AttentionProblem p = cuda::with_device_mask(problem, a.block_mask);
         cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-fa3");
         int* next_item = cut_workspace(workspace);
         workspace.require_fits();
-        choose_variant(p).run(mma::make_params(p, a.Q, a.K, a.V, a.O, a.lse), a.dtype, next_item,
-                              static_cast<cudaStream_t>(a.stream));
+        mma::KernelParams params = mma::make_params(p, a.Q, a.K, a.V, a.O, a.lse);
+        params.o_layout = o_at, params.o_dtype = a.o_dtype;
+        choose_variant(p).run(params, at, a.dtype, next_item, static_cast<cudaStream_t>(a.stream));
     };
     // The backward: cuda/fa3/backward.cu, with cuda-tc's entries around it (16-bit uploads, D and
     // the dQ turn counters as workspace).

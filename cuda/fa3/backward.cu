@@ -36,10 +36,12 @@ template <class Cfg>
 void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool deterministic,
             cudaStream_t stream) {
     const AttentionProblem& p = args.problem;
-    params.q = tile_map(args.Q, args.dtype, p.batch * p.heads, p.seq_q, p.dim, Cfg::Br);
-    params.dO = tile_map(args.dO, args.dtype, p.batch * p.heads, p.seq_q, p.dim, Cfg::Br);
-    params.k = tile_map(args.K, args.dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
-    params.v = tile_map(args.V, args.dtype, p.batch * p.heads_kv, p.seq_kv, p.dim, Cfg::Bc);
+    const ArrayLayout q_at = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
+    const ArrayLayout kv_at = ArrayLayout::contiguous(p.heads_kv, p.seq_kv, p.dim);
+    params.q = tile_map(args.Q, args.dtype, p.batch, p.heads, p.seq_q, p.dim, q_at, Cfg::Br);
+    params.dO = tile_map(args.dO, args.dtype, p.batch, p.heads, p.seq_q, p.dim, q_at, Cfg::Br);
+    params.k = tile_map(args.K, args.dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, kv_at, Cfg::Bc);
+    params.v = tile_map(args.V, args.dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, kv_at, Cfg::Bc);
     if (params.base.problem.block_mask.active())
         deterministic ? launch_kernel<Cfg, true, true>(params, stream)
                       : launch_kernel<Cfg, true, false>(params, stream);

@@ -164,26 +164,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     // L6: K_j, V_j, once (rows past N_kv arrive as zeros).
     if (threadIdx.x == 0) {
-        const int kv_head = int(b * p.heads_kv + g);
         hopper::mbarrier_arrive_expect_bytes(&bars->kv, 2 * Cfg::kKeyTileBytes);
 #pragma unroll
-        for (int pn = 0; pn < kPanels; ++pn) {
-            hopper::tma_load_3d(sK + pn * Bc * 64, &params.k, &bars->kv, 64 * pn, j * Bc, kv_head);
-            hopper::tma_load_3d(sV + pn * Bc * 64, &params.v, &bars->kv, 64 * pn, j * Bc, kv_head);
+        for (int pn = 0; pn < kPanels; ++pn) {  // map coordinates: column, row, head, batch entry
+            hopper::tma_load_4d(sK + pn * Bc * 64, &params.k, &bars->kv, 64 * pn, j * Bc, int(g),
+                                int(b));
+            hopper::tma_load_4d(sV + pn * Bc * 64, &params.v, &bars->kv, 64 * pn, j * Bc, int(g),
+                                int(b));
         }
     }
     // L9 for step (h, i) into ring slot `slot`: Q_i and dO_i by TMA (thread 0), L_i and D_i by
     // cp.async (every thread; committed by the caller).
     const auto load_step = [&](int slot, std::int64_t h, int i) {
         if (threadIdx.x == 0) {
-            const int q_head = int(b * p.heads + h);
             hopper::mbarrier_arrive_expect_bytes(&bars->step[slot], Cfg::kStepBytes);
 #pragma unroll
             for (int pn = 0; pn < kPanels; ++pn) {
-                hopper::tma_load_3d(sQ + slot * Br * D + pn * Br * 64, &params.q, &bars->step[slot],
-                                    64 * pn, i * Br, q_head);
-                hopper::tma_load_3d(sdO + slot * Br * D + pn * Br * 64, &params.dO,
-                                    &bars->step[slot], 64 * pn, i * Br, q_head);
+                hopper::tma_load_4d(sQ + slot * Br * D + pn * Br * 64, &params.q, &bars->step[slot],
+                                    64 * pn, i * Br, int(h), int(b));
+                hopper::tma_load_4d(sdO + slot * Br * D + pn * Br * 64, &params.dO,
+                                    &bars->step[slot], 64 * pn, i * Br, int(h), int(b));
             }
         }
         cuda::load_row_statistics<Br, Cfg::kThreads>(bp, b, h, i, sL + slot * Br,

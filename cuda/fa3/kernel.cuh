@@ -150,14 +150,14 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
         }
         bars->item = item;
         const WorkTile t = work_tile<Br, Bc>(p, params.Tr, item);
-        const int q_head = int(t.b * p.heads + t.h);
-        const int kv_head = int(t.b * p.heads_kv + p.kv_head(t.h));
+        // Tensor-map coordinates (cuda/fa3/tensor_map.hpp): column, row, head, batch entry.
+        const int b = int(t.b), q_head = int(t.h), kv_head = int(p.kv_head(t.h));
 
         hopper::mbarrier_arrive_expect_bytes(&bars->q, Cfg::kQBytes);  // FA2 L4
 #pragma unroll
         for (int pn = 0; pn < Cfg::kPanels; ++pn)
-            hopper::tma_load_3d(sQ + pn * Br * 64, &params.q, &bars->q, 64 * pn, int(t.rows.begin),
-                                q_head);
+            hopper::tma_load_4d(sQ + pn * Br * 64, &params.q, &bars->q, 64 * pn, int(t.rows.begin),
+                                q_head, b);
 
         for (int j = mma::next_key_tile<kBlockMask>(p, t.rows, 0, t.Tc_seen, Bc); j < t.Tc_seen;
              j = mma::next_key_tile<kBlockMask>(p, t.rows, j + 1, t.Tc_seen, Bc)) {
@@ -166,14 +166,14 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
             hopper::mbarrier_arrive_expect_bytes(&bars->k_full[s], Cfg::kTileBytes);  // FA2 L7
 #pragma unroll
             for (int pn = 0; pn < Cfg::kPanels; ++pn)
-                hopper::tma_load_3d(sK + (s * Cfg::kPanels + pn) * Bc * 64, &params.k,
-                                    &bars->k_full[s], 64 * pn, j * Bc, kv_head);
+                hopper::tma_load_4d(sK + (s * Cfg::kPanels + pn) * Bc * 64, &params.k,
+                                    &bars->k_full[s], 64 * pn, j * Bc, kv_head, b);
             hopper::mbarrier_wait(&bars->v_empty[s], ring.phase ^ 1);  // the slot's last V is read
             hopper::mbarrier_arrive_expect_bytes(&bars->v_full[s], Cfg::kTileBytes);
 #pragma unroll
             for (int pn = 0; pn < Cfg::kPanels; ++pn)
-                hopper::tma_load_3d(sV + (s * Cfg::kPanels + pn) * Bc * 64, &params.v,
-                                    &bars->v_full[s], 64 * pn, j * Bc, kv_head);
+                hopper::tma_load_4d(sV + (s * Cfg::kPanels + pn) * Bc * 64, &params.v,
+                                    &bars->v_full[s], 64 * pn, j * Bc, kv_head, b);
             ring.advance<Cfg::kStages>();
         }
         q_phase ^= 1;

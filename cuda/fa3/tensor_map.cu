@@ -30,16 +30,18 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 }  // namespace
 
-CUtensorMap tile_map(const void* base, DType dtype, std::int64_t heads, std::int64_t rows,
-                     std::int64_t d, int box_rows) {
+CUtensorMap tile_map(const void* base, DType dtype, std::int64_t batch, std::int64_t heads,
+                     std::int64_t rows, std::int64_t d, const ArrayLayout& layout, int box_rows) {
     CUtensorMap map;
-    const cuuint64_t size[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads)};
-    const cuuint64_t stride_bytes[2] = {cuuint64_t(d) * 2, cuuint64_t(rows) * cuuint64_t(d) * 2};
-    const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
-    const cuuint32_t step[3] = {1, 1, 1};
+    const cuuint64_t size[4] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads),
+                                cuuint64_t(batch)};
+    const cuuint64_t stride_bytes[3] = {cuuint64_t(layout.row) * 2, cuuint64_t(layout.head) * 2,
+                                        cuuint64_t(layout.batch) * 2};
+    const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+    const cuuint32_t step[4] = {1, 1, 1, 1};
     const CUresult status = tensor_map_encoder()(
         &map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        3, const_cast<void*>(base), size, stride_bytes, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        4, const_cast<void*>(base), size, stride_bytes, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (status != CUDA_SUCCESS)
@@ -54,6 +56,16 @@ void require_tma_aligned(const void* array, const char* name) {
         throw std::invalid_argument(std::string(name) + " = " + std::to_string(address) +
                                     ": cuda-fa3 reads it with TMA, which needs a 16-byte aligned "
                                     "address");
+}
+
+void require_tma_layout(const ArrayLayout& layout, const char* name) {
+    for (const std::int64_t stride : {layout.batch, layout.head, layout.row})
+        if (stride < 0 || stride % 8 != 0)
+            throw std::invalid_argument(
+                std::string(name) + " has strides (" + std::to_string(layout.batch) + ", " +
+                std::to_string(layout.head) + ", " + std::to_string(layout.row) +
+                ") elements for its batch, head and row axes: cuda-fa3 reads it with TMA, which "
+                "needs each to be a non-negative multiple of 8 (16 bytes)");
 }
 
 }  // namespace flashattn::fa3

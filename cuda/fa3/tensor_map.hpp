@@ -7,18 +7,25 @@
 
 #include <cstdint>
 
+#include "common/array_layout.hpp"
 #include "common/dtype.hpp"
 
 namespace flashattn::fa3 {
 
-// A 3-D map over `heads` arrays of rows x d 16-bit values of `dtype` (innermost first: d, rows,
-// heads) whose boxes are 64 columns (one 128-byte panel) x box_rows rows, written to shared memory
-// in the 128-byte swizzle that wgmma reads; rows past `rows` arrive as zeros.
-CUtensorMap tile_map(const void* base, DType dtype, std::int64_t heads, std::int64_t rows,
-                     std::int64_t d, int box_rows);
+// A 4-D map over a (batch, heads, rows, d) array of 16-bit values of `dtype` lying at `layout`
+// (resolved: its element strides; innermost first the map's axes are d, rows, heads, batch) whose
+// boxes are 64 columns (one 128-byte panel) x box_rows rows of one head, written to shared memory
+// in the 128-byte swizzle that wgmma reads; rows past `rows` arrive as zeros. TMA needs each
+// stride to be a multiple of 16 bytes (require_tma_layout).
+CUtensorMap tile_map(const void* base, DType dtype, std::int64_t batch, std::int64_t heads,
+                     std::int64_t rows, std::int64_t d, const ArrayLayout& layout, int box_rows);
 
 // TMA reads global memory from 16-byte aligned addresses only (cuTensorMapEncodeTiled): throws
 // std::invalid_argument naming the array otherwise.
 void require_tma_aligned(const void* array, const char* name);
+
+// Throws std::invalid_argument naming the array when a stride of `layout` is negative or not a
+// multiple of 8 elements (16 bytes), which TMA cannot read.
+void require_tma_layout(const ArrayLayout& layout, const char* name);
 
 }  // namespace flashattn::fa3

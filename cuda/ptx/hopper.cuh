@@ -196,16 +196,16 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, std::uint32_t 
 
 // ---- TMA -----------------------------------------------------------------------------------
 
-// Copies the box at coordinates (c0, c1, c2) of a 3-D tensor map (innermost first) into shared
-// memory at dst (1024-byte aligned for the 128-byte swizzle); the bytes arrive on `bar`. The map
-// must live in constant or grid-constant memory (a __grid_constant__ kernel parameter).
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, std::uint64_t* bar,
-                                            int c0, int c1, int c2) {
+// Copies the box at coordinates (c0, c1, c2, c3) of a 4-D tensor map (innermost first) into
+// shared memory at dst (1024-byte aligned for the 128-byte swizzle); the bytes arrive on `bar`.
+// The map must live in constant or grid-constant memory (a __grid_constant__ kernel parameter).
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, std::uint64_t* bar,
+                                            int c0, int c1, int c2, int c3) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_address(dst)),
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_address(dst)),
         "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1),
-        "r"(c2)
+        "r"(c2), "r"(c3)
         : "memory");
 }
 

@@ -18,9 +18,15 @@
 #include <cmath>
 #include <cstdint>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/array_layout.hpp"
+#include "common/dtype.hpp"
 #include "common/online_softmax.hpp"
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
+#include "cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::mma {
 
@@ -29,7 +35,7 @@ struct KernelParams {
     const void* Q;  // (batch, heads,    seq_q,  dim) of T
     const void* K;  // (batch, heads_kv, seq_kv, dim) of T
     const void* V;  // (batch, heads_kv, seq_kv, dim) of T
-    float* O;       // (batch, heads, seq_q, dim)
+    void* O;        // (batch, heads, seq_q, dim) at o_layout, of o_dtype
     float* lse;     // (batch, heads, seq_q)
     AttentionProblem problem;  // its block_mask.data (if any) points to device memory
     float scale_log2;          // c = |scale| log2(e) > 0 (a negative scale is folded into Q)
@@ -41,15 +47,22 @@ struct KernelParams {
     int kv_splits = 1;
     float* O_partial = nullptr;
     float* lse_partial = nullptr;
+    // Where O's rows lie and what they hold: contiguous float32 (make_params) unless a device
+    // entry that takes a caller's layout says otherwise (cuda-fa3; DeviceForward). Split-KV's
+    // partials are always contiguous float32.
+    ArrayLayout o_layout = {};
+    DType o_dtype = DType::f32;
 };
 
 // The parameters of one launch. The kernels need c = |scale| log2(e) > 0 (see exp2_shifted).
 // Scale 0 means every visible key gets weight 1: any c small enough that |s| c rounds 2^(s c) to
 // exactly 1 does that.
 inline KernelParams make_params(const AttentionProblem& p, const void* Q, const void* K,
-                            const void* V, float* O, float* lse) {
+                                const void* V, void* O, float* lse) {
     const float scale = std::fabs(p.softmax_scale());
-    return {Q, K, V, O, lse, p, scale > 0 ? scale * kLog2e : 1e-30f, scale};
+    KernelParams params{Q, K, V, O, lse, p, scale > 0 ? scale * kLog2e : 1e-30f, scale};
+    params.o_layout = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
+    return params;
 }
 
 // Scores a query row may not see become -inf: keys at or past N_kv (the ragged last tile, whose
@@ -189,22 +202,47 @@ __device__ __noinline__ inline bool row_has_visible_key_rare(const AttentionProb
     return p.row_has_visible_key(row);
 }
 
+// One or two adjacent values of an output row at element `at` of O, stored as `dtype` (float32,
+// or the inputs' 16-bit type, rounded to nearest even). Two go in one store (8 or 4 bytes: the
+// host checks the alignment, require_output_layout).
+__device__ __forceinline__ void store_output_pair(void* O, DType dtype, std::int64_t at, float x,
+                                                  float y) {
+    if (dtype == DType::f32)
+        *reinterpret_cast<float2*>(static_cast<float*>(O) + at) = make_float2(x, y);
+    else if (dtype == DType::f16)
+        *reinterpret_cast<std::uint32_t*>(static_cast<__half*>(O) + at) = tc::pack2<__half>(x, y);
+    else
+        *reinterpret_cast<std::uint32_t*>(static_cast<__nv_bfloat16*>(O) + at) =
+            tc::pack2<__nv_bfloat16>(x, y);
+}
+__device__ __forceinline__ void store_output(void* O, DType dtype, std::int64_t at, float x) {
+    if (dtype == DType::f32)
+        static_cast<float*>(O)[at] = x;
+    else if (dtype == DType::f16)
+        static_cast<__half*>(O)[at] = __float2half_rn(x);
+    else
+        static_cast<__nv_bfloat16*>(O)[at] = __float2bfloat16_rn(x);
+}
+
 // FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),
 // written for the rows that exist (NaN for a row whose visible scores all overflowed:
 // scores_overflowed, common/online_softmax.hpp). l_i is first summed over the quad (each lane
-// held a partial sum over its own columns). O's rows are p.dim floats apart; columns p.dim..D-1 (the zero padding
-// of a head dim that is not one of the compiled D, as cuda-fa2's tensor-core kernel has) are not
-// written.
+// held a partial sum over its own columns). O's rows lie where params.o_layout says, in
+// params.o_dtype; columns p.dim..D-1 (the zero padding of a head dim that is not one of the
+// compiled D, as cuda-fa2's tensor-core kernel has) are not written.
 template <class Cfg, bool kBlockMask>
 __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], const float (&m)[2],
                                              const float (&l)[2], const KernelParams& params,
                                              int row0, std::int64_t b, std::int64_t h, int lane,
                                              int split) {
     const AttentionProblem& p = params.problem;
-    // Chunk `split` of a split-KV launch writes its partial result into its own slice.
+    // Chunk `split` of a split-KV launch writes its partial result into its own slice
+    // (contiguous float32).
     const bool partial = params.kv_splits > 1;
-    float* O_head = (partial ? params.O_partial + split * p.q_elements() : params.O) +
-                    p.q_offset(b, h);
+    void* const O_out = partial ? params.O_partial + split * p.q_elements() : params.O;
+    const DType o_dtype = partial ? DType::f32 : params.o_dtype;
+    const std::int64_t row_stride = partial ? p.dim : params.o_layout.row;
+    const std::int64_t O_head = partial ? p.q_offset(b, h) : params.o_layout.offset(b, h);
     float* lse_head = (partial ? params.lse_partial + split * p.lse_elements() : params.lse) +
                       p.lse_offset(b, h);
 #pragma unroll
@@ -221,20 +259,21 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
             !partial && scores_overflowed(state, [&] {
                 return kBlockMask ? row_has_visible_key_rare(p, row) : p.row_has_visible_key(row);
             });
-        float* O_row = O_head + std::int64_t(row) * p.dim + 2 * (lane % 4);
+        const std::int64_t O_row = O_head + std::int64_t(row) * row_stride + 2 * (lane % 4);
         if (p.dim == Cfg::D) {
 #pragma unroll
             for (int dt = 0; dt < Cfg::D / 8; ++dt)
-                *reinterpret_cast<float2*>(O_row + 8 * dt) =
-                    make_float2(final_output(O[dt][2 * r], l_row, overflowed),
-                                final_output(O[dt][2 * r + 1], l_row, overflowed));
-        } else {  // padded d (possibly odd: no 8-byte stores)
+                store_output_pair(O_out, o_dtype, O_row + 8 * dt,
+                                  final_output(O[dt][2 * r], l_row, overflowed),
+                                  final_output(O[dt][2 * r + 1], l_row, overflowed));
+        } else {  // padded d (possibly odd: no paired stores)
 #pragma unroll
             for (int dt = 0; dt < Cfg::D / 8; ++dt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
                     if (8 * dt + 2 * (lane % 4) + e < p.dim)
-                        O_row[8 * dt + e] = final_output(O[dt][2 * r + e], l_row, overflowed);
+                        store_output(O_out, o_dtype, O_row + 8 * dt + e,
+                                     final_output(O[dt][2 * r + e], l_row, overflowed));
         }
         if (lane % 4 == 0)
             lse_head[row] = final_lse(state, overflowed);

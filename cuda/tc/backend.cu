@@ -123,10 +123,12 @@ Backend tc_backend() {
         tc_check_problem(problem, a.dtype);
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
+        require_default_layouts("cuda-tc", a);
         TcDeviceArgs args;
         args.problem = cuda::with_device_mask(problem, a.block_mask);
         args.dtype = a.dtype;
-        args.Q = a.Q, args.K = a.K, args.V = a.V, args.O = a.O, args.lse = a.lse;
+        args.Q = a.Q, args.K = a.K, args.V = a.V, args.lse = a.lse;
+        args.O = static_cast<float*>(a.O);  // contiguous float32 (require_default_layouts)
         args.stream = a.stream;
         const TcTileShape tile = choose_tile(problem.dim, a.dtype);
         args.kv_splits = tc_kv_splits(problem, a.dtype, tile);

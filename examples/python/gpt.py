@@ -19,6 +19,7 @@ Usage:
       [--backend omp] [--threads N] [--layers 2] [--heads 4] [--embd 64] [--block 64] [--batch 16]
   PYTHONPATH=build/gpu/python python3 examples/python/gpt.py --preset gpu [--compile]
       [--autocast none]        # float32 instead of bfloat16 autocast
+      [--profile 3]            # then where each run's device time goes (torch.profiler)
 """
 import argparse
 import contextlib
@@ -113,6 +114,20 @@ def synchronize(device):
         torch.cuda.synchronize()
 
 
+def print_profile(kind, train_step, a):
+    """Runs a.profile more steps under torch.profiler and prints the operators and kernels that
+    took the most device time (CPU time on the CPU), per step."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(a.profile):
+            train_step()
+        synchronize(a.device)
+    key = "self_cuda_time_total" if a.device == "cuda" else "self_cpu_time_total"
+    print(f"profile of {kind}, {a.profile} steps (times are totals over them):")
+    print(prof.key_averages().table(sort_by=key, row_limit=a.profile_rows))
+
+
 def train(kind, data, val, vocab, a):
     """Trains one model; returns its losses, tokens/s over the steps after --warmup, the
     validation loss and the peak GPU memory in bytes (None on the CPU)."""
@@ -128,11 +143,8 @@ def train(kind, data, val, vocab, a):
     if a.device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    losses = []  # loss tensors: reading each would wait for the GPU at every step
-    for step in range(a.steps):
-        if step == a.warmup:  # compilation and first-use setup stay out of the timing
-            synchronize(a.device)
-            start = time.perf_counter()
+
+    def train_step():
         ix = torch.randint(len(data) - a.block - 1, (a.batch,), generator=batches)
         x = torch.stack([data[i:i + a.block] for i in ix]).to(a.device, non_blocking=True)
         y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix]).to(a.device, non_blocking=True)
@@ -141,11 +153,20 @@ def train(kind, data, val, vocab, a):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(loss.detach())
+        return loss.detach()
+
+    losses = []  # loss tensors: reading each would wait for the GPU at every step
+    for step in range(a.steps):
+        if step == a.warmup:  # compilation and first-use setup stay out of the timing
+            synchronize(a.device)
+            start = time.perf_counter()
+        losses.append(train_step())
         if step % a.every == 0 or step == a.steps - 1:
-            print(f"  {kind:9s} step {step:4d}  loss {loss.item():.4f}", flush=True)
+            print(f"  {kind:9s} step {step:4d}  loss {losses[-1].item():.4f}", flush=True)
     synchronize(a.device)
     seconds = time.perf_counter() - start
+    if a.profile:  # after the timed steps, so that the profiler's cost stays out of tokens/s
+        print_profile(kind, train_step, a)
     peak = torch.cuda.max_memory_allocated() if a.device == "cuda" else None
     with torch.no_grad(), autocast:
         gen = torch.Generator().manual_seed(a.seed + 2)
@@ -191,6 +212,10 @@ def main():
     ap.add_argument("--every", type=int, default=50, help="print the loss every N steps")
     ap.add_argument("--csv", help="write step, loss_flashattn, loss_sdpa (and loss_sdpa_math) to "
                                   "this file")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the timed steps, run N more of each kind under torch.profiler and "
+                         "print the operators and kernels that took the most time")
+    ap.add_argument("--profile-rows", type=int, default=25, help="rows of each --profile table")
     ap.add_argument("--noise", action="store_true",
                     help="also train with PyTorch's MATH attention (same seed and batches): how far "
                          "two correct implementations drift apart is the yardstick; flashattn "
@@ -202,6 +227,8 @@ def main():
     for name in ("steps", "batch", "block", "embd", "heads", "layers", "every"):
         if getattr(a, name) < 1:
             ap.error(f"--{name} must be at least 1")
+    if a.profile < 0 or a.profile_rows < 1:
+        ap.error("--profile must be at least 0 and --profile-rows at least 1")
     if not 0 <= a.warmup < a.steps:
         ap.error(f"--warmup ({a.warmup}) must be in [0, --steps)")
     if a.embd % a.heads:

@@ -20,6 +20,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -269,8 +270,15 @@ AttentionProblem device_entry_problem(const Shape& shape, bool causal, double sc
     return p;
 }
 
+// An array's element strides (batch, head, row) as the Python package passes them; (0, 0, 0) is
+// the contiguous layout.
+using Strides = std::array<std::int64_t, 3>;
+ArrayLayout layout_of(const Strides& s) { return {s[0], s[1], s[2]}; }
+
 // Q, K, V (and dO) hold values of `dtype_name` ("f32", "f16", "bf16"; for f16/bf16, Q times the
-// sign of the scale, as cuda-tc expects); O, LSE and the gradients are float32. The call queues
+// sign of the scale, as cuda-tc expects); O, LSE and the gradients are float32. The forward's
+// `layouts` give the strides of Q, K, V and O, and O is written as `o_dtype_name` (a backend
+// without Backend::device_layouts takes only contiguous arrays and an f32 O). The call queues
 // the work on `stream` and returns (common/backend.hpp, DeviceForward): `workspace` holds
 // `workspace_bytes` bytes of device memory (device_workspace_bytes above; 0 where it is 0), and
 // `block_mask` the device copy of the mask (0 without one); both stay alive until the stream has
@@ -281,10 +289,14 @@ void attention_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std:
                       std::int64_t mask_block_q, std::int64_t mask_block_kv,
                       std::uintptr_t stream, const std::string& dtype_name,
                       std::uintptr_t workspace, std::size_t workspace_bytes,
-                      std::uintptr_t block_mask) {
+                      std::uintptr_t block_mask, const std::array<Strides, 4>& layouts,
+                      const std::string& o_dtype_name) {
     const AttentionProblem p = device_entry_problem(shape, causal, scale, mask, mask_block_q,
                                                     mask_block_kv, block_mask);
     DeviceForward a;
+    a.q_layout = layout_of(layouts[0]), a.k_layout = layout_of(layouts[1]);
+    a.v_layout = layout_of(layouts[2]), a.o_layout = layout_of(layouts[3]);
+    a.o_dtype = parse_dtype(o_dtype_name);
     a.Q = pointer<const void>(q, "q"), a.K = pointer<const void>(k, "k");
     a.V = pointer<const void>(v, "v");
     a.O = pointer<float>(o, "o"), a.lse = pointer<float>(lse, "lse");
@@ -355,6 +367,7 @@ PYBIND11_MODULE(_flashattn, m) {
             d["dtypes"] = dtypes;
             d["backward"] = b.has_backward();
             d["device_arrays"] = static_cast<bool>(b.run_device);
+            d["device_layouts"] = b.device_layouts;
             list.push_back(d);
         }
         return list;

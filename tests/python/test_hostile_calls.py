@@ -474,21 +474,26 @@ def test_module_refuses_bad_values_and_types():
         _C.attention(q, k, v, False, NAN, "omp", np.ones((1, 1), np.uint8), 2**63, 1, "f32")
 
 
+CONTIGUOUS = (((0, 0, 0),) * 4, "f32")  # the forward device entry's layouts and O's dtype
+
+
 def test_module_device_entries_check_before_any_device_work():
     """Null addresses and bad problems are refused first, in any build; a CPU backend has no
     device entry."""
     shape = _C.Shape(1, 2, 1, 9, 11, 8)
     good = dict(mask=None, bq=0, bkv=0)
     with pytest.raises(ValueError, match="q = null"):
-        _C.attention_device(0, 8, 8, 8, 8, shape, False, NAN, "omp", None, 0, 0, 0, "f32", 0, 0, 0)
+        _C.attention_device(0, 8, 8, 8, 8, shape, False, NAN, "omp", None, 0, 0, 0, "f32", 0, 0, 0,
+                            *CONTIGUOUS)
     with pytest.raises(ValueError, match="dv = null"):
         _C.attention_backward_device(8, 8, 8, 8, 8, 8, 8, 8, 0, shape, False, NAN, "omp",
                                      good["mask"], good["bq"], good["bkv"], 0, "f32", 0, 0, 0)
     with pytest.raises(ValueError, match="block_mask has shape"):
         _C.attention_device(8, 8, 8, 8, 8, shape, False, NAN, "omp", np.ones((1, 1), np.uint8),
-                            2, 3, 0, "f32", 0, 0, 0)
+                            2, 3, 0, "f32", 0, 0, 0, *CONTIGUOUS)
     with pytest.raises(ValueError, match="heads_kv = 3"):
         _C.attention_device(8, 8, 8, 8, 8, _C.Shape(1, 2, 3, 9, 11, 8), False, NAN, "omp", None,
-                            0, 0, 0, "f32", 0, 0, 0)
+                            0, 0, 0, "f32", 0, 0, 0, *CONTIGUOUS)
     with pytest.raises(ValueError, match="takes no device arrays"):
-        _C.attention_device(8, 8, 8, 8, 8, shape, False, NAN, "omp", None, 0, 0, 0, "f32", 0, 0, 0)
+        _C.attention_device(8, 8, 8, 8, 8, shape, False, NAN, "omp", None, 0, 0, 0, "f32", 0, 0, 0,
+                            *CONTIGUOUS)

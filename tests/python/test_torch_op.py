@@ -371,6 +371,49 @@ def test_block_masks_from_the_host_and_on_the_device(dtype, d):
     assert max_error(o.double().cpu().numpy(), ref) < tolerance
 
 
+def projection_views(B, N, H, d, dtype, offset=0):
+    """x of shape (B, N, offset + 3 H d) and q, k, v cut from it as a model cuts them from one
+    projection: (B, H, N, d) views whose rows lie offset + 3 H d elements apart and heads d apart.
+    """
+    x, = tensors((B, N, offset + 3 * H * d), device="cuda", dtype=dtype)
+    x.requires_grad_()
+    return x, [t.view(B, N, H, d).transpose(1, 2) for t in x[..., offset:].split(H * d, dim=2)]
+
+
+@pytest.mark.parametrize("dtype, d, offset", [(torch.bfloat16, 64, 0), (torch.float16, 128, 0),
+                                              (torch.bfloat16, 64, 4)])
+def test_cuda_fa3_reads_projection_views_where_they_lie(dtype, d, offset, monkeypatch):
+    """q, k, v cut from one projection: cuda-fa3 reads them where they lie (offset 0) or from
+    contiguous copies (offset 4: an address and strides TMA cannot read), writes O in q's dtype in
+    q's (B, N, H, d) order, and O, LSE and the gradients are the bits of the same calls on
+    contiguous copies. The fake implementation gives O the same strides (opcheck)."""
+    needs_cuda()
+    if "cuda-fa3" not in flashattn.backends():
+        pytest.skip("cuda-fa3 needs an sm_90a build on a Hopper GPU")
+    monkeypatch.setenv("FLASHATTN_DETERMINISTIC", "1")  # dQ's atomics in a fixed order
+    B, N, H = 2, 200, 3
+    x, (q, k, v) = projection_views(B, N, H, d, dtype, offset)
+    o, lse = flashattn.attention(q, k, v, causal=True, backend="cuda-fa3", return_lse=True)
+    assert o.shape == q.shape and o.dtype == dtype
+    assert o.stride() == (N * H * d, d, H * d, 1)  # (B, N, H, d) in memory
+    do, = tensors(q.shape, device="cuda", dtype=dtype)
+    o.backward(do)
+
+    y = x.detach().clone().requires_grad_()
+    qc, kc, vc = (t.view(B, N, H, d).transpose(1, 2).contiguous()
+                  for t in y[..., offset:].split(H * d, dim=2))
+    o_ref, lse_ref = flashattn.attention(qc, kc, vc, causal=True, backend="cuda-fa3",
+                                         return_lse=True)
+    assert o_ref.is_contiguous()
+    assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+    o_ref.backward(do)
+    assert torch.equal(x.grad, y.grad)
+    if HAS_OP:
+        views = [t.detach() for t in (q, k, v)]
+        torch.library.opcheck(torch.ops.flashattn.attention_forward.default,
+                              op_args(*views, causal=True, backend="cuda-fa3"))
+
+
 def test_the_default_backend_is_the_fastest_for_the_device():
     """float32 on cuda-fa2; float16/bfloat16 on cuda-fa3 on Hopper for d = 64 and 128, else
     cuda-tc, and cuda-tc for a decoding forward (at most 64 query rows), whose keys it splits;

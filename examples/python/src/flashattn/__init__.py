@@ -95,7 +95,8 @@ def backends():
 
 def backend_info():
     """One dict per backend: name, device ("cpu" or "cuda"), summary, dtypes, backward (bool),
-    device_arrays (bool: takes CUDA tensors in place)."""
+    device_arrays (bool: takes CUDA tensors in place), device_layouts (bool: its forward reads
+    strided CUDA tensors where they lie and writes O in their dtype)."""
     return [dict(info) for info in _backend_table().values()]
 
 
@@ -480,6 +481,7 @@ class _Plan(NamedTuple):
     backend: str           # the backend that runs (for CUDA tensors, chosen for the device)
     device_shape: object   # the device entries' _C.Shape (None on the host)
     workspace_bytes: int   # the device workspace that backend needs here (0 on the host)
+    layouts: bool = False  # the backend's forward reads strided tensors and writes O in q's dtype
 
 
 _PLANS = {}  # signature -> _Plan
@@ -533,7 +535,8 @@ def _make_plan(q, dtype, Qs, Ks, options, backend, backward):
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
     nbytes = _call_on(q.device, _device_workspace_bytes, shape, causal, scale, backend, Br, Bc,
                       dtype, backward)
-    return _Plan(dtype, (Qs, Ks), (host_mask, Br, Bc), backend, shape, nbytes)
+    layouts = not backward and _backend_table()[backend].get("device_layouts", False)
+    return _Plan(dtype, (Qs, Ks), (host_mask, Br, Bc), backend, shape, nbytes, layouts)
 
 
 def _call_options(plan, causal, scale):
@@ -706,16 +709,21 @@ def _workspace(nbytes, device):
     return buffer.data_ptr(), nbytes, buffer
 
 
-def _device_forward(Q, K, V, O, L, plan, options, mask):
-    """Queues the forward of plan.backend on Q, K, V (device tensors, contiguous) into O, L
-    (float32)."""
+_CONTIGUOUS = (0, 0, 0)  # the device entries' strides for a contiguous array
+
+
+def _device_forward(Q, K, V, O, L, plan, options, mask, layouts=(_CONTIGUOUS,) * 4,
+                    o_dtype="f32"):
+    """Queues the forward of plan.backend on Q, K, V (device tensors) into O and L (float32).
+    Every array is contiguous and O float32, unless `layouts` gives the (batch, head, row) strides
+    of Q, K, V and O and o_dtype O's dtype (a backend with plan.layouts)."""
     causal, scale, _host_mask, Br, Bc = options
     device = Q.device
     ws, ws_bytes, _owner = _workspace(plan.workspace_bytes, device)
     _call_on(device, _C.attention_device, Q.data_ptr(), K.data_ptr(), V.data_ptr(), O.data_ptr(),
              L.data_ptr(), plan.device_shape, causal, scale, plan.backend, None, Br, Bc,
              _current_stream(device), plan.dtype, ws, ws_bytes,
-             0 if mask is None else mask.data_ptr())
+             0 if mask is None else mask.data_ptr(), layouts, o_dtype)
 
 
 def _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, plan, options, mask):
@@ -733,13 +741,54 @@ def _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, plan, options, mask):
 def _cuda_forward(q, k, v, block_mask, plan, options):
     Qs, Ks = plan.shapes
     # Every check has passed: from here on, CUDA work, all of it queued on the current stream.
+    O = _output_like(q)
+    L = torch.empty(Qs[:3], dtype=torch.float32, device=q.device)
+    mask = _device_mask(block_mask, q.device)
+    if plan.layouts and not options[1] < 0:  # (a negative scale is folded into a copy of Q)
+        # cuda-fa3 reads q, k, v where they lie (a copy only of one TMA cannot read) and writes
+        # O in q's dtype: no copy, no cast.
+        arrays = [_readable_in_place(x, shape) for x, shape in ((q, Qs), (k, Ks), (v, Ks))]
+        layouts = tuple(strides for _, strides in arrays) + (_strides(O),)
+        _device_forward(*(x for x, _ in arrays), O, L, plan, options, mask, layouts, plan.dtype)
+        return O, _viewed(L, q.shape[:-1])
     Q, K, V = _device_array(q, Qs), _device_array(k, Ks), _device_array(v, Ks)
     if options[1] < 0:  # false for the default scale (NaN)
         Q = _signed_q(Q, plan.dtype, options[1])
-    O = torch.empty(Qs, dtype=torch.float32, device=q.device)  # the kernels write float32
-    L = torch.empty(Qs[:3], dtype=torch.float32, device=q.device)
-    _device_forward(Q, K, V, O, L, plan, options, _device_mask(block_mask, q.device))
-    return _viewed(O.to(q.dtype), q.shape), _viewed(L, q.shape[:-1])
+    if O.dtype == torch.float32 and O.is_contiguous():
+        _device_forward(Q, K, V, O, L, plan, options, mask)  # O is what the kernels write
+        return O, _viewed(L, q.shape[:-1])
+    O32 = torch.empty(Qs, dtype=torch.float32, device=q.device)  # contiguous float32
+    _device_forward(Q, K, V, O32, L, plan, options, mask)
+    O.copy_(O32.view(O.shape))  # the cast to q's dtype, in O's layout
+    return O, _viewed(L, q.shape[:-1])
+
+
+def _strides(x):
+    """The (batch, head, row) element strides of a 4-D tensor for a device entry; a 2-D (N, d)
+    one is contiguous."""
+    return tuple(x.stride()[:3]) if x.dim() == 4 else _CONTIGUOUS
+
+
+def _readable_in_place(x, shape):
+    """(x, its strides) where TMA can read x where it lies -- d contiguous, a 16-byte aligned
+    address, every other stride a multiple of 8 elements -- else (a contiguous copy,
+    _CONTIGUOUS)."""
+    if (x.dim() == 4 and x.stride(3) == 1 and x.data_ptr() % 16 == 0
+            and all(st >= 0 and st % 8 == 0 for st in x.stride()[:3])):
+        return x, tuple(x.stride()[:3])
+    return _device_array(x, shape), _CONTIGUOUS
+
+
+def _output_like(q):
+    """O for q: q's shape and dtype, its rows laid out in the order of q's (as SDPA does). Where
+    q's heads lie closer together than its rows (a CUDA q cut from one (B, N, 3 H d) projection
+    and viewed as (B, H, N, d)), O is allocated as (B, N, H, d) and returned as a (B, H, N, d)
+    view, so that the caller's transpose back to (B, N, H d) needs no copy. The fake
+    implementation allocates it the same way (its strides must match the real ones)."""
+    if q.is_cuda and q.dim() == 4 and q.stride(1) < q.stride(2):
+        B, H, N, d = q.shape
+        return torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
 def _cuda_backward(q, k, v, o, lse, do, block_mask, plan, options):
@@ -795,8 +844,7 @@ def _forward_fake(q, k, v, causal, scale, backend, block_mask, block_size):
         _cuda_backend(backend, dtype, q.device, Qs, backward=False)
     elif backend is not None:
         _check_backend(backend)
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-            torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device))
+    return (_output_like(q), torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device))
 
 
 def _backward_impl(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):

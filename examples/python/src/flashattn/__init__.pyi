@@ -13,6 +13,7 @@ class BackendInfo(TypedDict):
     dtypes: list[str]
     backward: bool
     device_arrays: bool
+    device_layouts: bool
 
 def backends() -> list[str]: ...
 def backend_info() -> list[BackendInfo]: ...

@@ -1,0 +1,58 @@
+// common/array_layout.hpp — where the rows of a (batch, heads, rows, d) array lie in memory.
+//
+// The library's own arrays are contiguous: row r of head h of batch b starts at
+// ((b * heads + h) * rows + r) * d. A PyTorch tensor need not be: q, k and v cut from one
+// (B, N, 3 H d) projection and viewed as (B, H, N, d) have rows 3 H d elements apart and heads d
+// apart. A device entry that takes an ArrayLayout reads (or writes) such a tensor where it lies,
+// instead of the caller copying it into the contiguous order first. The last axis, d, is always
+// contiguous.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "common/config.hpp"
+#include "common/dtype.hpp"
+
+namespace flashattn {
+
+struct ArrayLayout {
+    // Element strides of the batch, head and row axes. All zero (the default) means contiguous.
+    std::int64_t batch = 0, head = 0, row = 0;
+
+    FA_HOST_DEVICE bool is_default() const { return batch == 0 && head == 0 && row == 0; }
+
+    static FA_HOST_DEVICE ArrayLayout contiguous(std::int64_t heads, std::int64_t rows,
+                                                 std::int64_t d) {
+        return {heads * rows * d, rows * d, d};
+    }
+    // The strides this layout means for an array of `heads` x `rows` x `d` per batch entry.
+    FA_HOST_DEVICE ArrayLayout resolved(std::int64_t heads, std::int64_t rows,
+                                        std::int64_t d) const {
+        return is_default() ? contiguous(heads, rows, d) : *this;
+    }
+    // The element offset of head h of batch entry b (of a resolved layout).
+    FA_HOST_DEVICE std::int64_t offset(std::int64_t b, std::int64_t h) const {
+        return b * batch + h * head;
+    }
+};
+
+// The kernels store an output's values two adjacent columns at a time (8 bytes in float32, 4 in a
+// 16-bit type): throws std::invalid_argument naming the array unless its address is aligned to
+// that and every stride of its (resolved) layout is even and non-negative. The rows it names must
+// not overlap; that is the caller's to keep (the Python package allocates them itself).
+inline void require_output_layout(const void* array, const ArrayLayout& layout, DType dtype,
+                                  const char* name) {
+    const std::uintptr_t pair_bytes = dtype == DType::f32 ? 8 : 4;
+    const bool strides_even = layout.batch >= 0 && layout.head >= 0 && layout.row >= 0 &&
+                              layout.batch % 2 == 0 && layout.head % 2 == 0 && layout.row % 2 == 0;
+    if (reinterpret_cast<std::uintptr_t>(array) % pair_bytes != 0 || !strides_even)
+        throw std::invalid_argument(
+            std::string(name) + ": an output needs an address aligned to " +
+            std::to_string(pair_bytes) + " bytes and even, non-negative strides (batch, head, row "
+            "= " + std::to_string(layout.batch) + ", " + std::to_string(layout.head) + ", " +
+            std::to_string(layout.row) + " elements)");
+}
+
+}  // namespace flashattn
