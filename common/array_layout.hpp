@@ -36,6 +36,14 @@ struct ArrayLayout {
     FA_HOST_DEVICE std::int64_t offset(std::int64_t b, std::int64_t h) const {
         return b * batch + h * head;
     }
+    // Where row `index` starts when the rows of an array of `heads` x `rows` rows per batch entry
+    // are counted in contiguous order (index = (b heads + h) rows + r), for a kernel that walks
+    // them one by one.
+    FA_HOST_DEVICE std::int64_t row_start(std::int64_t index, std::int64_t heads,
+                                          std::int64_t rows) const {
+        const std::int64_t bh = index / rows;
+        return offset(bh / heads, bh % heads) + (index % rows) * row;
+    }
 };
 
 // The kernels store an output's values two adjacent columns at a time (8 bytes in float32, 4 in a

@@ -107,15 +107,20 @@ struct DeviceForward {
     ArrayLayout q_layout, k_layout, v_layout, o_layout;
     DType o_dtype = DType::f32;
 };
+// The backward's arrays, likewise: contiguous, O and the gradients float32, unless the layouts,
+// o_dtype (the forward's O as given) and grad_dtype (dQ, dK, dV as written) say otherwise.
 struct DeviceBackward {
     const void *Q = nullptr, *K = nullptr, *V = nullptr, *dO = nullptr;
-    const float *O = nullptr, *lse = nullptr;
-    float *dQ = nullptr, *dK = nullptr, *dV = nullptr;
+    const void* O = nullptr;  // float32, or o_dtype
+    const float* lse = nullptr;  // always contiguous float32
+    void *dQ = nullptr, *dK = nullptr, *dV = nullptr;  // float32, or grad_dtype
     void* stream = nullptr;
     DType dtype = DType::f32;
     void* workspace = nullptr;
     std::size_t workspace_bytes = 0;
     const std::uint8_t* block_mask = nullptr;
+    ArrayLayout q_layout, k_layout, v_layout, o_layout, do_layout, dq_layout, dk_layout, dv_layout;
+    DType o_dtype = DType::f32, grad_dtype = DType::f32;
 };
 
 struct Backend {
@@ -140,8 +145,8 @@ struct Backend {
     // The workspace the device entries need (DeviceForward::workspace); empty = none.
     std::function<std::size_t(const AttentionProblem&, DType)> device_workspace_bytes;
     std::function<std::size_t(const AttentionProblem&, DType)> device_backward_workspace_bytes;
-    // run_device reads Q, K, V and writes O in the layouts DeviceForward gives, and writes O in
-    // the inputs' dtype when asked (DeviceForward::o_dtype).
+    // The device entries read and write their arrays at the layouts DeviceForward and
+    // DeviceBackward give, and O and the gradients in the inputs' dtype when asked.
     bool device_layouts = false;
 
     bool supports(DType t) const {
@@ -180,6 +185,18 @@ inline void require_default_layouts(const std::string& backend, const DeviceForw
         throw std::invalid_argument(
             "backend = " + backend + ": its device entry reads contiguous Q, K, V and writes a "
             "contiguous float32 O (strided arrays and a 16-bit O are cuda-fa3's)");
+}
+
+inline void require_default_layouts(const std::string& backend, const DeviceBackward& a) {
+    const bool strided = !a.q_layout.is_default() || !a.k_layout.is_default() ||
+                         !a.v_layout.is_default() || !a.o_layout.is_default() ||
+                         !a.do_layout.is_default() || !a.dq_layout.is_default() ||
+                         !a.dk_layout.is_default() || !a.dv_layout.is_default();
+    if (strided || a.o_dtype != DType::f32 || a.grad_dtype != DType::f32)
+        throw std::invalid_argument(
+            "backend = " + backend + ": its backward device entry reads contiguous arrays and a "
+            "float32 O and writes contiguous float32 gradients (strided arrays and 16-bit O and "
+            "gradients are cuda-fa3's)");
 }
 
 // Throws std::invalid_argument naming the backend when it has no backward pass.

@@ -278,6 +278,36 @@ std::vector<std::uint8_t> bytes_of(const std::vector<std::uint16_t>& x) {
     return out;
 }
 
+// An output written into a Strided16 (`bits`, downloaded) against the contiguous float32 `expect`:
+// how many of its values differ from `expect` rounded to nearest even, and how many elements
+// outside its rows were touched (they must stay 0xFFFF).
+struct StridedCheck {
+    std::size_t wrong = 0, touched = 0;
+};
+StridedCheck compare_strided(const std::vector<std::uint16_t>& bits, const Strided16& at,
+                             const std::vector<float>& expect, std::int64_t batch,
+                             std::int64_t heads, std::int64_t rows, std::int64_t d, DType dtype) {
+    StridedCheck out;
+    std::vector<bool> inside(bits.size(), false);
+    for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t h = 0; h < heads; ++h)
+            for (std::int64_t r = 0; r < rows; ++r)
+                for (std::int64_t c = 0; c < d; ++c) {
+                    const std::size_t k = at.at(b, h, r, c);
+                    inside[k] = true;
+                    out.wrong += bits[k] != cuda::to_bits(expect[((b * heads + h) * rows + r) * d + c],
+                                                          dtype);
+                }
+    for (std::size_t k = 0; k < bits.size(); ++k) out.touched += !inside[k] && bits[k] != 0xFFFF;
+    return out;
+}
+
+std::vector<std::uint16_t> download_bits(const Staged& x) {
+    std::vector<std::uint16_t> bits(x.device.bytes() / 2);
+    x.device.download(reinterpret_cast<std::uint8_t*>(bits.data()));
+    return bits;
+}
+
 }  // namespace
 
 TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits where it lies") {
@@ -318,27 +348,12 @@ TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits
             a.o_layout = Oh.layout, a.o_dtype = dtype;
             fa3.run_device(p, a);
             FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
-            std::vector<std::uint16_t> O_bits(Oh.host.size());
-            O.device.download(reinterpret_cast<std::uint8_t*>(O_bits.data()));
-
             // The same kernel on the same values: O is the host path's float32 O rounded to
             // nearest even, bit for bit, and nothing outside O's rows was written.
-            std::size_t wrong = 0, touched = 0, written = 0;
-            std::vector<bool> is_O(O_bits.size(), false);
-            for (std::int64_t b = 0; b < p.batch; ++b)
-                for (std::int64_t h = 0; h < p.heads; ++h)
-                    for (std::int64_t r = 0; r < p.seq_q; ++r)
-                        for (std::int64_t c = 0; c < dim; ++c) {
-                            const std::size_t k = Oh.at(b, h, r, c);
-                            is_O[k] = true, ++written;
-                            wrong += O_bits[k] !=
-                                     cuda::to_bits(host.O[((b * p.heads + h) * p.seq_q + r) * dim + c],
-                                                   dtype);
-                        }
-            for (std::size_t k = 0; k < O_bits.size(); ++k) touched += !is_O[k] && O_bits[k] != 0xFFFF;
-            CHECK(written == std::size_t(p.q_elements()));
-            CHECK(wrong == 0);
-            CHECK(touched == 0);
+            const StridedCheck o = compare_strided(download_bits(O), Oh, host.O, p.batch, p.heads,
+                                                   p.seq_q, dim, dtype);
+            CHECK(o.wrong == 0);
+            CHECK(o.touched == 0);
             CHECK(max_difference(download(lse), host.lse) == 0.0);
 
             // Strides TMA cannot read, an O dtype that is neither float32 nor the inputs', and a
@@ -355,7 +370,89 @@ TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits
         }
 }
 
-TEST_CASE("device entries without layouts refuse strided arrays and a 16-bit O") {
+TEST_CASE("cuda-fa3's backward device entry reads strided arrays and a 16-bit O, and writes 16-bit gradients where they lie") {
+    if (!fa3::fa3_available()) {
+        WARN("cuda-fa3 needs an sm_90a build on a Hopper GPU: not tested here");
+        return;
+    }
+    const Backend& fa3 = find_backend("cuda-fa3");
+    test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+    deterministic.set("1");  // dQ's additions in one order: the host path's bits
+    for (auto [dtype, dim] : std::vector<std::pair<DType, std::int64_t>>{{DType::f16, 64},
+                                                                          {DType::bf16, 128}})
+        for (bool causal : {false, true}) {
+            const AttentionProblem p = test::make_problem(2, 4, 2, 113, 203, dim, causal);
+            const std::uint64_t seed = test::next_seed();
+            INFO(to_string(dtype) << " " << test::describe(p) << " seed=" << seed);
+            const ProblemData in = random_problem_data(p, seed);
+            const test::Outputs fwd = test::run_poisoned(fa3, p, in, dtype);
+            // O as a 16-bit caller holds it; the host path gets the same values in float32, so
+            // that both compute the same D = rowsum(dO o O).
+            std::vector<float> O16(fwd.O.size());
+            for (std::size_t k = 0; k < O16.size(); ++k)
+                O16[k] = cuda::from_bits(cuda::to_bits(fwd.O[k], dtype), dtype);
+            const std::vector<float> dO = random_problem_data(p, seed + 1).Q;
+            std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
+            run_backward(fa3, p, {in.Q.data(), in.K.data(), in.V.data(), O16.data(),
+                                  fwd.lse.data(), dO.data()},
+                         dQ.data(), dK.data(), dV.data(), dtype);
+
+            const std::int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv;
+            const Strided16 Qh = strided_copy(in.Q, B, H, p.seq_q, dim, dtype, cuda::q_sign(p));
+            const Strided16 Kh = strided_copy(in.K, B, Hkv, p.seq_kv, dim, dtype);
+            const Strided16 Vh = strided_copy(in.V, B, Hkv, p.seq_kv, dim, dtype);
+            const Strided16 Oh = strided_copy(O16, B, H, p.seq_q, dim, dtype);
+            const Strided16 dOh = strided_copy(dO, B, H, p.seq_q, dim, dtype);
+            const Strided16 dQh(B, H, p.seq_q, dim), dKh(B, Hkv, p.seq_kv, dim),
+                dVh(B, Hkv, p.seq_kv, dim);  // all 0xFFFF
+            Stream stream;
+            Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
+            Staged O(bytes_of(Oh.host)), dO_d(bytes_of(dOh.host)), lse(as_bytes(fwd.lse, DType::f32));
+            Staged dQ_d(bytes_of(dQh.host)), dK_d(bytes_of(dKh.host)), dV_d(bytes_of(dVh.host));
+            for (Staged* x : {&Q, &K, &V, &O, &dO_d, &lse, &dQ_d, &dK_d, &dV_d}) x->copy(stream.s);
+            Workspace workspace(fa3.device_backward_workspace_bytes(p, dtype), stream.s);
+            DeviceBackward a;
+            a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.dO = dO_d.data(), a.O = O.data();
+            a.lse = static_cast<const float*>(lse.data());
+            a.dQ = dQ_d.device.data(), a.dK = dK_d.device.data(), a.dV = dV_d.device.data();
+            a.stream = stream.s, a.dtype = dtype;
+            a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+            a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
+            a.o_layout = Oh.layout, a.do_layout = dOh.layout;
+            a.dq_layout = dQh.layout, a.dk_layout = dKh.layout, a.dv_layout = dVh.layout;
+            a.o_dtype = a.grad_dtype = dtype;
+            fa3.run_backward_device(p, a);
+            FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+
+            // The same kernel on the same values: each gradient is the host path's float32 one
+            // rounded to nearest even (dQ by the post-pass, dK and dV by the kernel's stores),
+            // and nothing outside the gradients' rows was written.
+            const StridedCheck q = compare_strided(download_bits(dQ_d), dQh, dQ, B, H, p.seq_q,
+                                                   dim, dtype);
+            const StridedCheck k = compare_strided(download_bits(dK_d), dKh, dK, B, Hkv, p.seq_kv,
+                                                   dim, dtype);
+            const StridedCheck v = compare_strided(download_bits(dV_d), dVh, dV, B, Hkv, p.seq_kv,
+                                                   dim, dtype);
+            CHECK(q.wrong == 0);
+            CHECK(k.wrong == 0);
+            CHECK(v.wrong == 0);
+            CHECK(q.touched + k.touched + v.touched == 0);
+
+            // Refused before any work: a stride TMA cannot read, a gradient stride that breaks
+            // the paired stores, a gradient type that is neither float32 nor the inputs'.
+            DeviceBackward bad = a;
+            bad.do_layout.row = dOh.layout.row + 4;
+            CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+            bad = a;
+            bad.dk_layout.head = dKh.layout.head + 1;
+            CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+            bad = a;
+            bad.grad_dtype = dtype == DType::f16 ? DType::bf16 : DType::f16;
+            CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+        }
+}
+
+TEST_CASE("device entries without layouts refuse strided arrays and 16-bit outputs") {
     for (const Case& c : forward_cases()) {
         const Backend& backend = find_backend(c.backend);
         if (backend.device_layouts) continue;
@@ -370,6 +467,15 @@ TEST_CASE("device entries without layouts refuse strided arrays and a 16-bit O")
         a.q_layout = {};
         a.o_dtype = DType::f16;
         CHECK_THROWS_AS(backend.run_device(p, a), std::invalid_argument);
+        if (!backend.run_backward_device) continue;
+        DeviceBackward g;
+        g.Q = g.K = g.V = g.dO = g.O = buffer.data(), g.lse = buffer.data();
+        g.dQ = g.dK = g.dV = buffer.data(), g.dtype = c.dtype;
+        g.dk_layout = {0, 0, 8 * c.dim};
+        CHECK_THROWS_AS(backend.run_backward_device(p, g), std::invalid_argument);
+        g.dk_layout = {};
+        g.grad_dtype = DType::bf16;
+        CHECK_THROWS_AS(backend.run_backward_device(p, g), std::invalid_argument);
     }
 }
 
@@ -383,10 +489,15 @@ TEST_CASE("device backward entries queue behind the caller's stream and match th
                                              {"cuda-fa2", DType::f32, 8},
                                              {"cuda-tc", DType::f16, 64},
                                              {"cuda-tc", DType::bf16, 128}};
+    std::vector<BackwardCase> all = cases;
+    if (fa3::fa3_available()) {
+        all.push_back({"cuda-fa3", DType::bf16, 64});
+        all.push_back({"cuda-fa3", DType::f16, 128});
+    }
     test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
     for (const std::string& mode : std::vector<std::string>{"0", "1"}) {
         deterministic.set(mode);
-        for (const BackwardCase& c : cases)
+        for (const BackwardCase& c : all)
             for (bool causal : {false, true})
                 for (bool masked : {false, true}) {
                     const Backend& backend = find_backend(c.backend);

@@ -80,7 +80,8 @@ void launch_ffma(const fa2_backward::Params& a, cudaStream_t stream) {
 // D = rowsum(dO o O), on `stream`: the first kernel of both paths.
 void queue_delta(const AttentionProblem& p, const float* dO, const float* O, float* D,
                  cudaStream_t stream) {
-    cuda::launch_delta(dO, O, D, p.batch * p.heads * p.seq_q, static_cast<int>(p.dim), stream);
+    const ArrayLayout rows = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
+    cuda::launch_delta(p, dO, rows, O, rows, D, stream);
 }
 
 // ---- the tensor-core kernel ---------------------------------------------------------------------
@@ -210,6 +211,7 @@ void add_cuda_fa2_backward(Backend& b) {
         require_array(a.O, "O"), require_array(a.lse, "LSE"), require_array(a.dO, "dO");
         require_array(a.dQ, "dQ"), require_array(a.dK, "dK"), require_array(a.dV, "dV");
         require_backward_fits(problem);
+        require_default_layouts("cuda-fa2", a);
         if (a.dtype != DType::f32)
             throw std::invalid_argument("dtype = " + to_string(a.dtype) +
                                         ": cuda-fa2's backward computes in float32 only");
@@ -221,18 +223,21 @@ void add_cuda_fa2_backward(Backend& b) {
         workspace.require_fits();
         const auto stream = static_cast<cudaStream_t>(a.stream);
         const auto f32 = [](const void* x) { return static_cast<const float*>(x); };
-        const float *Q = f32(a.Q), *K = f32(a.K), *V = f32(a.V), *dO = f32(a.dO);
-        queue_delta(p, dO, a.O, parts.D, stream);
-        fa2_backward::Params ffma{p, Q, K, V, a.O, dO, a.lse, parts.D, a.dQ, a.dK, a.dV, {}};
+        const float *Q = f32(a.Q), *K = f32(a.K), *V = f32(a.V), *dO = f32(a.dO), *O = f32(a.O);
+        // contiguous float32 (require_default_layouts)
+        float *dQ = static_cast<float*>(a.dQ), *dK = static_cast<float*>(a.dK);
+        float* dV = static_cast<float*>(a.dV);
+        queue_delta(p, dO, O, parts.D, stream);
+        fa2_backward::Params ffma{p, Q, K, V, O, dO, a.lse, parts.D, dQ, dK, dV, {}};
         if (!tensor_cores) {
             launch_ffma(ffma, stream);
             return;
         }
         queue_nonfinite_test({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()},
-                              {a.O, p.q_elements()}, {dO, p.q_elements()}},
+                              {O, p.q_elements()}, {dO, p.q_elements()}},
                              parts.nonfinite, stream);
-        BackwardParams tf32 = make_backward_params(p, Q, K, V, dO, a.lse, parts.D, a.dQ, a.dK,
-                                                   a.dV, parts.dq_turns);
+        BackwardParams tf32 = make_backward_params(p, Q, K, V, dO, a.lse, parts.D, dQ, dK, dV,
+                                                   parts.dq_turns);
         tf32.gate = {parts.nonfinite, false};
         launch_tf32_all(tf32, deterministic, stream);
         ffma.gate = {parts.nonfinite, true};

@@ -216,9 +216,10 @@ Backend fa3_backend() {
         choose_variant(p).run(params, at, a.dtype, next_item, static_cast<cudaStream_t>(a.stream));
     };
     // The backward: cuda/fa3/backward.cu, with cuda-tc's entries around it (16-bit uploads, D and
-    // the dQ turn counters as workspace).
+    // the dQ turn counters as workspace); its device entry takes layouts and 16-bit O and
+    // gradients too (cuda/host/backward16.hpp).
     cuda::add_16bit_backward(b, {"cuda-fa3", fa3_check_backward_problem, fa3_backward_turn_count,
-                               fa3_backward});
+                               fa3_backward, /*layouts=*/true});
     return b;
 }
 

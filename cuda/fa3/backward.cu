@@ -36,12 +36,11 @@ template <class Cfg>
 void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool deterministic,
             cudaStream_t stream) {
     const AttentionProblem& p = args.problem;
-    const ArrayLayout q_at = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
-    const ArrayLayout kv_at = ArrayLayout::contiguous(p.heads_kv, p.seq_kv, p.dim);
-    params.q = tile_map(args.Q, args.dtype, p.batch, p.heads, p.seq_q, p.dim, q_at, Cfg::Br);
-    params.dO = tile_map(args.dO, args.dtype, p.batch, p.heads, p.seq_q, p.dim, q_at, Cfg::Br);
-    params.k = tile_map(args.K, args.dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, kv_at, Cfg::Bc);
-    params.v = tile_map(args.V, args.dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, kv_at, Cfg::Bc);
+    const DType t = args.dtype;
+    params.q = tile_map(args.Q, t, p.batch, p.heads, p.seq_q, p.dim, args.q_at, Cfg::Br);
+    params.dO = tile_map(args.dO, t, p.batch, p.heads, p.seq_q, p.dim, args.do_at, Cfg::Br);
+    params.k = tile_map(args.K, t, p.batch, p.heads_kv, p.seq_kv, p.dim, args.k_at, Cfg::Bc);
+    params.v = tile_map(args.V, t, p.batch, p.heads_kv, p.seq_kv, p.dim, args.v_at, Cfg::Bc);
     if (params.base.problem.block_mask.active())
         deterministic ? launch_kernel<Cfg, true, true>(params, stream)
                       : launch_kernel<Cfg, true, false>(params, stream);
@@ -99,11 +98,16 @@ void fa3_backward(const cuda::Backward16Args& args, bool deterministic) {
     cuda::require_backward_arrays(args, deterministic);
     require_tma_aligned(args.Q, "Q"), require_tma_aligned(args.K, "K");
     require_tma_aligned(args.V, "V"), require_tma_aligned(args.dO, "dO");
+    require_tma_layout(args.q_at, "Q"), require_tma_layout(args.k_at, "K");
+    require_tma_layout(args.v_at, "V"), require_tma_layout(args.do_at, "dO");
     cuda::queue_backward_prepass(args, deterministic ? fa3_backward_turn_count(p, args.dtype) : 0);
     Fa3BackwardParams params;
     params.base = cuda::make_backward_params(p, args.Q, args.K, args.V, args.dO, args.lse, args.D,
-                                             args.dQ, args.dK, args.dV, args.dq_turns);
+                                             args.dQ_sum, args.dK, args.dV, args.dq_turns);
+    params.base.dk_layout = args.dk_at, params.base.dv_layout = args.dv_at;
+    params.base.grad_dtype = args.grad_dtype;
     choose_variant(p).run(params, args, deterministic, static_cast<cudaStream_t>(args.stream));
+    cuda::queue_backward_postpass(args);  // dQ from its float32 sum, where the caller wants another
 }
 
 }  // namespace flashattn::fa3

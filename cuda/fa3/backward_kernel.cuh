@@ -156,7 +156,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const TileRange cols = {j * Bc, min(j * Bc + Bc, seq_kv)};
     const int wg_key0 = j * Bc + 64 * wg;
     const TileRange wg_cols = {min(wg_key0, seq_kv), min(wg_key0 + 64, seq_kv)};
-    const std::int64_t kv_off = p.kv_offset(b, h0);
     const int key0 = 64 * wg + 16 * wg_warp;  // this warp's first key within the tile
 
     if (threadIdx.x == 0) bars->init();
@@ -284,7 +283,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
 
     // L18. Q was read times q_sign (so S^T had the right sign): dK's scale is |scale|.
-    cuda::write_key_gradients<D>(bp, dK, dV, bp.abs_scale, kv_off, j * Bc + key0, lane);
+    cuda::write_key_gradients<D>(bp, dK, dV, bp.abs_scale, b, g, j * Bc + key0, lane);
 #endif
 }
 

@@ -60,12 +60,12 @@ void require_tma_aligned(const void* array, const char* name) {
 
 void require_tma_layout(const ArrayLayout& layout, const char* name) {
     for (const std::int64_t stride : {layout.batch, layout.head, layout.row})
-        if (stride < 0 || stride % 8 != 0)
+        if (stride <= 0 || stride % 8 != 0)
             throw std::invalid_argument(
                 std::string(name) + " has strides (" + std::to_string(layout.batch) + ", " +
                 std::to_string(layout.head) + ", " + std::to_string(layout.row) +
                 ") elements for its batch, head and row axes: cuda-fa3 reads it with TMA, which "
-                "needs each to be a non-negative multiple of 8 (16 bytes)");
+                "needs each to be a positive multiple of 8 (16 bytes)");
 }
 
 }  // namespace flashattn::fa3

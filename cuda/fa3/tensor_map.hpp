@@ -24,7 +24,7 @@ CUtensorMap tile_map(const void* base, DType dtype, std::int64_t batch, std::int
 // std::invalid_argument naming the array otherwise.
 void require_tma_aligned(const void* array, const char* name);
 
-// Throws std::invalid_argument naming the array when a stride of `layout` is negative or not a
+// Throws std::invalid_argument naming the array when a stride of `layout` is not a positive
 // multiple of 8 elements (16 bytes), which TMA cannot read.
 void require_tma_layout(const ArrayLayout& layout, const char* name);
 

@@ -73,25 +73,31 @@ struct BackwardParams {
     const void* dO;    // (B, H, N_q, d), of Q's type
     const float* lse;  // (B, H, N_q): the forward's L
     const float* D;    // (B, H, N_q): rowsum(dO o O), from delta_kernel
-    float* dQ;         // (B, H, N_q, d), zero before the launch: the kernel adds to it
-    float* dK;         // (B, H_kv, N_kv, d), written once
-    float* dV;
+    float* dQ;         // (B, H, N_q, d) float32, zero before the launch: the kernel adds to it
+    void* dK;          // (B, H_kv, N_kv, d) at dk_layout, of grad_dtype: written once
+    void* dV;          // at dv_layout
     int* dq_turns;  // kDeterministic: (B, H, Tr) counters, zero before the launch
     AttentionProblem problem;  // its block_mask.data (if any) points to device memory
     float scale_log2;          // c = |scale| log2(e), as the forward's
     float scale;               // the signed softmax scale: dQ = scale dS K
     float abs_scale;           // |scale|
     KernelGate gate;           // cuda-fa2's device entry: closed where its FFMA kernels run instead
+    // Where dK's and dV's rows lie and their type: contiguous float32 (make_backward_params)
+    // unless cuda-fa3's device entry says otherwise (DeviceBackward).
+    ArrayLayout dk_layout = {}, dv_layout = {};
+    DType grad_dtype = DType::f32;
 };
 
 inline BackwardParams make_backward_params(const AttentionProblem& p, const void* Q, const void* K,
                                            const void* V, const void* dO, const float* lse,
-                                           const float* D, float* dQ, float* dK, float* dV,
+                                           const float* D, float* dQ, void* dK, void* dV,
                                            int* dq_turns) {
     const float abs_scale = std::fabs(p.softmax_scale());
-    return {Q, K, V, dO, lse, D, dQ, dK, dV, dq_turns, p,
-            abs_scale > 0 ? abs_scale * kLog2e : 1e-30f, p.softmax_scale(), abs_scale,
-            KernelGate{}};
+    BackwardParams params{Q, K, V, dO, lse, D, dQ, dK, dV, dq_turns, p,
+                          abs_scale > 0 ? abs_scale * kLog2e : 1e-30f, p.softmax_scale(), abs_scale,
+                          KernelGate{}};
+    params.dk_layout = params.dv_layout = ArrayLayout::contiguous(p.heads_kv, p.seq_kv, p.dim);
+    return params;
 }
 
 // Algorithm 2 L9 (the statistics): L_i and D_i of query tile i, head h, into shared memory;
@@ -224,34 +230,40 @@ __device__ __forceinline__ void add_dq_piece(const BackwardParams& params, float
     }
 }
 
-// Algorithm 2 L18: dK_j = dk_scale sum dS^T Q, dV_j; rows past N_kv and columns past d are not
-// written.
+// Algorithm 2 L18: dK_j = dk_scale sum dS^T Q, dV_j of K/V head g, batch entry b, where
+// params.dk_layout and dv_layout put them, in params.grad_dtype; rows past N_kv and columns past d
+// are not written.
 template <int D>
 __device__ __forceinline__ void write_key_gradients(const BackwardParams& params,
                                                     const float (&dK)[D / 8][4],
                                                     const float (&dV)[D / 8][4], float dk_scale,
-                                                    std::int64_t kv_off, int key0, int lane) {
+                                                    std::int64_t b, std::int64_t g, int key0,
+                                                    int lane) {
     const AttentionProblem& p = params.problem;
     const int d = int(p.dim);
+    const DType t = params.grad_dtype;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int key = key0 + lane / 4 + 8 * r;
         if (key >= p.seq_kv) continue;
-        float* dK_row = params.dK + kv_off + std::int64_t(key) * d + 2 * (lane % 4);
-        float* dV_row = params.dV + kv_off + std::int64_t(key) * d + 2 * (lane % 4);
+        const std::int64_t dK_row = params.dk_layout.offset(b, g) +
+                                    std::int64_t(key) * params.dk_layout.row + 2 * (lane % 4);
+        const std::int64_t dV_row = params.dv_layout.offset(b, g) +
+                                    std::int64_t(key) * params.dv_layout.row + 2 * (lane % 4);
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
             if (d == D) {
-                *reinterpret_cast<float2*>(dK_row + 8 * dt) =
-                    make_float2(dk_scale * dK[dt][2 * r], dk_scale * dK[dt][2 * r + 1]);
-                *reinterpret_cast<float2*>(dV_row + 8 * dt) =
-                    make_float2(dV[dt][2 * r], dV[dt][2 * r + 1]);
-            } else {  // padded d (possibly odd: no 8-byte stores)
+                mma::store_output_pair(params.dK, t, dK_row + 8 * dt, dk_scale * dK[dt][2 * r],
+                                       dk_scale * dK[dt][2 * r + 1]);
+                mma::store_output_pair(params.dV, t, dV_row + 8 * dt, dV[dt][2 * r],
+                                       dV[dt][2 * r + 1]);
+            } else {  // padded d (possibly odd: no paired stores)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
                     if (8 * dt + 2 * (lane % 4) + e < d) {
-                        dK_row[8 * dt + e] = dk_scale * dK[dt][2 * r + e];
-                        dV_row[8 * dt + e] = dV[dt][2 * r + e];
+                        mma::store_output(params.dK, t, dK_row + 8 * dt + e,
+                                          dk_scale * dK[dt][2 * r + e]);
+                        mma::store_output(params.dV, t, dV_row + 8 * dt + e, dV[dt][2 * r + e]);
                     }
             }
         }
@@ -352,8 +364,8 @@ __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardP
 
     // L18. dK's scale: |scale| where Q was read times q_sign (so S^T had the right sign), else the
     // signed scale.
-    write_key_gradients<D>(params, dK, dV, Ops::kQSignFolded ? params.abs_scale : params.scale,
-                           kv_off, key0, lane);
+    write_key_gradients<D>(params, dK, dV, Ops::kQSignFolded ? params.abs_scale : params.scale, b,
+                           g, key0, lane);
 }
 
 }  // namespace flashattn::cuda

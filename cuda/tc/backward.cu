@@ -149,7 +149,7 @@ void tc_backward(const TcBackwardArgs& args, const TcBackwardShape& shape, bool 
     cuda::queue_backward_prepass(args, deterministic ? tc_backward_turn_count(p, shape) : 0);
     const auto stream = static_cast<cudaStream_t>(args.stream);
     const BackwardParams params = cuda::make_backward_params(
-        p, args.Q, args.K, args.V, args.dO, args.lse, args.D, args.dQ, args.dK, args.dV,
+        p, args.Q, args.K, args.V, args.dO, args.lse, args.D, args.dQ_sum, args.dK, args.dV,
         args.dq_turns);
     for (const CompiledShape& c : compiled_shapes())
         if (c.dim == p.dim && c.shape == shape && (args.dtype == DType::f16 || !c.f16_only)) {

@@ -276,9 +276,10 @@ using Strides = std::array<std::int64_t, 3>;
 ArrayLayout layout_of(const Strides& s) { return {s[0], s[1], s[2]}; }
 
 // Q, K, V (and dO) hold values of `dtype_name` ("f32", "f16", "bf16"; for f16/bf16, Q times the
-// sign of the scale, as cuda-tc expects); O, LSE and the gradients are float32. The forward's
-// `layouts` give the strides of Q, K, V and O, and O is written as `o_dtype_name` (a backend
-// without Backend::device_layouts takes only contiguous arrays and an f32 O). The call queues
+// sign of the scale, as cuda-tc expects); LSE is float32, O and the gradients float32 unless
+// `o_dtype_name` / `grad_dtype_name` say the inputs' dtype. `layouts` give the arrays' strides:
+// Q, K, V, O for the forward; Q, K, V, O, dO, dQ, dK, dV for the backward (a backend without
+// Backend::device_layouts takes only contiguous arrays and float32). The call queues
 // the work on `stream` and returns (common/backend.hpp, DeviceForward): `workspace` holds
 // `workspace_bytes` bytes of device memory (device_workspace_bytes above; 0 where it is 0), and
 // `block_mask` the device copy of the mask (0 without one); both stay alive until the stream has
@@ -316,15 +317,23 @@ void attention_backward_device(std::uintptr_t q, std::uintptr_t k, std::uintptr_
                                const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
                                std::int64_t mask_block_kv, std::uintptr_t stream,
                                const std::string& dtype_name, std::uintptr_t workspace,
-                               std::size_t workspace_bytes, std::uintptr_t block_mask) {
+                               std::size_t workspace_bytes, std::uintptr_t block_mask,
+                               const std::array<Strides, 8>& layouts,
+                               const std::string& o_dtype_name,
+                               const std::string& grad_dtype_name) {
     const AttentionProblem p = device_entry_problem(shape, causal, scale, mask, mask_block_q,
                                                     mask_block_kv, block_mask);
     DeviceBackward a;
     a.Q = pointer<const void>(q, "q"), a.K = pointer<const void>(k, "k");
     a.V = pointer<const void>(v, "v"), a.dO = pointer<const void>(dO, "do");
-    a.O = pointer<const float>(o, "o"), a.lse = pointer<const float>(lse, "lse");
-    a.dQ = pointer<float>(dQ, "dq"), a.dK = pointer<float>(dK, "dk");
-    a.dV = pointer<float>(dV, "dv");
+    a.O = pointer<const void>(o, "o"), a.lse = pointer<const float>(lse, "lse");
+    a.dQ = pointer<void>(dQ, "dq"), a.dK = pointer<void>(dK, "dk");
+    a.dV = pointer<void>(dV, "dv");
+    a.q_layout = layout_of(layouts[0]), a.k_layout = layout_of(layouts[1]);
+    a.v_layout = layout_of(layouts[2]), a.o_layout = layout_of(layouts[3]);
+    a.do_layout = layout_of(layouts[4]), a.dq_layout = layout_of(layouts[5]);
+    a.dk_layout = layout_of(layouts[6]), a.dv_layout = layout_of(layouts[7]);
+    a.o_dtype = parse_dtype(o_dtype_name), a.grad_dtype = parse_dtype(grad_dtype_name);
     a.stream = reinterpret_cast<void*>(stream);  // 0 is the default stream
     a.dtype = parse_dtype(dtype_name);
     a.workspace = reinterpret_cast<void*>(workspace), a.workspace_bytes = workspace_bytes;

@@ -475,6 +475,7 @@ def test_module_refuses_bad_values_and_types():
 
 
 CONTIGUOUS = (((0, 0, 0),) * 4, "f32")  # the forward device entry's layouts and O's dtype
+CONTIGUOUS_BACKWARD = (((0, 0, 0),) * 8, "f32", "f32")  # the backward's, O's and the gradients'
 
 
 def test_module_device_entries_check_before_any_device_work():
@@ -487,7 +488,8 @@ def test_module_device_entries_check_before_any_device_work():
                             *CONTIGUOUS)
     with pytest.raises(ValueError, match="dv = null"):
         _C.attention_backward_device(8, 8, 8, 8, 8, 8, 8, 8, 0, shape, False, NAN, "omp",
-                                     good["mask"], good["bq"], good["bkv"], 0, "f32", 0, 0, 0)
+                                     good["mask"], good["bq"], good["bkv"], 0, "f32", 0, 0, 0,
+                                     *CONTIGUOUS_BACKWARD)
     with pytest.raises(ValueError, match="block_mask has shape"):
         _C.attention_device(8, 8, 8, 8, 8, shape, False, NAN, "omp", np.ones((1, 1), np.uint8),
                             2, 3, 0, "f32", 0, 0, 0, *CONTIGUOUS)

@@ -384,9 +384,10 @@ def projection_views(B, N, H, d, dtype, offset=0):
                                               (torch.bfloat16, 64, 4)])
 def test_cuda_fa3_reads_projection_views_where_they_lie(dtype, d, offset, monkeypatch):
     """q, k, v cut from one projection: cuda-fa3 reads them where they lie (offset 0) or from
-    contiguous copies (offset 4: an address and strides TMA cannot read), writes O in q's dtype in
-    q's (B, N, H, d) order, and O, LSE and the gradients are the bits of the same calls on
-    contiguous copies. The fake implementation gives O the same strides (opcheck)."""
+    contiguous copies (offset 4: an address and strides TMA cannot read), forward and backward,
+    writes O and the gradients in q's dtype in q's (B, N, H, d) order, and O, LSE and the
+    gradients are the bits of the same calls on contiguous copies. The fake implementations give
+    the outputs the same strides (opcheck)."""
     needs_cuda()
     if "cuda-fa3" not in flashattn.backends():
         pytest.skip("cuda-fa3 needs an sm_90a build on a Hopper GPU")
@@ -408,10 +409,12 @@ def test_cuda_fa3_reads_projection_views_where_they_lie(dtype, d, offset, monkey
     assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
     o_ref.backward(do)
     assert torch.equal(x.grad, y.grad)
-    if HAS_OP:
+    if HAS_OP:  # the fake implementations give the outputs the real ones' strides
         views = [t.detach() for t in (q, k, v)]
-        torch.library.opcheck(torch.ops.flashattn.attention_forward.default,
-                              op_args(*views, causal=True, backend="cuda-fa3"))
+        args = op_args(*views, causal=True, backend="cuda-fa3")
+        torch.library.opcheck(torch.ops.flashattn.attention_forward.default, args)
+        torch.library.opcheck(torch.ops.flashattn.attention_backward.default,
+                              (*views, o.detach(), lse, do) + args[3:])
 
 
 def test_the_default_backend_is_the_fastest_for_the_device():

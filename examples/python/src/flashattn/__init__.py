@@ -481,7 +481,7 @@ class _Plan(NamedTuple):
     backend: str           # the backend that runs (for CUDA tensors, chosen for the device)
     device_shape: object   # the device entries' _C.Shape (None on the host)
     workspace_bytes: int   # the device workspace that backend needs here (0 on the host)
-    layouts: bool = False  # the backend's forward reads strided tensors and writes O in q's dtype
+    layouts: bool = False  # the backend reads strided tensors and writes O, gradients in q's dtype
 
 
 _PLANS = {}  # signature -> _Plan
@@ -535,7 +535,7 @@ def _make_plan(q, dtype, Qs, Ks, options, backend, backward):
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
     nbytes = _call_on(q.device, _device_workspace_bytes, shape, causal, scale, backend, Br, Bc,
                       dtype, backward)
-    layouts = not backward and _backend_table()[backend].get("device_layouts", False)
+    layouts = _backend_table()[backend].get("device_layouts", False)
     return _Plan(dtype, (Qs, Ks), (host_mask, Br, Bc), backend, shape, nbytes, layouts)
 
 
@@ -726,8 +726,11 @@ def _device_forward(Q, K, V, O, L, plan, options, mask, layouts=(_CONTIGUOUS,) *
              0 if mask is None else mask.data_ptr(), layouts, o_dtype)
 
 
-def _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, plan, options, mask):
-    """Queues the backward of plan.backend into dQ, dK, dV (float32)."""
+def _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, plan, options, mask,
+                     layouts=(_CONTIGUOUS,) * 8, o_dtype="f32", grad_dtype="f32"):
+    """Queues the backward of plan.backend into dQ, dK, dV. Every array is contiguous, O and the
+    gradients float32, unless `layouts` gives the strides of Q, K, V, O, dO, dQ, dK, dV and
+    o_dtype, grad_dtype the types (a backend with plan.layouts)."""
     causal, scale, _host_mask, Br, Bc = options
     device = Q.device
     ws, ws_bytes, _owner = _workspace(plan.workspace_bytes, device)
@@ -735,7 +738,7 @@ def _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, plan, options, mask):
              O.data_ptr(), L.data_ptr(), dO.data_ptr(), dQ.data_ptr(), dK.data_ptr(),
              dV.data_ptr(), plan.device_shape, causal, scale, plan.backend, None, Br, Bc,
              _current_stream(device), plan.dtype, ws, ws_bytes,
-             0 if mask is None else mask.data_ptr())
+             0 if mask is None else mask.data_ptr(), layouts, o_dtype, grad_dtype)
 
 
 def _cuda_forward(q, k, v, block_mask, plan, options):
@@ -771,10 +774,10 @@ def _strides(x):
 
 def _readable_in_place(x, shape):
     """(x, its strides) where TMA can read x where it lies -- d contiguous, a 16-byte aligned
-    address, every other stride a multiple of 8 elements -- else (a contiguous copy,
-    _CONTIGUOUS)."""
+    address, every other stride a positive multiple of 8 elements (not a broadcast) -- else
+    (a contiguous copy, _CONTIGUOUS)."""
     if (x.dim() == 4 and x.stride(3) == 1 and x.data_ptr() % 16 == 0
-            and all(st >= 0 and st % 8 == 0 for st in x.stride()[:3])):
+            and all(st > 0 and st % 8 == 0 for st in x.stride()[:3])):
         return x, tuple(x.stride()[:3])
     return _device_array(x, shape), _CONTIGUOUS
 
@@ -794,17 +797,38 @@ def _output_like(q):
 def _cuda_backward(q, k, v, o, lse, do, block_mask, plan, options):
     Qs, Ks = plan.shapes
     # Every check has passed: from here on, CUDA work, all of it queued on the current stream.
+    grads = [_output_like(x) for x in (q, k, v)]  # dQ, dK, dV in the order of q, k, v
+    L = _device_array(lse, Qs[:3], torch.float32)
+    mask = _device_mask(block_mask, q.device)
+    if plan.layouts and not options[1] < 0:  # (a negative scale is folded into a copy of Q)
+        # cuda-fa3 reads q, k, v, do where they lie (a copy only of one TMA cannot read), O in
+        # q's dtype, and writes the gradients in q's dtype where they lie: no copy, no cast.
+        inputs = [_readable_in_place(x, shape)
+                  for x, shape in ((q, Qs), (k, Ks), (v, Ks), (do, Qs))]
+        (Q, q_at), (K, k_at), (V, v_at), (dO, do_at) = inputs
+        if o.dim() == 4 and o.stride(3) == 1:
+            O, o_at, o_dtype = o, _strides(o), plan.dtype
+        else:
+            O, o_at, o_dtype = _device_array(o, Qs), _CONTIGUOUS, plan.dtype
+        layouts = (q_at, k_at, v_at, o_at, do_at) + tuple(_strides(g) for g in grads)
+        _device_backward(Q, K, V, O, L, dO, *grads, plan, options, mask, layouts, o_dtype,
+                         plan.dtype)
+        return tuple(grads)
     Q, K, V = _device_array(q, Qs), _device_array(k, Ks), _device_array(v, Ks)
     dO = _device_array(do, Qs)
     if options[1] < 0:  # false for the default scale (NaN)
         Q = _signed_q(Q, plan.dtype, options[1])
-    O = _device_array(o, Qs, torch.float32)  # O and LSE are read as float32
-    L = _device_array(lse, Qs[:3], torch.float32)
-    f32 = dict(dtype=torch.float32, device=q.device)  # the kernels write float32 gradients
-    dQ, dK, dV = torch.empty(Qs, **f32), torch.empty(Ks, **f32), torch.empty(Ks, **f32)
-    _device_backward(Q, K, V, O, L, dO, dQ, dK, dV, plan, options,
-                     _device_mask(block_mask, q.device))
-    return tuple(_viewed(g.to(x.dtype), x.shape) for g, x in ((dQ, q), (dK, k), (dV, v)))
+    O = _device_array(o, Qs, torch.float32)  # O is read as float32
+    # The kernels write contiguous float32 gradients: into the results themselves where those
+    # are, else into new tensors cast into them afterwards.
+    sums = [g.view(shape) if g.dtype == torch.float32 and g.is_contiguous()
+            else torch.empty(shape, dtype=torch.float32, device=q.device)
+            for g, shape in zip(grads, (Qs, Ks, Ks))]
+    _device_backward(Q, K, V, O, L, dO, *sums, plan, options, mask)
+    for g, s in zip(grads, sums):
+        if s.data_ptr() != g.data_ptr():
+            g.copy_(s.view(g.shape))
+    return tuple(grads)
 
 
 # --- the operator: real and fake implementations, autograd ------------------------------------
@@ -871,7 +895,7 @@ def _backward_fake(q, k, v, o, lse, do, causal, scale, backend, block_mask, bloc
         _cuda_backend(backend, dtype, q.device, Qs, backward=True)
     elif backend is not None:
         _check_backend(backend)
-    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    return tuple(_output_like(x) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
