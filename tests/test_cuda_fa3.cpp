@@ -32,18 +32,19 @@ TEST_CASE("cuda-fa3 matches float64 attention by the 2x rule on odd shapes") {
         for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
                  {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 1023}, {1023, 203}, {2047, 2047}})
             for (bool causal : {false, true})
-                for (std::int64_t d : {64, 128})
+                for (std::int64_t d : {64, 128, 256})
                     check_against_reference(*b, test::make_problem(2, 3, 3, Nq, Nkv, d, causal), dtype);
 }
 
 TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
-    for (const char* variant : {"d64-Bc128", "d64-Bc128-pingpong", "d128-Bc128-pingpong", "d128-Bc128"}) {
+    for (const char* variant : {"d64-Bc128", "d64-Bc128-pingpong", "d128-Bc128-pingpong",
+                                "d128-Bc128", "d256-Bc64-pingpong", "d256-Bc64"}) {
         INFO("FLASHATTN_VARIANT=cuda-fa3=" << variant);
         test::ScopedEnv env("FLASHATTN_VARIANT");
         env.set(std::string("cuda-fa3=") + variant);
-        const std::int64_t d = variant[1] == '6' ? 64 : 128;
+        const std::int64_t d = std::stoll(std::string(variant).substr(1));  // "d64-..." -> 64
         for (bool causal : {false, true}) {
             check_against_reference(*b, test::make_problem(1, 2, 1, 333, 517, d, causal), DType::f16);
             check_against_reference(*b, test::make_problem(2, 2, 2, 130, 129, d, causal), DType::bf16);
@@ -66,7 +67,7 @@ TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
     for (DType dtype : kDtypes) {
         for (std::int64_t Hkv : {3, 2, 1})
             for (bool causal : {false, true})
-                for (std::int64_t d : {64, 128})
+                for (std::int64_t d : {64, 128, 256})
                     check_against_reference(*b, test::make_problem(2, 6, Hkv, 157, 331, d, causal), dtype);
         for (float scale : {0.0f, 0.05f, -0.6f, 2.5f}) {
             AttentionProblem p = test::make_problem(1, 2, 1, 300, 211, scale < 0 ? 128 : 64, true);
@@ -92,7 +93,7 @@ TEST_CASE("cuda-fa3: more work tiles than SMs, each CTA taking several in turn")
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     std::mt19937 gen(Catch::rngSeed() + 53);
-    for (std::int64_t d : {64, 128})
+    for (std::int64_t d : {64, 128, 256})
         for (bool causal : {false, true}) {
             // 3 x 8 heads x 9 query tiles = 216 work tiles; N_q > N_kv: under the causal mask the
             // first query rows see no key.
@@ -110,7 +111,7 @@ TEST_CASE("cuda-fa3: more work tiles than SMs, each CTA taking several in turn")
 TEST_CASE("cuda-fa3: repeated runs give bit-identical outputs (whichever CTA takes a tile)") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
-    for (std::int64_t d : {64, 128}) {
+    for (std::int64_t d : {64, 128, 256}) {
         const AttentionProblem p = test::make_problem(2, 16, 4, 1023, 1111, d, true);
         test::check_identical_runs(*b, p, random_problem_data(p, test::next_seed()), DType::f16);
     }
@@ -119,8 +120,8 @@ TEST_CASE("cuda-fa3: repeated runs give bit-identical outputs (whichever CTA tak
 TEST_CASE("cuda-fa3 refuses what it cannot run, naming the field") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
-    const float x[256] = {};
-    for (std::int64_t d : {32, 96, 256})
+    const float x[512] = {};
+    for (std::int64_t d : {32, 96, 192, 512})
         CHECK_THROWS_WITH(b->prepare(test::make_problem(1, 1, 1, 1, 1, d), x, x, x, DType::f16),
                           Catch::Contains("dim = " + std::to_string(d)));
     CHECK_THROWS_WITH(b->prepare(test::make_problem(1, 1, 1, 1, 1, 64), x, x, x, DType::f32),

@@ -175,6 +175,16 @@ TEST_CASE("cuda-fa3 backward rejects what it cannot run, naming the field") {
     BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dO.data()};
     CHECK_THROWS_WITH(run_backward(*b, p, bin, dQ.data(), dK.data(), dV.data(), DType::f16),
                       Catch::Contains("dim = 32"));
+    {  // d = 256 has a forward but no backward (its dK_j, dV_j would not fit in registers)
+        const AttentionProblem p256 = test::make_problem(1, 1, 1, 3, 3, 256);
+        const ProblemData in256 = random_problem_data(p256, 3);
+        const std::vector<float> x(p256.q_elements(), 1.0f), l(p256.lse_elements());
+        std::vector<float> g(p256.q_elements());
+        const BackwardInputs b256{in256.Q.data(), in256.K.data(), in256.V.data(), x.data(),
+                                  l.data(), x.data()};
+        CHECK_THROWS_WITH(run_backward(*b, p256, b256, g.data(), g.data(), g.data(), DType::f16),
+                          Catch::Contains("dim = 256"));
+    }
     const AttentionProblem p64 = test::make_problem(1, 1, 1, 4, 4, 64);
     const ProblemData in64 = random_problem_data(p64, 2);
     bin = {in64.Q.data(), in64.K.data(), in64.V.data(), O.data(), lse.data(), dO.data()};

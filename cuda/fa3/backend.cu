@@ -65,6 +65,7 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     params.v = tile_map(base.V, dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, at.v, Cfg::Bc);
     auto kernel = fa3_forward_kernel<Cfg, false>;
     if (p.block_mask.active()) kernel = fa3_forward_kernel<Cfg, true>;
+    static_assert(fits_shared_memory<Cfg>(), "cuda-fa3: the tile does not fit shared memory");
     constexpr int kSmem = smem_bytes<Cfg>();
     FA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -102,6 +103,8 @@ const Variant kVariants[] = {
     {"d64-Bc128-pingpong", "", 64, run_variant<64, 128, 2, true>},
     {"d128-Bc128-pingpong", "", 128, run_variant<128, 128, 2, true>},
     {"d128-Bc128", "", 128, run_variant<128, 128, 2, false>},
+    {"d256-Bc64", "", 256, run_variant<256, 64, 2, false>},
+    {"d256-Bc64-pingpong", "", 256, run_variant<256, 64, 2, true>},
 };
 
 const Variant& choose_variant(const AttentionProblem& p) {
@@ -144,9 +147,9 @@ void fa3_check_inputs(const AttentionProblem& p, DType dtype) {
     if (dtype != DType::f16 && dtype != DType::bf16)
         throw std::invalid_argument("dtype = " + to_string(dtype) +
                                     ": cuda-fa3 computes in f16 or bf16 (tensor cores)");
-    if (p.dim != 64 && p.dim != 128)
+    if (p.dim != 64 && p.dim != 128 && p.dim != 256)
         throw std::invalid_argument("dim = " + std::to_string(p.dim) +
-                                    ": cuda-fa3 supports head dim 64 or 128");
+                                    ": cuda-fa3 supports head dim 64, 128 or 256");
     const std::string outside = cuda::mma_grid_limits(p);
     if (!outside.empty()) throw std::invalid_argument(outside);
 }
@@ -173,7 +176,7 @@ Backend fa3_backend() {
     b.summary =
         "FlashAttention-3 on Hopper: wgmma, TMA copies into an mbarrier ring, a producer warpgroup "
         "and two consumer warpgroups, softmax overlapped with P V (and ping-pong at d = 128), "
-        "persistent CTAs; fp16/bf16, d = 64 or 128; backward on wgmma too";
+        "persistent CTAs; fp16/bf16, d = 64, 128 or 256; backward on wgmma too (d = 64, 128)";
     b.dtypes = {DType::f16, DType::bf16};
     b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,

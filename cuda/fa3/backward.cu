@@ -83,6 +83,11 @@ const Variant& choose_variant(const AttentionProblem& p) {
 
 void fa3_check_backward_problem(const AttentionProblem& p, DType dtype) {
     fa3_check_inputs(p, dtype);
+    // dK_j and dV_j stay in registers for the whole loop: 2 x D / 2 floats per thread, which at
+    // d = 256 is every register there is.
+    if (p.dim != 64 && p.dim != 128)
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
+                                    ": cuda-fa3's backward supports head dim 64 or 128");
     if (p.batch * p.heads_kv > 65535)
         throw std::invalid_argument("batch*heads_kv = " + std::to_string(p.batch * p.heads_kv) +
                                     ": cuda-fa3's backward grid allows at most 65535");

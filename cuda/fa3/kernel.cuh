@@ -62,7 +62,7 @@ namespace flashattn::fa3 {
 using mma::KernelParams;
 
 // One CTA: a producer warpgroup and kConsumers = 2 consumer warpgroups of 64 query rows each
-// (Br = 128); key tiles of Bc; head dim D = 64 or 128 (1 or 2 panels); a ring of kStages K_j / V_j
+// (Br = 128); key tiles of Bc; head dim D = 64, 128 or 256 (1, 2 or 4 panels); a ring of kStages K_j / V_j
 // slots; kPingPong: whether the consumer warpgroups take turns issuing their products.
 template <class T_, int D_, int Bc_, int kStages_, bool kPingPong_>
 struct Fa3Tile {
@@ -82,7 +82,7 @@ struct Fa3Tile {
     static constexpr int kConsumerRegisters = 240;
     static constexpr std::uint32_t kQBytes = Br * D * sizeof(T_);
     static constexpr std::uint32_t kTileBytes = Bc * D * sizeof(T_);  // one K_j or V_j
-    static_assert(D == 64 || D == 128, "cuda-fa3: D = 64 or 128");
+    static_assert(D == 64 || D == 128 || D == 256, "cuda-fa3: D = 64, 128 or 256");
     static_assert(Bc == 64 || Bc == 128, "cuda-fa3: Bc = 64 or 128 (the N of S's wgmma)");
 };
 
@@ -93,10 +93,16 @@ constexpr int smem_bytes() {
     return int(Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes) +
            int(sizeof(Fa3Barriers<Cfg::kStages>)) + 1024;
 }
+// An SM gives a CTA at most 227 KiB: at d = 256 that leaves room for Bc = 64 only (Q_i 64 KiB,
+// two K_j and two V_j slots of 32 KiB each).
+template <class Cfg>
+constexpr bool fits_shared_memory() {
+    return smem_bytes<Cfg>() <= 227 * 1024;
+}
 
 // What the kernel reads: cuda-tc's parameters and the three tensor maps (built by
-// cuda/fa3/backend.cu: 3-D, (d, rows, batch x heads) innermost first, boxes of 64 columns x Br or
-// Bc rows).
+// cuda/fa3/backend.cu: 4-D, (d, rows, heads, batch) innermost first at the arrays' strides, boxes
+// of 64 columns x Br or Bc rows of one head).
 struct Fa3Params {
     KernelParams base;
     CUtensorMap q, k, v;

@@ -6,10 +6,11 @@
                                      [--tiles NAME,NAME...] [--json results.json]
 
 --backend cuda-fa3 times cuda-fa3 instead (its bar: geomean >= 1.2x FLASH and >= 0.85x cuDNN, no
-point below 1.0x FLASH); --dims limits the head dims (both backends have d = 64 and 128).
+point below 1.0x FLASH); --dims picks the head dims among 64, 128 and 256 (both backends run all
+three forward; the default is 64,128).
 
 The grid is FlashAttention's own benchmark: 16k tokens per batch, hidden size 2048, so
-d = 64 -> 32 heads and d = 128 -> 16 heads, B = 16384 / N, N in {1024, 2048, 4096, 8192},
+d = 64 -> 32 heads, d = 128 -> 16 heads and d = 256 -> 8 heads, B = 16384 / N, N in {1024, 2048, 4096, 8192},
 causal and not. Throughput counts FLOPs = 4 B H N^2 d, halved for causal.
 
 For each shape, `flashattn bench --backends cuda-tc --json` times cuda-tc (inputs uploaded once
@@ -33,7 +34,7 @@ import subprocess
 import sys
 
 SEQS = [1024, 2048, 4096, 8192]
-DIMS = [64, 128]
+DIMS = [64, 128, 256]
 TOKENS, HIDDEN = 16384, 2048
 
 

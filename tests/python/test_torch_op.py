@@ -418,9 +418,9 @@ def test_cuda_fa3_reads_projection_views_where_they_lie(dtype, d, offset, monkey
 
 
 def test_the_default_backend_is_the_fastest_for_the_device():
-    """float32 on cuda-fa2; float16/bfloat16 on cuda-fa3 on Hopper for d = 64 and 128, else
-    cuda-tc, and cuda-tc for a decoding forward (at most 64 query rows), whose keys it splits;
-    the default gives the same bits as naming that backend."""
+    """float32 on cuda-fa2; float16/bfloat16 on cuda-fa3 on Hopper for d = 64, 128 and 256 (its
+    backward for 64 and 128), else cuda-tc, and cuda-tc for a decoding forward (at most 64 query
+    rows), whose keys it splits; the default gives the same bits as naming that backend."""
     needs_cuda()
     device = torch.device("cuda", torch.cuda.current_device())
     hopper = torch.cuda.get_device_capability(device) == (9, 0)
@@ -429,12 +429,15 @@ def test_the_default_backend_is_the_fastest_for_the_device():
                                      (torch.bfloat16, 64, 300, "cuda-fa3" if fa3 else "cuda-tc"),
                                      (torch.float16, 128, 300, "cuda-fa3" if fa3 else "cuda-tc"),
                                      (torch.bfloat16, 96, 300, "cuda-tc"),
+                                     (torch.float16, 256, 300, "cuda-fa3" if fa3 else "cuda-tc"),
                                      (torch.float16, 128, 1, "cuda-tc"),
                                      (torch.bfloat16, 64, 64, "cuda-tc"),
                                      (torch.bfloat16, 64, 65, "cuda-fa3" if fa3 else "cuda-tc")):
         name = flashattn._TORCH_DTYPES[dtype]
         shape = (1, 4, rows, d)
         assert flashattn._default_cuda_backend(name, device, shape, False) == expected
+        if d == 256:  # no backward on cuda-fa3 there
+            assert flashattn._default_cuda_backend(name, device, shape, True) == "cuda-tc"
         q, k, v = tensors(shape, (1, 2, 300, d), (1, 2, 300, d), device="cuda", dtype=dtype)
         assert torch.equal(flashattn.attention(q, k, v, causal=True),
                            flashattn.attention(q, k, v, causal=True, backend=expected))

@@ -569,9 +569,10 @@ def _cpu_backward(q, k, v, o, lse, do, plan, options):
 
 # --- PyTorch tensors on a GPU ---------------------------------------------------------------
 
-# cuda-fa3's head dimensions (cuda/fa3/backend.cu, check_problem): the default sends other d to
-# cuda-tc.
-_FA3_HEAD_DIMS = (64, 128)
+# cuda-fa3's head dimensions (cuda/fa3/backend.cu and backward.cu, the checks): the default sends
+# other d to cuda-tc.
+_FA3_HEAD_DIMS = (64, 128, 256)
+_FA3_BACKWARD_HEAD_DIMS = (64, 128)
 _CAPABILITY = {}  # device index -> (major, minor), asked once per device
 
 
@@ -601,7 +602,8 @@ def _default_cuda_backend(dtype, device, shape, backward):
     # backend.)
     decoding = not backward and type(rows) is int and rows <= _DECODE_ROWS
     if (fa3 is not None and fa3["device_arrays"] and (fa3["backward"] or not backward)
-            and d in _FA3_HEAD_DIMS and not decoding and _capability(device) == (9, 0)):
+            and d in (_FA3_BACKWARD_HEAD_DIMS if backward else _FA3_HEAD_DIMS) and not decoding
+            and _capability(device) == (9, 0)):
         return "cuda-fa3"
     return "cuda-tc"
 
