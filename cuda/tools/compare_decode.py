@@ -5,9 +5,11 @@ backends (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION) on the same sha
 
 Decoding is memory-bound: the least it can cost is one read of K and V, 2 B H_kv N_kv d bytes of
 16-bit values. The table gives each time, the bandwidth it implies (K + V + Q + O bytes / time)
-and that bandwidth as a share of the HBM peak (--peak-tbs, 3.35 TB/s for an H100 SXM).
+and that bandwidth as a share of the HBM peak (--peak-tbs; by default 3.35 TB/s, an H100 SXM's,
+or 4.8 TB/s on an H200).
 
   python3 cuda/tools/compare_decode.py --bin-dir build/release/bin --dtype f16 --out $OUT
+      [--batch 1|8] [--nq 1|4] [--quick]
 """
 import argparse
 import itertools
@@ -73,12 +75,23 @@ def main():
     ap.add_argument("--dtype", default="f16", choices=["f16", "bf16"])
     ap.add_argument("--backends", default="cuda-tc")
     ap.add_argument("--repeat", type=int, default=50)
-    ap.add_argument("--peak-tbs", type=float, default=3.35)
+    ap.add_argument("--peak-tbs", type=float,
+                    help="HBM peak in TB/s for the %% column (default: 4.8 on an H200, else 3.35, "
+                         "an H100 SXM's)")
     ap.add_argument("--quick", action="store_true", help="only B = 1, N_q = 1, d = 128")
+    ap.add_argument("--batch", type=int, choices=[1, 8], help="only this batch size")
+    ap.add_argument("--nq", type=int, choices=[1, 4], help="only this many query rows")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     backends = args.backends.split(",")
-    shapes = [s for s in SHAPES if not args.quick or (s[0] == 1 and s[3] == 1 and s[5] == 128)]
+    shapes = [s for s in SHAPES if (not args.quick or (s[0] == 1 and s[3] == 1 and s[5] == 128))
+              and args.batch in (None, s[0]) and args.nq in (None, s[3])]
+    import torch
+    device = torch.cuda.get_device_name()
+    if args.peak_tbs is None:
+        args.peak_tbs = 4.8 if "H200" in device else 3.35
+    print(f"# {device}, torch {torch.__version__}, {args.dtype}; % of a {args.peak_tbs} TB/s peak",
+          flush=True)
     header = ("| B | H | H_kv | N_q | N_kv | d | " + " | ".join(f"{b} µs (S)" for b in backends) +
               " | best SDPA µs (backend) | ours / best SDPA | ours TB/s | % of peak |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
