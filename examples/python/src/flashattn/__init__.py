@@ -849,8 +849,8 @@ _BACKWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor
 
 
 def _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size):
-    """The forward on real tensors, CPU or CUDA: returns O (q's shape and dtype, contiguous) and
-    LSE (float32, q's shape without d)."""
+    """The forward on real tensors, CPU or CUDA: returns O (q's shape and dtype, laid out as
+    _output_like(q) says) and LSE (float32, q's shape without d)."""
     if block_mask is None and block_size is None:
         plan = _planned(_signature("forward", (q, k, v), causal, scale, backend), _forward_plan,
                         q, k, v, causal, scale, backend, None, None)
@@ -1013,8 +1013,11 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     that precision, as `flashattn run --dtype` does; outputs have the input's dtype), or PyTorch
     CUDA tensors (computed on their GPU, asynchronously on PyTorch's current stream, results on
     the same device): float32 on cuda-fa2; float16 and bfloat16 on cuda-fa3 on a Hopper GPU for
-    d = 64 and 128 and more than 64 query rows (its backward too, after any forward), else on
-    cuda-tc (d in 32, 64, 96, 128, and 256 forward only; decoding: split keys, GQA groups packed).
+    d = 64, 128 and 256 and more than 64 query rows (its backward too, after any forward, for
+    d = 64 and 128), else on cuda-tc (d in 32, 64, 96, 128, and 256 forward only; decoding: split
+    keys, GQA groups packed). cuda-fa3 reads strided tensors (such as q, k, v viewed out of one
+    projection) where they lie; outputs of CUDA tensors follow their inputs' order as SDPA's do,
+    so O of a q viewed as (B, H, N, d) out of (B, N, H, d) memory is such a view too.
 
     causal: bottom-right aligned mask (query i sees key j iff j <= i + N_kv - N_q).
     scale: softmax scale, default 1 / sqrt(d).
@@ -1025,7 +1028,7 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
         carries no gradient.
     block_mask, block_size: block-sparse attention (Algorithm 5), see the module's docstring.
 
-    Returns O (the shape of q), or (O, LSE). With PyTorch tensors that require grad, gradients
+    Returns O (the shape and dtype of q), or (O, LSE). With PyTorch tensors that require grad, gradients
     flow through flashattn's own backward pass (attention_backward). With PyTorch >= 2.4
     torch.compile traces it as the custom operator torch.ops.flashattn.attention_forward; an eager
     call runs the operator's implementation directly.
