@@ -310,20 +310,29 @@ std::vector<std::uint16_t> download_bits(const Staged& x) {
 
 }  // namespace
 
-TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits where it lies") {
-    if (!fa3::fa3_available()) {
-        WARN("cuda-fa3 needs an sm_90a build on a Hopper GPU: not tested here");
-        return;
-    }
-    const Backend& fa3 = find_backend("cuda-fa3");
-    REQUIRE(fa3.device_layouts);
+// The problems the strided tests run, each with fresh random inputs: ragged N_q = 113 and
+// N_kv = 203, GQA 4 / 2, f16 at d = 64 and bf16 at d = 128, causal and not.
+// body(problem, dtype, inputs, seed).
+template <class Body>
+void for_each_strided_case(Body&& body) {
     for (auto [dtype, dim] : std::vector<std::pair<DType, std::int64_t>>{{DType::f16, 64},
                                                                           {DType::bf16, 128}})
         for (bool causal : {false, true}) {
             const AttentionProblem p = test::make_problem(2, 4, 2, 113, 203, dim, causal);
             const std::uint64_t seed = test::next_seed();
             INFO(to_string(dtype) << " " << test::describe(p) << " seed=" << seed);
-            const ProblemData in = random_problem_data(p, seed);
+            body(p, dtype, random_problem_data(p, seed), seed);
+        }
+}
+
+TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits where it lies") {
+    const Backend* found = test::cuda_fa3_or_warn();
+    if (!found) return;
+    const Backend& fa3 = *found;
+    REQUIRE(fa3.device_layouts);
+    for_each_strided_case([&](const AttentionProblem& p, DType dtype, const ProblemData& in,
+                              std::uint64_t) {
+            const std::int64_t dim = p.dim;
             // The host path: contiguous arrays, float32 O (checked against float64 elsewhere).
             const test::Outputs host = test::run_poisoned(fa3, p, in, dtype);
 
@@ -367,24 +376,18 @@ TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits
             bad = a;
             bad.o_layout.row = Oh.layout.row + 1;
             CHECK_THROWS_AS(fa3.run_device(p, bad), std::invalid_argument);
-        }
+        });
 }
 
 TEST_CASE("cuda-fa3's backward device entry reads strided arrays and a 16-bit O, and writes 16-bit gradients where they lie") {
-    if (!fa3::fa3_available()) {
-        WARN("cuda-fa3 needs an sm_90a build on a Hopper GPU: not tested here");
-        return;
-    }
-    const Backend& fa3 = find_backend("cuda-fa3");
+    const Backend* found = test::cuda_fa3_or_warn();
+    if (!found) return;
+    const Backend& fa3 = *found;
     test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
     deterministic.set("1");  // dQ's additions in one order: the host path's bits
-    for (auto [dtype, dim] : std::vector<std::pair<DType, std::int64_t>>{{DType::f16, 64},
-                                                                          {DType::bf16, 128}})
-        for (bool causal : {false, true}) {
-            const AttentionProblem p = test::make_problem(2, 4, 2, 113, 203, dim, causal);
-            const std::uint64_t seed = test::next_seed();
-            INFO(to_string(dtype) << " " << test::describe(p) << " seed=" << seed);
-            const ProblemData in = random_problem_data(p, seed);
+    for_each_strided_case([&](const AttentionProblem& p, DType dtype, const ProblemData& in,
+                              std::uint64_t seed) {
+            const std::int64_t dim = p.dim;
             const test::Outputs fwd = test::run_poisoned(fa3, p, in, dtype);
             // O as a 16-bit caller holds it; the host path gets the same values in float32, so
             // that both compute the same D = rowsum(dO o O).
@@ -449,7 +452,7 @@ TEST_CASE("cuda-fa3's backward device entry reads strided arrays and a 16-bit O,
             bad = a;
             bad.grad_dtype = dtype == DType::f16 ? DType::bf16 : DType::f16;
             CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
-        }
+        });
 }
 
 TEST_CASE("device entries without layouts refuse strided arrays and 16-bit outputs") {

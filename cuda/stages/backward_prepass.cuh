@@ -41,19 +41,27 @@ __global__ void delta_kernel(const In* dO, ArrayLayout dO_at, const OutputType* 
     if (lane == 0) D[row] = float(sum);
 }
 
-// The launch of delta_kernel for the B H N_q rows of `p` on `stream`; std::invalid_argument when
-// the grid would be too large.
-template <class In, class OutputType>
-void launch_delta(const AttentionProblem& p, const In* dO, const ArrayLayout& dO_at,
-                  const OutputType* O, const ArrayLayout& O_at, float* D, cudaStream_t stream) {
+// The grid of a kernel with a warp per row and 8 warps (256 threads) per block, for the B H N_q
+// rows of `p`: ceil(rows / 8) blocks (0 for no rows); std::invalid_argument when that is more
+// than one launch takes. delta_kernel's, and the dQ pass's (cuda/stages/backward_postpass.cuh).
+inline unsigned warp_per_row_blocks(const AttentionProblem& p) {
     const std::int64_t rows = p.batch * p.heads * p.seq_q;
-    const std::int64_t blocks = (rows + 7) / 8;  // 8 warps of 32 threads, a row each
+    const std::int64_t blocks = (rows + 7) / 8;
     if (blocks > std::numeric_limits<int>::max())
         throw std::invalid_argument("batch*heads*seq_q = " + std::to_string(rows) +
                                     ": too many rows for one launch");
+    return static_cast<unsigned>(blocks);
+}
+
+// The launch of delta_kernel for the B H N_q rows of `p` on `stream`.
+template <class In, class OutputType>
+void launch_delta(const AttentionProblem& p, const In* dO, const ArrayLayout& dO_at,
+                  const OutputType* O, const ArrayLayout& O_at, float* D, cudaStream_t stream) {
+    const unsigned blocks = warp_per_row_blocks(p);
     if (blocks == 0) return;
-    delta_kernel<In, OutputType><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-        dO, dO_at, O, O_at, D, rows, p.heads, p.seq_q, static_cast<int>(p.dim));
+    delta_kernel<In, OutputType><<<blocks, 256, 0, stream>>>(
+        dO, dO_at, O, O_at, D, p.batch * p.heads * p.seq_q, p.heads, p.seq_q,
+        static_cast<int>(p.dim));
     FA_CUDA_CHECK_LAUNCH();
 }
 

@@ -95,8 +95,8 @@ def backends():
 
 def backend_info():
     """One dict per backend: name, device ("cpu" or "cuda"), summary, dtypes, backward (bool),
-    device_arrays (bool: takes CUDA tensors in place), device_layouts (bool: its forward reads
-    strided CUDA tensors where they lie and writes O in their dtype)."""
+    device_arrays (bool: takes CUDA tensors in place), device_layouts (bool: reads strided CUDA
+    tensors where they lie and writes O and the gradients in their dtype)."""
     return [dict(info) for info in _backend_table().values()]
 
 
@@ -808,12 +808,11 @@ def _cuda_backward(q, k, v, o, lse, do, block_mask, plan, options):
         inputs = [_readable_in_place(x, shape)
                   for x, shape in ((q, Qs), (k, Ks), (v, Ks), (do, Qs))]
         (Q, q_at), (K, k_at), (V, v_at), (dO, do_at) = inputs
-        if o.dim() == 4 and o.stride(3) == 1:
-            O, o_at, o_dtype = o, _strides(o), plan.dtype
-        else:
-            O, o_at, o_dtype = _device_array(o, Qs), _CONTIGUOUS, plan.dtype
+        # O is read value by value (the D pass): any strides with d contiguous.
+        O, o_at = ((o, _strides(o)) if o.dim() == 4 and o.stride(3) == 1
+                   else (_device_array(o, Qs), _CONTIGUOUS))
         layouts = (q_at, k_at, v_at, o_at, do_at) + tuple(_strides(g) for g in grads)
-        _device_backward(Q, K, V, O, L, dO, *grads, plan, options, mask, layouts, o_dtype,
+        _device_backward(Q, K, V, O, L, dO, *grads, plan, options, mask, layouts, plan.dtype,
                          plan.dtype)
         return tuple(grads)
     Q, K, V = _device_array(q, Qs), _device_array(k, Ks), _device_array(v, Ks)
@@ -1028,8 +1027,8 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
         carries no gradient.
     block_mask, block_size: block-sparse attention (Algorithm 5), see the module's docstring.
 
-    Returns O (the shape and dtype of q), or (O, LSE). With PyTorch tensors that require grad, gradients
-    flow through flashattn's own backward pass (attention_backward). With PyTorch >= 2.4
+    Returns O (the shape and dtype of q), or (O, LSE). With PyTorch tensors that require grad,
+    gradients flow through flashattn's own backward pass (attention_backward). With PyTorch >= 2.4
     torch.compile traces it as the custom operator torch.ops.flashattn.attention_forward; an eager
     call runs the operator's implementation directly.
     """
