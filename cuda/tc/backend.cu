@@ -4,6 +4,7 @@
 // cuda/tc/backward.cu.
 #include "cuda/tc/backend.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,10 +82,17 @@ Shape choose_shape(const char* backend, const std::vector<Shape>& shapes, std::i
         .shape;
 }
 
-// The default tile shape for (d, dtype) is the first of tc_tile_shapes; FLASHATTN_VARIANT
-// (cuda/host/variants.hpp) may name another by TcTileShape::name().
-TcTileShape choose_tile(std::int64_t dim, DType dtype) {
-    return choose_shape("cuda-tc", tc_tile_shapes(dim, dtype), dim, dtype);
+// The default tile shape for problem p is tc_default_tile's (the decoding shape at decoding
+// shapes, else the first of tc_tile_shapes); FLASHATTN_VARIANT (cuda/host/variants.hpp) may name
+// another by TcTileShape::name().
+TcTileShape choose_tile(const AttentionProblem& p, DType dtype) {
+    std::vector<TcTileShape> shapes = tc_tile_shapes(p.dim, dtype);
+    if (!shapes.empty()) {  // the chooser's default is the first row
+        const TcTileShape first = tc_default_tile(p, dtype);
+        std::stable_partition(shapes.begin(), shapes.end(),
+                              [&](const TcTileShape& s) { return s == first; });
+    }
+    return choose_shape("cuda-tc", shapes, p.dim, dtype);
 }
 
 // The backward's shape: the first of tc_backward_shapes, or
@@ -108,7 +116,7 @@ Backend tc_backend() {
                    DType dtype) -> std::unique_ptr<PreparedAttention> {
         tc_check_problem(p, dtype);
         require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
-        const TcTileShape tile = choose_tile(p.dim, dtype);
+        const TcTileShape tile = choose_tile(p, dtype);
         return std::make_unique<PreparedTc>(p, Q, K, V, dtype, tile);
     };
     // The device entries: the same kernels on the caller's 16-bit arrays, queued on the caller's
@@ -116,7 +124,7 @@ Backend tc_backend() {
     // The device entry's workspace: split-KV's partial results (none when S = 1).
     b.device_workspace_bytes = [](const AttentionProblem& p, DType dtype) {
         cuda::WorkspaceCarver counter;
-        cuda::cut_split_partials(p, tc_kv_splits(p, dtype, choose_tile(p.dim, dtype)), counter);
+        cuda::cut_split_partials(p, tc_kv_splits(p, dtype, choose_tile(p, dtype)), counter);
         return counter.bytes();
     };
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
@@ -130,7 +138,7 @@ Backend tc_backend() {
         args.Q = a.Q, args.K = a.K, args.V = a.V, args.lse = a.lse;
         args.O = static_cast<float*>(a.O);  // contiguous float32 (require_default_layouts)
         args.stream = a.stream;
-        const TcTileShape tile = choose_tile(problem.dim, a.dtype);
+        const TcTileShape tile = choose_tile(problem, a.dtype);
         args.kv_splits = tc_kv_splits(problem, a.dtype, tile);
         cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-tc");
         const cuda::SplitPartials partials = cuda::cut_split_partials(problem, args.kv_splits, workspace);

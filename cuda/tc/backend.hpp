@@ -8,8 +8,9 @@
 
 namespace flashattn::tc {
 
-// "cuda-tc": the default tile shape for each head dim (the first of tc_tile_shapes), or the one
-// FLASHATTN_VARIANT=cuda-tc=<shape name> asks for (cuda/host/variants.hpp).
+// "cuda-tc": the default tile shape for each problem (tc_default_tile: the decoding shape at
+// decoding shapes, else the first of tc_tile_shapes), or the one FLASHATTN_VARIANT=cuda-tc=<shape
+// name> asks for (cuda/host/variants.hpp).
 Backend tc_backend();
 
 // The 16-bit values cuda-tc computes with (cuda/host/half_bits.hpp).

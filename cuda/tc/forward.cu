@@ -19,6 +19,7 @@
 #include "cuda/host/prepared.hpp"
 #include "cuda/host/split_kv.hpp"
 #include "cuda/host/variants.hpp"
+#include "cuda/tc/decode_kernel.cuh"
 #include "cuda/tc/kernel.cuh"
 #include "cuda/host/tensor_core_eligibility.hpp"
 
@@ -27,6 +28,9 @@ namespace flashattn::tc {
 using cuda::mma_grid_limits;
 
 std::string TcTileShape::name() const {
+    if (decode)
+        return "decode-w" + std::to_string(warps) + "-Bc" + std::to_string(Bc) + "-s" +
+               std::to_string(stages);
     return "Br" + std::to_string(Br()) + "w" + std::to_string(warps) + "-Bc" + std::to_string(Bc) +
            "-s" + std::to_string(stages);
 }
@@ -46,6 +50,10 @@ namespace {
 //     the math of tile j); Bc = 32 or 128 were slower or spilled.
 //   * d = 256: O_i alone takes 128 registers for one row tile, so Bc = 32 and Q_i stays in shared
 //     memory.
+//   * decoding (tc_decodes; cuda/tc/decode_kernel.cuh): 4 warps share 16 query rows and split
+//     each key tile; tiles of 16 KiB (K) + 16 KiB (V) at d = 64 and 128 (32 KiB each at d = 256),
+//     three in the ring, so that two are in flight while one is multiplied. At d <= 128 that is
+//     about 100 KB per CTA, two CTAs per SM.
 // The alternative shapes (fp16, d = 64 and 128) are compiled so that they can be compared on the
 // device (FLASHATTN_VARIANT=cuda-tc=<name>); they are used only when asked for.
 struct CompiledTile {
@@ -84,13 +92,38 @@ void launch(const KernelParams& params, cudaStream_t stream) {
     FA_CUDA_CHECK_LAUNCH();
 }
 
+// The decoding kernel of one compiled shape (cuda/tc/decode_kernel.cuh): the same four
+// instantiations, a grid of 16-row query tiles.
+template <class Tile>
+void launch_decode(const KernelParams& params, cudaStream_t stream) {
+    const AttentionProblem& p = params.problem;
+    cuda::require_shared_memory(Tile::kSmemBytes, "cuda-tc: decoding tile Bc" +
+                                                      std::to_string(Tile::Bc) + " at d = " +
+                                                      std::to_string(Tile::D));
+    const bool split = params.kv_splits > 1;
+    auto kernel = split ? tc_decode_kernel<Tile, false, true> : tc_decode_kernel<Tile, false, false>;
+    if (p.block_mask.active())
+        kernel = split ? tc_decode_kernel<Tile, true, true> : tc_decode_kernel<Tile, true, false>;
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Tile::kSmemBytes));
+    const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Tile::Br) * params.kv_splits),
+                    static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+    kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(params);
+    FA_CUDA_CHECK_LAUNCH();
+}
+
 // CTAs of the split-KV kernel (S is chosen for it) that fit on one SM. Asked once per process:
 // the kernels are compiled for one architecture, so every device that runs them has the same
 // per-SM limits, and the query would otherwise cost host time on every decoding step.
-template <class Cfg>
+template <class Cfg, bool kDecode = false>
 int ctas_per_sm() {
     static const int n = [] {
-        auto kernel = tc_forward_kernel<Cfg, false, true>;
+        auto kernel = [] {
+            if constexpr (kDecode)
+                return tc_decode_kernel<Cfg, false, true>;
+            else
+                return tc_forward_kernel<Cfg, false, true>;
+        }();
         FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            Cfg::kSmemBytes));
         int ctas = 0;
@@ -111,6 +144,16 @@ CompiledTile tile() {
     return t;
 }
 
+// A decoding shape's row: `warps` warps of `warp_keys` keys each, `stages` tiles in the ring.
+template <int D, int W, int kWarpKeys, int S, bool kTuning = false>
+CompiledTile decode_tile() {
+    using F16 = DecodeTile<__half, D, W, kWarpKeys, S>;
+    CompiledTile t{D, {W, 1, W * kWarpKeys, S, true}, kTuning, &launch_decode<F16>, nullptr,
+                   &ctas_per_sm<F16, true>};
+    if constexpr (!kTuning) t.launch_bf16 = &launch_decode<DecodeTile<__nv_bfloat16, D, W, kWarpKeys, S>>;
+    return t;
+}
+
 const std::vector<CompiledTile>& compiled_tiles() {
     constexpr bool kTuning = true;
     static const std::vector<CompiledTile> tiles = {
@@ -125,6 +168,13 @@ const std::vector<CompiledTile>& compiled_tiles() {
         tile<128, 8, 1, 32, 2, kTuning>(),
         tile<128, 4, 2, 64, 2, kTuning>(),
         tile<256, 8, 1, 32, 2>(),
+        decode_tile<32, 4, 32, 3>(),
+        decode_tile<64, 4, 32, 3>(),
+        decode_tile<64, 4, 16, 4, kTuning>(),
+        decode_tile<96, 4, 16, 3>(),
+        decode_tile<128, 4, 16, 3>(),
+        decode_tile<128, 8, 16, 3, kTuning>(),
+        decode_tile<256, 4, 16, 3>(),
     };
     return tiles;
 }
@@ -160,6 +210,22 @@ void tc_check_problem(const AttentionProblem& p, DType dtype) {
                                     ": cuda-tc supports head dims " + list(dims));
     const std::string outside = mma_grid_limits(p);
     if (!outside.empty()) throw std::invalid_argument(outside);
+}
+
+bool tc_decodes(const AttentionProblem& p) {
+    constexpr std::int64_t kRows = 16;  // the decoding kernel's row tile
+    return gqa_packed(p, kRows).seq_q <= kRows;
+}
+
+TcTileShape tc_default_tile(const AttentionProblem& p, DType dtype) {
+    const std::vector<TcTileShape> shapes = tc_tile_shapes(p.dim, dtype);
+    if (shapes.empty())
+        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
+                                    ": cuda-tc supports head dims " + list(tc_head_dims()));
+    const bool decode = tc_decodes(p);
+    for (const TcTileShape& s : shapes)
+        if (s.decode == decode) return s;
+    return shapes.front();
 }
 
 namespace {

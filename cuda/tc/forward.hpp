@@ -14,17 +14,21 @@
 namespace flashattn::tc {
 
 // One CTA's work: `warps` warps, each owning `m_tiles` row tiles of 16 query rows (Br = 16 warps
-// m_tiles), key tiles of Bc rows, and a ring of `stages` K_j/V_j buffers.
+// m_tiles), key tiles of Bc rows, and a ring of `stages` K_j/V_j buffers. A decoding shape
+// (`decode`, cuda/tc/decode_kernel.cuh) has one row tile of 16 rows that all its warps share;
+// the warps split each key tile instead (Bc / warps keys each).
 struct TcTileShape {
     int warps = 4;
     int m_tiles = 2;
     int Bc = 64;
     int stages = 2;
+    bool decode = false;
 
-    std::int64_t Br() const { return 16 * std::int64_t{warps} * m_tiles; }
-    std::string name() const;  // e.g. "Br128w4-Bc64-s2"
+    std::int64_t Br() const { return decode ? 16 : 16 * std::int64_t{warps} * m_tiles; }
+    std::string name() const;  // e.g. "Br128w4-Bc64-s2", "decode-w4-Bc64-s3"
     bool operator==(const TcTileShape& o) const {
-        return warps == o.warps && m_tiles == o.m_tiles && Bc == o.Bc && stages == o.stages;
+        return warps == o.warps && m_tiles == o.m_tiles && Bc == o.Bc && stages == o.stages &&
+               decode == o.decode;
     }
     bool operator!=(const TcTileShape& o) const { return !(*this == o); }
 };
@@ -33,9 +37,19 @@ struct TcTileShape {
 const std::vector<std::int64_t>& tc_head_dims();
 
 // The tile shapes compiled for (dim, dtype); the first one is the default, the others are there
-// to be compared (FLASHATTN_VARIANT=cuda-tc=<name>, cuda/tools/compare_tc.py --tiles). Empty for an
-// unsupported dim.
+// to be compared (FLASHATTN_VARIANT=cuda-tc=<name>, cuda/tools/compare_tc.py --tiles), except the
+// decoding shape, which is the default where tc_decodes says so. Empty for an unsupported dim.
 std::vector<TcTileShape> tc_tile_shapes(std::int64_t dim, DType dtype);
+
+// Whether p is decoding for cuda-tc: at most 16 query rows per head once its GQA groups are
+// packed (common/gqa_packing.hpp), one row tile of the decoding kernel. There the default shape
+// is the decoding one (cuda/tc/decode_kernel.cuh): a 128-row tile would compute mostly rows that
+// do not exist, and the products, not HBM, would set the pace (docs/decoding.md).
+bool tc_decodes(const AttentionProblem& p);
+
+// The default shape for problem p: the decoding shape of p.dim where tc_decodes(p), else the
+// first of tc_tile_shapes.
+TcTileShape tc_default_tile(const AttentionProblem& p, DType dtype);
 
 // Throws std::invalid_argument naming the field and value for a problem (or dtype) cuda-tc cannot
 // run: validate()'s checks, then dim outside tc_head_dims(), dtype f32, grid limits.
