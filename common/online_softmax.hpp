@@ -200,6 +200,14 @@ FA_HOST_DEVICE inline float merged_lse(int S, const float* lse, std::int64_t lse
     for (int s = 0; s < S; ++s) merged = merge_partials(merged, lse[s * lse_stride]).lse;
     return merged;
 }
+// The same merged LSE in two passes, for a merge that reads its S parts in parallel (the lanes of
+// a GPU warp, cuda/stages/combine.cuh): m = max_s LSE_s (nan_max), then
+//     LSE = m + log(sum_s e^(LSE_s - m))        (exp_shifted: an empty part adds 0)
+// -- log(sum_s e^LSE_s), as merged_lse's fold is, summed in another order (so the last bits may
+// differ). All parts empty (m = -inf): -inf; a NaN LSE: NaN.
+FA_HOST_DEVICE inline float lse_from_max_and_sum(float m, float sum_of_exp) {
+    return m == -INFINITY ? -INFINITY : m + logf(sum_of_exp);
+}
 // e^(LSE_s - LSE): part s's weight in the merged O. 0 for an empty part (LSE_s = -inf), and for
 // every part when all are empty (LSE = -inf, so O = 0); NaN when either LSE is NaN.
 FA_HOST_DEVICE inline float partial_weight(float lse_s, float lse) {

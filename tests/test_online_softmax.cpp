@@ -371,6 +371,39 @@ TEST_CASE("merge_partial_row folds S strided parts into the float64 log-sum-exp 
     }
 }
 
+TEST_CASE("lse_from_max_and_sum: the two-pass merged LSE is the float64 log-sum-exp") {
+    std::mt19937 gen(Catch::rngSeed() + 31);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (int trial = 0; trial < 300; ++trial) {
+        const int S = 1 + int(gen() % 70);  // more parts than a warp has lanes, at times
+        const float spread = 1.0f + float(trial % 4) * 30.0f;
+        std::vector<float> lse(S);
+        for (float& x : lse) x = gen() % 4 == 0 ? -INFINITY : spread * dist(gen);
+        // The passes as a warp runs them, in any order: the maximum, then the sum below it.
+        float m = -INFINITY;
+        for (float x : lse) m = nan_max(m, x);
+        float sum = 0.0f;
+        for (float x : lse) sum += exp_shifted(x, m);
+        const float merged = lse_from_max_and_sum(m, sum);
+        double m64 = -INFINITY, sum64 = 0;
+        for (float x : lse) m64 = std::max(m64, double(x));
+        for (float x : lse) sum64 += x == -INFINITY ? 0.0 : std::exp(double(x) - m64);
+        INFO("trial " << trial << ", S = " << S);
+        if (m64 == -INFINITY) {  // every part empty: the empty row's LSE, never NaN
+            CHECK(merged == -INFINITY);
+            continue;
+        }
+        const double expected = m64 + std::log(sum64);
+        // One rounding of m + log(sum) and S of the float32 sum: ulps of |m| and of log(S).
+        CHECK(std::fabs(merged - expected) <= 2.4e-7 * std::fabs(m64) + 1.2e-7 * (S + 1));
+        // It agrees with merged_lse's fold to rounding.
+        CHECK(std::fabs(merged - merged_lse(S, lse.data(), 1)) <=
+              4 * S * 1.2e-7 * std::max(1.0, std::fabs(m64)));
+    }
+    CHECK(std::isnan(lse_from_max_and_sum(NAN, 1.0f)));  // a NaN LSE is never hidden
+    CHECK(std::isnan(lse_from_max_and_sum(nan_max(1.0f, NAN), 2.0f)));
+}
+
 TEST_CASE("merge_partial_row: a NaN LSE makes the row NaN, a NaN in one O_s its column") {
     const int S = 3;
     const std::int64_t d = 4;
