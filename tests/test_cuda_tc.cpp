@@ -113,6 +113,36 @@ TEST_CASE("cuda-tc: every compiled tile shape computes the same attention") {
             }
 }
 
+TEST_CASE("cuda-tc: the decoding kernel at every head dim, split or not, causal, GQA") {
+    // H = 8 over H_kv = 2: groups of 4 heads, packed into 4 N_q rows where the masks allow it
+    // (cuda/tc/decode_kernel.cuh runs at most 16 rows per head); N_kv = 1000 is no multiple of
+    // any key tile, and S = 5 leaves the chunks uneven.
+    const Backend backend = tc::tc_backend();
+    for (DType dtype : kDtypes)
+        for (std::int64_t d : tc::tc_head_dims())
+            for (std::int64_t Nq : {1, 4})
+                for (bool causal : {false, true})
+                    for (std::int64_t S : {0, 1, 5}) {
+                        AttentionProblem p = test::make_problem(2, 8, 2, Nq, 1000, d, causal);
+                        p.kv_splits = S;
+                        INFO("d = " << d << ", N_q = " << Nq << ", causal " << causal << ", S = " << S);
+                        REQUIRE(tc::tc_default_tile(p, dtype).decode);
+                        check_against_reference(backend, p, dtype);
+                    }
+}
+
+TEST_CASE("cuda-tc: decoding shapes get the decoding kernel, and only they") {
+    for (DType dtype : kDtypes) {
+        CHECK(tc::tc_decodes(test::make_problem(1, 32, 8, 1, 8192, 128, false)));   // 8 x 4 rows
+        CHECK(tc::tc_decodes(test::make_problem(1, 32, 8, 4, 8192, 128, false)));   // 8 x 16 rows
+        CHECK(tc::tc_decodes(test::make_problem(1, 32, 32, 16, 8192, 64, true)));   // 16 rows
+        CHECK_FALSE(tc::tc_decodes(test::make_problem(1, 32, 8, 5, 8192, 128, false)));  // 20
+        CHECK_FALSE(tc::tc_decodes(test::make_problem(1, 8, 8, 17, 8192, 64, false)));
+        CHECK_FALSE(tc::tc_default_tile(test::make_problem(2, 4, 4, 1024, 1024, 64, true), dtype).decode);
+        CHECK(tc::tc_default_tile(test::make_problem(2, 4, 4, 1, 1024, 64, true), dtype).decode);
+    }
+}
+
 TEST_CASE("cuda-tc: repeated runs give bit-identical outputs (no race)") {
     const Backend backend = tc::tc_backend();
     for (DType dtype : kDtypes) {

@@ -35,10 +35,12 @@ void launch_combine(const float* O_partial, const float* lse_partial, std::int64
                                     ": the merge of partial results takes d in [1, 256]");
     if (rows == 0 || S == 0) return;
     const std::int64_t blocks = ceil_div(rows, std::int64_t{mma::kCombineWarps});
-    mma::combine_partials_kernel<<<static_cast<unsigned>(blocks), 32 * mma::kCombineWarps, 0,
-                                   static_cast<cudaStream_t>(stream)>>>(
-        O_partial, lse_partial, int(S), rows, int(d), O, lse,
-        problem ? *problem : AttentionProblem{}, problem != nullptr);
+    // Four columns per lane up to d = 128, eight beyond (fewer registers for the common dims).
+    auto kernel = d <= 128 ? mma::combine_partials_kernel<4> : mma::combine_partials_kernel<8>;
+    kernel<<<static_cast<unsigned>(blocks), 32 * mma::kCombineWarps, 0,
+             static_cast<cudaStream_t>(stream)>>>(O_partial, lse_partial, int(S), rows, int(d), O,
+                                                  lse, problem ? *problem : AttentionProblem{},
+                                                  problem != nullptr);
     FA_CUDA_CHECK_LAUNCH();
 }
 

@@ -30,8 +30,10 @@ namespace flashattn::mma {
 
 constexpr int kCombineWarps = 4;       // rows per CTA
 constexpr int kCombineMaxDim = 8 * 32;  // 8 columns per lane: d <= 256
-constexpr int kUnrollParts = 8;         // partial O rows whose loads are in flight together
 
+// kCols: columns per lane, d <= 32 kCols (4 up to d = 128, 8 up to 256); the loads in flight,
+// kUnrollParts rows of the parts, take kUnrollParts kCols registers.
+template <int kCols>
 __global__ void __launch_bounds__(32 * kCombineWarps)
     combine_partials_kernel(const float* O_partial, const float* lse_partial, int S,
                             std::int64_t rows, int d, float* O, float* lse,
@@ -55,9 +57,10 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
         }))
         lse_row = NAN;  // every weight becomes NaN, and so does O
 
-    // O = sum_s w_s O_s: kUnrollParts rows of parts loaded before any is used, so that their
+    // O = sum_s w_s O_s: kUnrollParts rows of the parts loaded before any is used, so that their
     // loads overlap (a loop that used each row as it came would wait for every load in turn).
-    constexpr int kCols = kCombineMaxDim / 32;  // columns per lane
+    static_assert(32 * kCols <= kCombineMaxDim, "d <= 256");
+    constexpr int kUnrollParts = 8;
     float sum[kCols] = {};
     for (int s0 = 0; s0 < S; s0 += 32) {  // 32 parts at a time: one weight per lane
         const int n = min(32, S - s0);
@@ -82,7 +85,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
         }
     }
 #pragma unroll
-    for (int k = 0; k < kCombineMaxDim / 32; ++k)
+    for (int k = 0; k < kCols; ++k)
         if (lane + 32 * k < d) O[row * d + lane + 32 * k] = sum[k];
     if (lane == 0) lse[row] = lse_row;
 }
