@@ -34,10 +34,12 @@ void launch_combine(const float* O_partial, const float* lse_partial, std::int64
         throw std::invalid_argument("dim = " + std::to_string(d) +
                                     ": the merge of partial results takes d in [1, 256]");
     if (rows == 0 || S == 0) return;
-    const std::int64_t blocks = ceil_div(rows, std::int64_t{mma::kCombineWarps});
-    // Four columns per lane up to d = 128, eight beyond (fewer registers for the common dims).
-    auto kernel = d <= 128 ? mma::combine_partials_kernel<4> : mma::combine_partials_kernel<8>;
-    kernel<<<static_cast<unsigned>(blocks), 32 * mma::kCombineWarps, 0,
+    if (rows > std::int64_t{0x7fffffff})
+        throw std::invalid_argument("rows = " + std::to_string(rows) +
+                                    ": the merge of partial results takes at most 2^31 - 1 rows");
+    // One CTA per row; a column per lane and warp up to d = 128, two beyond.
+    auto kernel = d <= 128 ? mma::combine_partials_kernel<1> : mma::combine_partials_kernel<2>;
+    kernel<<<static_cast<unsigned>(rows), 32 * mma::kCombineWarps, 0,
              static_cast<cudaStream_t>(stream)>>>(O_partial, lse_partial, int(S), rows, int(d), O,
                                                   lse, problem ? *problem : AttentionProblem{},
                                                   problem != nullptr);

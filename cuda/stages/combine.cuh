@@ -3,17 +3,19 @@
 // common/online_softmax.hpp's (lse_from_max_and_sum, partial_weight: Algorithm 1's update applied
 // to whole chunks); this kernel only lays the work out.
 //
-// One warp per row, and the S parts of the row spread over its lanes. The parts lie far apart in
-// memory (a whole partial O between two of a row's), so a loop that loads one part's LSE, folds
-// it in, then loads the next, waits for memory S times in a row (docs/decoding.md measures what
-// that cost). Here lane l reads parts l, l + 32, ...
-// at once: the maximum of their LSEs and the sum of e^(LSE_s - max) are two shuffle trees
-// (lanes_max, lanes_sum), the merged LSE is lse_from_max_and_sum, each lane turns its parts'
-// LSEs into weights (partial_weight), and the weights go to every lane by shuffle while lane l
-// sums columns l, l + 32, ... of the partial rows, the loads of kUnrollParts parts issued before
-// any is used. The order of every sum is fixed: the same bits on every run.
-// Partial s of row r sits at O_partial[(s rows + r) d ...] and lse_partial[s rows + r], the
-// layout the forward kernels write (KernelParams::O_partial).
+// One CTA per row, its kCombineWarps warps each taking a quarter of the row's columns, and the S
+// parts of the row spread over the lanes of each warp. The parts lie far apart in memory (a
+// whole partial O between two of a row's), so a loop that loads one part's LSE, folds it in,
+// then loads the next, waits for memory S times in a row (docs/decoding.md measures what that
+// cost). Here lane l reads parts l, l + 32, ... at once: the maximum of their LSEs and the sum
+// of e^(LSE_s - max) are two shuffle trees (lanes_max, lanes_sum), the merged LSE is
+// lse_from_max_and_sum (every warp computes it, the same bits), each lane turns its parts' LSEs
+// into weights (partial_weight), and the weights go to every lane by shuffle while each lane sums
+// its columns of the S partial rows, the loads of kUnrollParts parts issued before any is used.
+// A row per CTA rather than per warp: a decoding step has few rows (32 for B = 1, H_kv = 8,
+// N_q = 4 packed), which four rows per CTA would put on a handful of SMs. The order of every sum
+// is fixed: the same bits on every run. Partial s of row r sits at O_partial[(s rows + r) d ...]
+// and lse_partial[s rows + r], the layout the forward kernels write (KernelParams::O_partial).
 //
 // With the problem given (a split forward's combine), a merged row with no weight (LSE = -inf)
 // that has a visible key had every score overflow: it becomes NaN (scores_overflowed), as the
@@ -28,19 +30,20 @@
 
 namespace flashattn::mma {
 
-constexpr int kCombineWarps = 4;       // rows per CTA
-constexpr int kCombineMaxDim = 8 * 32;  // 8 columns per lane: d <= 256
+constexpr int kCombineWarps = 4;    // warps per row, each a quarter of its columns
+constexpr int kCombineMaxDim = 256;  // d
 
-// kCols: columns per lane, d <= 32 kCols (4 up to d = 128, 8 up to 256); the loads in flight,
-// kUnrollParts rows of the parts, take kUnrollParts kCols registers.
+// kCols: columns per lane, d <= 32 kCols kCombineWarps (1 up to d = 128, 2 up to 256). Warp w
+// takes columns [32 kCols w, 32 kCols (w + 1)); the loads in flight, kUnrollParts rows of the
+// parts, take kUnrollParts kCols registers.
 template <int kCols>
 __global__ void __launch_bounds__(32 * kCombineWarps)
     combine_partials_kernel(const float* O_partial, const float* lse_partial, int S,
                             std::int64_t rows, int d, float* O, float* lse,
                             const AttentionProblem problem, bool mark_overflow) {
-    const std::int64_t row = std::int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
-    const int lane = int(threadIdx.x) % 32;
-    if (row >= rows) return;
+    const std::int64_t row = blockIdx.x;
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int col0 = 32 * kCols * warp + lane;  // this lane's columns: col0 + 32 k, k < kCols
     auto lse_of = [&](int s) { return lse_partial[s * rows + row]; };
 
     // The merged LSE: max over the parts, then the sum of their exponentials below it.
@@ -59,8 +62,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
 
     // O = sum_s w_s O_s: kUnrollParts rows of the parts loaded before any is used, so that their
     // loads overlap (a loop that used each row as it came would wait for every load in turn).
-    static_assert(32 * kCols <= kCombineMaxDim, "d <= 256");
-    constexpr int kUnrollParts = 8;
+    static_assert(32 * kCols * kCombineWarps <= kCombineMaxDim, "d <= 256");
+    constexpr int kUnrollParts = 16;
     float sum[kCols] = {};
     for (int s0 = 0; s0 < S; s0 += 32) {  // 32 parts at a time: one weight per lane
         const int n = min(32, S - s0);
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
                 const float* O_s = O_partial + ((s0 + s1 + u) * rows + row) * d;
 #pragma unroll
                 for (int k = 0; k < kCols; ++k)
-                    x[u][k] = s1 + u < n && lane + 32 * k < d ? O_s[lane + 32 * k] : 0.0f;
+                    x[u][k] = s1 + u < n && col0 + 32 * k < d ? O_s[col0 + 32 * k] : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < kUnrollParts; ++u) {
@@ -86,8 +89,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     }
 #pragma unroll
     for (int k = 0; k < kCols; ++k)
-        if (lane + 32 * k < d) O[row * d + lane + 32 * k] = sum[k];
-    if (lane == 0) lse[row] = lse_row;
+        if (col0 + 32 * k < d) O[row * d + col0 + 32 * k] = sum[k];
+    if (threadIdx.x == 0) lse[row] = lse_row;
 }
 
 }  // namespace flashattn::mma
