@@ -52,8 +52,10 @@ namespace {
 //     memory.
 //   * decoding (tc_decodes; cuda/tc/decode_kernel.cuh): 4 warps share 16 query rows and split
 //     each key tile; tiles of 16 KiB (K) + 16 KiB (V) at d = 64 and 128 (32 KiB each at d = 256),
-//     three in the ring, so that two are in flight while one is multiplied. At d <= 128 that is
-//     about 100 KB per CTA, two CTAs per SM.
+//     three in the ring, so that two are in flight while one is multiplied. At d = 64 and 128
+//     that is about 100 KB per CTA, two CTAs per SM. Chosen by that count; the two decoding
+//     alternatives (decode-w4-Bc64-s4 at d = 64, decode-w8-Bc128-s3 at d = 128) are compiled for
+//     the comparison, which has not been run yet.
 // The alternative shapes (fp16, d = 64 and 128) are compiled so that they can be compared on the
 // device (FLASHATTN_VARIANT=cuda-tc=<name>); they are used only when asked for.
 struct CompiledTile {
