@@ -34,7 +34,11 @@
 
 namespace flashattn::tc {
 
-// The compile-time shape of a decoding CTA: 16 query rows, kWarps warps, key tiles of
+// Query rows per decoding CTA: one m16 row tile (tc_decodes sends problems of at most this many
+// rows per head, GQA groups packed, to this kernel).
+constexpr int kDecodeRows = 16;
+
+// The compile-time shape of a decoding CTA: kDecodeRows query rows, kWarps warps, key tiles of
 // Bc = kWarps kWarpKeys rows in a ring of kStages buffers. Two views of it as a TcTile, so that
 // cuda/tc/kernel.cuh's stages serve unchanged:
 //   Cta   the copies: all kThreads threads move whole tiles (Q_i of 16 rows, K_j and V_j of Bc);
@@ -45,7 +49,7 @@ struct DecodeTile {
     using Cta = TcTile<T_, D_, kWarps_, 1, kWarps_ * kWarpKeys_, kStages_>;
     using Warp = TcTile<T_, D_, 1, 1, kWarpKeys_, kStages_>;
     static constexpr int D = D_, kWarps = kWarps_, kWarpKeys = kWarpKeys_, kStages = kStages_;
-    static constexpr int Br = 16, Bc = kWarps_ * kWarpKeys_, kThreads = 32 * kWarps_;
+    static constexpr int Br = kDecodeRows, Bc = kWarps_ * kWarpKeys_, kThreads = 32 * kWarps_;
     // What a lane hands to the merge: its O_w fragments (D / 2 values), m_w and l_w of rows g, g + 8.
     static constexpr int kMergeValues = D_ / 2 + 4;
     static constexpr int kRingBytes = 2 * kStages_ * Bc * D_ * int(sizeof(T_));

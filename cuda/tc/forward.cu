@@ -215,8 +215,7 @@ void tc_check_problem(const AttentionProblem& p, DType dtype) {
 }
 
 bool tc_decodes(const AttentionProblem& p) {
-    constexpr std::int64_t kRows = 16;  // the decoding kernel's row tile
-    return gqa_packed(p, kRows).seq_q <= kRows;
+    return gqa_packed(p, kDecodeRows).seq_q <= kDecodeRows;
 }
 
 TcTileShape tc_default_tile(const AttentionProblem& p, DType dtype) {
