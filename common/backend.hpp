@@ -92,7 +92,8 @@ enum class TileSizes {
 // caller's next synchronization, as it does in PyTorch.
 //
 // Arrays are contiguous unless their layouts say otherwise, and O is float32 unless o_dtype says
-// `dtype`: only a backend with Backend::device_layouts takes anything else (the others refuse it,
+// `dtype`: only a backend with Backend::device_layouts takes other layouts, and only one with
+// Backend::device_o_dtype a 16-bit O (the others refuse them: require_contiguous_layouts,
 // require_default_layouts). Reading Q, K, V where they lie and writing O in the inputs' dtype
 // spares a PyTorch caller a copy of each (python/flashattn, _cuda_forward).
 struct DeviceForward {
@@ -148,6 +149,9 @@ struct Backend {
     // The device entries read and write their arrays at the layouts DeviceForward and
     // DeviceBackward give, and O and the gradients in the inputs' dtype when asked.
     bool device_layouts = false;
+    // The forward's device entry writes O in the inputs' dtype when DeviceForward::o_dtype asks
+    // (contiguous, unless device_layouts).
+    bool device_o_dtype = false;
 
     bool supports(DType t) const {
         return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();
@@ -176,15 +180,25 @@ inline void run_backend(const Backend& backend, const AttentionProblem& problem,
     prepared->fetch(O, lse);
 }
 
-// Throws std::invalid_argument when a forward's arrays are not the contiguous float32 ones that a
-// backend without Backend::device_layouts reads and writes.
-inline void require_default_layouts(const std::string& backend, const DeviceForward& a) {
+// Throws std::invalid_argument when a forward's arrays are not contiguous: a backend without
+// Backend::device_layouts reads Q, K, V and writes O that way.
+inline void require_contiguous_layouts(const std::string& backend, const DeviceForward& a) {
     const bool strided = !a.q_layout.is_default() || !a.k_layout.is_default() ||
                          !a.v_layout.is_default() || !a.o_layout.is_default();
-    if (strided || a.o_dtype != DType::f32)
+    if (strided)
         throw std::invalid_argument(
             "backend = " + backend + ": its device entry reads contiguous Q, K, V and writes a "
-            "contiguous float32 O (strided arrays and a 16-bit O are cuda-fa3's)");
+            "contiguous O (strided arrays are cuda-fa3's)");
+}
+
+// Throws std::invalid_argument when a forward's arrays are not the contiguous float32 ones that
+// cuda-fa2's device entry reads and writes (cuda-tc also writes a 16-bit O).
+inline void require_default_layouts(const std::string& backend, const DeviceForward& a) {
+    require_contiguous_layouts(backend, a);
+    if (a.o_dtype != DType::f32)
+        throw std::invalid_argument(
+            "backend = " + backend + ": its device entry writes a float32 O (a 16-bit O is "
+            "cuda-tc's and cuda-fa3's)");
 }
 
 inline void require_default_layouts(const std::string& backend, const DeviceBackward& a) {

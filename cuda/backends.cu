@@ -35,7 +35,7 @@ std::string cuda_device_name() {
 
 void cuda_merge_partials(const float* O_parts, const float* lse_parts, std::int64_t S,
                          std::int64_t rows, std::int64_t d, float* O, float* lse, void* stream) {
-    cuda::launch_combine(O_parts, lse_parts, S, rows, d, O, lse, stream);
+    cuda::launch_combine(O_parts, lse_parts, S, rows, d, O, DType::f32, lse, stream);
 }
 
 std::vector<Backend> cuda_backends() {

@@ -455,7 +455,7 @@ TEST_CASE("cuda-fa3's backward device entry reads strided arrays and a 16-bit O,
         });
 }
 
-TEST_CASE("device entries without layouts refuse strided arrays and 16-bit outputs") {
+TEST_CASE("device entries without layouts refuse strided arrays, and a 16-bit O where they write float32") {
     for (const Case& c : forward_cases()) {
         const Backend& backend = find_backend(c.backend);
         if (backend.device_layouts) continue;
@@ -468,7 +468,9 @@ TEST_CASE("device entries without layouts refuse strided arrays and 16-bit outpu
         INFO(c.backend);
         CHECK_THROWS_AS(backend.run_device(p, a), std::invalid_argument);
         a.q_layout = {};
-        a.o_dtype = DType::f16;
+        // A 16-bit O: refused by a backend that writes float32; one that writes the inputs'
+        // dtype (device_o_dtype) refuses the other 16-bit type.
+        a.o_dtype = c.dtype == DType::f16 ? DType::bf16 : DType::f16;
         CHECK_THROWS_AS(backend.run_device(p, a), std::invalid_argument);
         if (!backend.run_backward_device) continue;
         DeviceBackward g;
@@ -681,4 +683,67 @@ TEST_CASE("device entries mark a row whose scores overflow NaN, and keep O = 0, 
             }
         }
     }
+}
+
+TEST_CASE("cuda-tc's device entry writes a contiguous 16-bit O: decoding (split and not) and prefill") {
+    const Backend& tc = find_backend("cuda-tc");
+    REQUIRE(tc.device_o_dtype);
+    struct TcCase {
+        std::int64_t Nq, Nkv, dim, kv_splits;  // kv_splits 0: the library's choice
+        bool causal;
+    };
+    // N_q = 1 and 3 with GQA take the decoding kernel, split (the default at N_kv = 1000) and
+    // unsplit (S forced to 1): O comes from the combine and from the epilogue respectively.
+    // 113 x 203 takes the prefill tile.
+    const std::vector<TcCase> cases = {{1, 1000, 128, 0, false}, {3, 1000, 64, 0, true},
+                                       {3, 1000, 128, 1, false}, {113, 203, 64, 0, true}};
+    for (DType dtype : {DType::f16, DType::bf16})
+        for (const TcCase& c : cases) {
+            AttentionProblem p = test::make_problem(2, 8, 2, c.Nq, c.Nkv, c.dim, c.causal);
+            p.kv_splits = c.kv_splits;
+            const std::uint64_t seed = test::next_seed();
+            INFO(to_string(dtype) << " " << test::describe(p) << " kv_splits=" << c.kv_splits
+                                  << " seed=" << seed);
+            const ProblemData in = random_problem_data(p, seed);
+            // The host path: the same kernels (the same tile and S), float32 O.
+            const test::Outputs host = test::run_poisoned(tc, p, in, dtype);
+
+            Stream stream;
+            Staged Q(as_bytes(in.Q, dtype, cuda::q_sign(p)));
+            Staged K(as_bytes(in.K, dtype)), V(as_bytes(in.V, dtype));
+            // O, then 64 guard elements: all 0xFFFF, which only O's own elements may change.
+            const std::size_t n = static_cast<std::size_t>(p.q_elements());
+            Staged O(bytes_of(std::vector<std::uint16_t>(n + 64, 0xFFFF)));
+            for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
+            cuda::DeviceBuffer<float> lse(p.lse_elements());
+            FA_CUDA_CHECK(cudaMemsetAsync(lse.data(), 0xFF, lse.bytes(), stream.s));
+            Workspace workspace(tc.device_workspace_bytes(p, dtype), stream.s);
+            DeviceForward a;
+            a.Q = Q.data(), a.K = K.data(), a.V = V.data();
+            a.O = O.device.data(), a.lse = lse.data();
+            a.stream = stream.s, a.dtype = dtype, a.o_dtype = dtype;
+            a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+            tc.run_device(p, a);
+            FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+            // O is the host path's float32 O rounded to nearest even, bit for bit.
+            const std::vector<std::uint16_t> bits = download_bits(O);
+            std::size_t wrong = 0, touched = 0;
+            for (std::size_t k = 0; k < n; ++k) wrong += bits[k] != cuda::to_bits(host.O[k], dtype);
+            for (std::size_t k = n; k < bits.size(); ++k) touched += bits[k] != 0xFFFF;
+            CHECK(wrong == 0);
+            CHECK(touched == 0);
+            CHECK(max_difference(download(lse), host.lse) == 0.0);
+
+            // An O dtype that is neither float32 nor the inputs', a misaligned 16-bit O, and a
+            // strided O are refused before any work.
+            DeviceForward bad = a;
+            bad.o_dtype = dtype == DType::f16 ? DType::bf16 : DType::f16;
+            CHECK_THROWS_AS(tc.run_device(p, bad), std::invalid_argument);
+            bad = a;
+            bad.O = static_cast<std::uint8_t*>(O.device.data()) + 2;
+            CHECK_THROWS_AS(tc.run_device(p, bad), std::invalid_argument);
+            bad = a;
+            bad.o_layout = {p.seq_q * p.heads * p.dim, p.dim, p.heads * p.dim};
+            CHECK_THROWS_AS(tc.run_device(p, bad), std::invalid_argument);
+        }
 }

@@ -190,6 +190,7 @@ Backend fa3_backend() {
     // strides TMA can read) and O written at its layout, in float32 or the inputs' dtype. Its
     // workspace is the persistent CTAs' work-tile counter.
     b.device_layouts = true;
+    b.device_o_dtype = true;
     b.device_workspace_bytes = [](const AttentionProblem&, DType) {
         cuda::WorkspaceCarver counter;
         cut_workspace(counter);

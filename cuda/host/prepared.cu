@@ -22,6 +22,8 @@ const DeviceLimits& device_limits() {
         FA_CUDA_CHECK(cudaGetDevice(&device));
         FA_CUDA_CHECK(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
         FA_CUDA_CHECK(
+            cudaDeviceGetAttribute(&d.compute_major, cudaDevAttrComputeCapabilityMajor, device));
+        FA_CUDA_CHECK(
             cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
         d.smem_per_block_optin = static_cast<std::size_t>(optin);
         return d;

@@ -27,6 +27,7 @@ namespace flashattn::cuda {
 // What the kernels need to know about the current device (queried once per process).
 struct DeviceLimits {
     int sm_count = 0;
+    int compute_major = 0;                 // 9 on Hopper
     std::size_t smem_per_block_optin = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes
 };
 const DeviceLimits& device_limits();

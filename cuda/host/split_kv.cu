@@ -28,8 +28,8 @@ SplitPartials cut_split_partials(const AttentionProblem& p, std::int64_t S, Work
 }
 
 void launch_combine(const float* O_partial, const float* lse_partial, std::int64_t S,
-                    std::int64_t rows, std::int64_t d, float* O, float* lse, void* stream,
-                    const AttentionProblem* problem) {
+                    std::int64_t rows, std::int64_t d, void* O, DType o_dtype, float* lse,
+                    void* stream, const AttentionProblem* problem) {
     if (d < 1 || d > mma::kCombineMaxDim)
         throw std::invalid_argument("dim = " + std::to_string(d) +
                                     ": the merge of partial results takes d in [1, 256]");
@@ -39,10 +39,20 @@ void launch_combine(const float* O_partial, const float* lse_partial, std::int64
                                     ": the merge of partial results takes at most 2^31 - 1 rows");
     // One CTA per row; a column per lane and warp up to d = 128, two beyond.
     auto kernel = d <= 128 ? mma::combine_partials_kernel<1> : mma::combine_partials_kernel<2>;
-    kernel<<<static_cast<unsigned>(rows), 32 * mma::kCombineWarps, 0,
-             static_cast<cudaStream_t>(stream)>>>(O_partial, lse_partial, int(S), rows, int(d), O,
-                                                  lse, problem ? *problem : AttentionProblem{},
-                                                  problem != nullptr);
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(rows));
+    config.blockDim = dim3(32 * mma::kCombineWarps);
+    config.stream = static_cast<cudaStream_t>(stream);
+    // On Hopper and later, a programmatic dependent launch (cuda/ptx/dependent_launch.cuh): the
+    // CTAs start while the split forward's last CTAs run and wait in the kernel for its partials,
+    // so the launch's latency is hidden behind that kernel's tail.
+    cudaLaunchAttribute overlap = {};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    if (device_limits().compute_major >= 9) config.attrs = &overlap, config.numAttrs = 1;
+    FA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, O_partial, lse_partial, int(S), rows,
+                                     int(d), O, o_dtype, lse,
+                                     problem ? *problem : AttentionProblem{}, problem != nullptr));
     FA_CUDA_CHECK_LAUNCH();
 }
 

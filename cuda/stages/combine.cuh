@@ -17,6 +17,9 @@
 // is fixed: the same bits on every run. Partial s of row r sits at O_partial[(s rows + r) d ...]
 // and lse_partial[s rows + r], the layout the forward kernels write (KernelParams::O_partial).
 //
+// O is written as float32 or in the inputs' 16-bit type (o_dtype, rounded once from the float32
+// sum), contiguous: a split forward's O needs no cast afterwards.
+//
 // With the problem given (a split forward's combine), a merged row with no weight (LSE = -inf)
 // that has a visible key had every score overflow: it becomes NaN (scores_overflowed), as the
 // unsplit kernels' epilogue does; an empty chunk alone is not that, so the chunks do not test it.
@@ -25,7 +28,10 @@
 #include <cstdint>
 
 #include "common/online_softmax.hpp"
+#include "common/dtype.hpp"
 #include "common/problem.hpp"
+#include "cuda/ptx/dependent_launch.cuh"
+#include "cuda/stages/output_store.cuh"
 #include "cuda/stages/warp_softmax.cuh"
 
 namespace flashattn::mma {
@@ -39,8 +45,11 @@ constexpr int kCombineMaxDim = 256;  // d
 template <int kCols>
 __global__ void __launch_bounds__(32 * kCombineWarps)
     combine_partials_kernel(const float* O_partial, const float* lse_partial, int S,
-                            std::int64_t rows, int d, float* O, float* lse,
+                            std::int64_t rows, int d, void* O, DType o_dtype, float* lse,
                             const AttentionProblem problem, bool mark_overflow) {
+    // Launched right behind the split forward (programmatic dependent launch): this CTA may
+    // start while the forward's last CTAs still run, and waits here for all of their partials.
+    cuda::wait_for_prerequisite_grid();
     const std::int64_t row = blockIdx.x;
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int col0 = 32 * kCols * warp + lane;  // this lane's columns: col0 + 32 k, k < kCols
@@ -89,7 +98,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     }
 #pragma unroll
     for (int k = 0; k < kCols; ++k)
-        if (col0 + 32 * k < d) O[row * d + col0 + 32 * k] = sum[k];
+        if (col0 + 32 * k < d) store_output(O, o_dtype, row * d + col0 + 32 * k, sum[k]);
     if (threadIdx.x == 0) lse[row] = lse_row;
 }
 

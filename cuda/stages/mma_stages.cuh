@@ -27,6 +27,7 @@
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
 #include "cuda/ptx/mma_sync.cuh"
+#include "cuda/stages/output_store.cuh"
 
 namespace flashattn::mma {
 
@@ -200,28 +201,6 @@ __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float
 // spill). The problem is passed by value: copied only on that rare path.
 __device__ __noinline__ inline bool row_has_visible_key_rare(const AttentionProblem p, int row) {
     return p.row_has_visible_key(row);
-}
-
-// One or two adjacent values of an output row at element `at` of O, stored as `dtype` (float32,
-// or the inputs' 16-bit type, rounded to nearest even). Two go in one store (8 or 4 bytes: the
-// host checks the alignment, require_output_layout).
-__device__ __forceinline__ void store_output_pair(void* O, DType dtype, std::int64_t at, float x,
-                                                  float y) {
-    if (dtype == DType::f32)
-        *reinterpret_cast<float2*>(static_cast<float*>(O) + at) = make_float2(x, y);
-    else if (dtype == DType::f16)
-        *reinterpret_cast<std::uint32_t*>(static_cast<__half*>(O) + at) = tc::pack2<__half>(x, y);
-    else
-        *reinterpret_cast<std::uint32_t*>(static_cast<__nv_bfloat16*>(O) + at) =
-            tc::pack2<__nv_bfloat16>(x, y);
-}
-__device__ __forceinline__ void store_output(void* O, DType dtype, std::int64_t at, float x) {
-    if (dtype == DType::f32)
-        static_cast<float*>(O)[at] = x;
-    else if (dtype == DType::f16)
-        static_cast<__half*>(O)[at] = __float2half_rn(x);
-    else
-        static_cast<__nv_bfloat16*>(O)[at] = __float2bfloat16_rn(x);
 }
 
 // FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),

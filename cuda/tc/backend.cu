@@ -120,23 +120,27 @@ Backend tc_backend() {
         return std::make_unique<PreparedTc>(p, Q, K, V, dtype, tile);
     };
     // The device entries: the same kernels on the caller's 16-bit arrays, queued on the caller's
-    // stream (common/backend.hpp).
+    // stream (common/backend.hpp). The forward's reads and writes contiguous arrays, O in float32
+    // or in the inputs' dtype (the epilogue or split-KV's combine rounds it once).
     // The device entry's workspace: split-KV's partial results (none when S = 1).
     b.device_workspace_bytes = [](const AttentionProblem& p, DType dtype) {
         cuda::WorkspaceCarver counter;
         cuda::cut_split_partials(p, tc_kv_splits(p, dtype, choose_tile(p, dtype)), counter);
         return counter.bytes();
     };
+    b.device_o_dtype = true;
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
         tc_check_problem(problem, a.dtype);
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
-        require_default_layouts("cuda-tc", a);
+        require_contiguous_layouts("cuda-tc", a);
         TcDeviceArgs args;
         args.problem = cuda::with_device_mask(problem, a.block_mask);
         args.dtype = a.dtype;
         args.Q = a.Q, args.K = a.K, args.V = a.V, args.lse = a.lse;
-        args.O = static_cast<float*>(a.O);  // contiguous float32 (require_default_layouts)
+        args.O = a.O, args.o_dtype = a.o_dtype;  // contiguous, float32 or the inputs' dtype
+        require_output_layout(a.O, ArrayLayout::contiguous(problem.heads, problem.seq_q, problem.dim),
+                              a.o_dtype, "O");
         args.stream = a.stream;
         const TcTileShape tile = choose_tile(problem, a.dtype);
         args.kv_splits = tc_kv_splits(problem, a.dtype, tile);

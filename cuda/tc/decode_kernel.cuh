@@ -114,7 +114,8 @@ __device__ __forceinline__ bool merge_warps(float (&O)[Tile::D / 8][4], float (&
 }
 
 // Grid: (Tr kv_splits, heads, batch) with Tr the 16-row query tiles; block: Tile::kThreads;
-// dynamic shared memory: Tile::kSmemBytes. kBlockMask, kSplitKV: as tc_forward_kernel's.
+// dynamic shared memory: Tile::kSmemBytes. kBlockMask, kSplitKV: as tc_forward_kernel's (a split
+// launch lets its combine start at once: cuda/ptx/dependent_launch.cuh).
 template <class Tile, bool kBlockMask, bool kSplitKV>
 __global__ void __launch_bounds__(Tile::kThreads) tc_decode_kernel(const KernelParams params) {
     using Cta = typename Tile::Cta;
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(Tile::kThreads) tc_decode_kernel(const KernelP
     const AttentionProblem& p = params.problem;
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int seq_q = int(p.seq_q), seq_kv = int(p.seq_kv);
+    if constexpr (kSplitKV) cuda::allow_dependent_launch();
 
     // FA2 L3: query tile i of head h of batch b; under split-KV, key chunk `split` of it.
     const int Tr = kSplitKV ? int(gridDim.x) / params.kv_splits : int(gridDim.x);

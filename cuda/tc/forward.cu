@@ -173,9 +173,13 @@ const std::vector<CompiledTile>& compiled_tiles() {
         decode_tile<32, 4, 32, 3>(),
         decode_tile<64, 4, 32, 3>(),
         decode_tile<64, 4, 16, 4, kTuning>(),
+        decode_tile<64, 4, 32, 2, kTuning>(),
+        decode_tile<64, 4, 16, 3, kTuning>(),
         decode_tile<96, 4, 16, 3>(),
         decode_tile<128, 4, 16, 3>(),
         decode_tile<128, 8, 16, 3, kTuning>(),
+        decode_tile<128, 4, 16, 2, kTuning>(),
+        decode_tile<128, 4, 16, 4, kTuning>(),
         decode_tile<256, 4, 16, 3>(),
     };
     return tiles;
@@ -256,6 +260,11 @@ void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
     tc_check_problem(p, args.dtype);  // its grid
     const CompiledTile& t = compiled_tile(p.dim, args.dtype, tile);
     KernelParams params = make_params(p, args.Q, args.K, args.V, args.O, args.lse);
+    if (args.o_dtype != DType::f32 && args.o_dtype != args.dtype)
+        throw std::invalid_argument("O's dtype = " + to_string(args.o_dtype) +
+                                    ": cuda-tc writes O in f32 or in the inputs' dtype (" +
+                                    to_string(args.dtype) + ")");
+    params.o_dtype = args.o_dtype;
     const auto stream = static_cast<cudaStream_t>(args.stream);
     const std::int64_t S = args.kv_splits;
     if (S < 1 || S > 1024)
@@ -269,7 +278,7 @@ void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
     (args.dtype == DType::f16 ? t.launch_f16 : t.launch_bf16)(params, stream);
     if (S > 1)
         cuda::launch_combine(params.O_partial, params.lse_partial, S, p.lse_elements(), p.dim,
-                             args.O, args.lse, args.stream, &p);
+                             args.O, args.o_dtype, args.lse, args.stream, &p);
 }
 
 }  // namespace flashattn::tc

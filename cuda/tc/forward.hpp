@@ -55,7 +55,8 @@ TcTileShape tc_default_tile(const AttentionProblem& p, DType dtype);
 // run: validate()'s checks, then dim outside tc_head_dims(), dtype f32, grid limits.
 void tc_check_problem(const AttentionProblem& p, DType dtype);
 
-// Q (B, H, N_q, d), K and V (B, H_kv, N_kv, d) as 16-bit values of `dtype`; O and LSE as float.
+// Q (B, H, N_q, d), K and V (B, H_kv, N_kv, d) as 16-bit values of `dtype`, contiguous; O
+// contiguous, as float32 or as values of `dtype` (o_dtype); LSE as float.
 // Q must hold q_sign(problem) * Q: the kernel folds a negative scale into Q (negating a 16-bit
 // value is exact) so that its row maxima are maxima of |scale| s.
 struct TcDeviceArgs {
@@ -64,7 +65,8 @@ struct TcDeviceArgs {
     const void* Q = nullptr;
     const void* K = nullptr;
     const void* V = nullptr;
-    float* O = nullptr;
+    void* O = nullptr;
+    DType o_dtype = DType::f32;
     float* lse = nullptr;
     // Split-KV: S key chunks (tc_kv_splits), their partial results in O_partial / lse_partial
     // (cuda::cut_split_partials; unused for S = 1), merged into O and LSE.

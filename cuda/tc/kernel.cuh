@@ -56,6 +56,7 @@
 #include "common/tiling.hpp"
 #include "cuda/stages/flash_forward.cuh"
 #include "cuda/stages/mma_stages.cuh"
+#include "cuda/ptx/dependent_launch.cuh"
 #include "cuda/ptx/mma_sync.cuh"
 
 namespace flashattn::tc {
@@ -271,10 +272,12 @@ struct TcForwardOps {
 };
 
 // Grid: (Tr kv_splits, heads, batch). Block: Cfg::kThreads. Dynamic shared memory: Cfg::kSmemBytes.
-// kSplitKV: a split-KV launch (params.kv_splits > 1; cuda/stages/flash_forward.cuh).
+// kSplitKV: a split-KV launch (params.kv_splits > 1; cuda/stages/flash_forward.cuh), whose
+// combine may be launched at once (it waits for this grid: cuda/ptx/dependent_launch.cuh).
 template <class Cfg, bool kBlockMask, bool kSplitKV>
 __global__ void __launch_bounds__(Cfg::kThreads) tc_forward_kernel(const KernelParams params) {
     extern __shared__ uint4 smem[];  // uint4: 16-byte aligned, as cp.async and ldmatrix need
+    if constexpr (kSplitKV) cuda::allow_dependent_launch();
     mma::flash_forward<TcForwardOps<Cfg>, kBlockMask, kSplitKV>(params, smem);
 }
 

@@ -279,7 +279,8 @@ ArrayLayout layout_of(const Strides& s) { return {s[0], s[1], s[2]}; }
 // sign of the scale, as cuda-tc expects); LSE is float32, O and the gradients float32 unless
 // `o_dtype_name` / `grad_dtype_name` say the inputs' dtype. `layouts` give the arrays' strides:
 // Q, K, V, O for the forward; Q, K, V, O, dO, dQ, dK, dV for the backward (a backend without
-// Backend::device_layouts takes only contiguous arrays and float32). The call queues
+// Backend::device_layouts takes only contiguous arrays, and float32 unless its forward has
+// Backend::device_o_dtype). The call queues
 // the work on `stream` and returns (common/backend.hpp, DeviceForward): `workspace` holds
 // `workspace_bytes` bytes of device memory (device_workspace_bytes above; 0 where it is 0), and
 // `block_mask` the device copy of the mask (0 without one); both stay alive until the stream has
@@ -377,6 +378,7 @@ PYBIND11_MODULE(_flashattn, m) {
             d["backward"] = b.has_backward();
             d["device_arrays"] = static_cast<bool>(b.run_device);
             d["device_layouts"] = b.device_layouts;
+            d["device_o_dtype"] = b.device_o_dtype;
             list.push_back(d);
         }
         return list;

@@ -96,7 +96,8 @@ def backends():
 def backend_info():
     """One dict per backend: name, device ("cpu" or "cuda"), summary, dtypes, backward (bool),
     device_arrays (bool: takes CUDA tensors in place), device_layouts (bool: reads strided CUDA
-    tensors where they lie and writes O and the gradients in their dtype)."""
+    tensors where they lie and writes O and the gradients in their dtype), device_o_dtype (bool:
+    its forward writes O in the inputs' dtype, with no cast afterwards)."""
     return [dict(info) for info in _backend_table().values()]
 
 
@@ -482,6 +483,7 @@ class _Plan(NamedTuple):
     device_shape: object   # the device entries' _C.Shape (None on the host)
     workspace_bytes: int   # the device workspace that backend needs here (0 on the host)
     layouts: bool = False  # the backend reads strided tensors and writes O, gradients in q's dtype
+    o_dtype: bool = False  # its forward writes a contiguous O in q's dtype (no cast afterwards)
 
 
 _PLANS = {}  # signature -> _Plan
@@ -535,8 +537,9 @@ def _make_plan(q, dtype, Qs, Ks, options, backend, backward):
     shape = _C.Shape(Qs[0], Qs[1], Ks[1], Qs[2], Ks[2], Qs[3])
     nbytes = _call_on(q.device, _device_workspace_bytes, shape, causal, scale, backend, Br, Bc,
                       dtype, backward)
-    layouts = _backend_table()[backend].get("device_layouts", False)
-    return _Plan(dtype, (Qs, Ks), (host_mask, Br, Bc), backend, shape, nbytes, layouts)
+    info = _backend_table()[backend]
+    return _Plan(dtype, (Qs, Ks), (host_mask, Br, Bc), backend, shape, nbytes,
+                 info.get("device_layouts", False), info.get("device_o_dtype", False))
 
 
 def _call_options(plan, causal, scale):
@@ -718,7 +721,8 @@ def _device_forward(Q, K, V, O, L, plan, options, mask, layouts=(_CONTIGUOUS,) *
                     o_dtype="f32"):
     """Queues the forward of plan.backend on Q, K, V (device tensors) into O and L (float32).
     Every array is contiguous and O float32, unless `layouts` gives the (batch, head, row) strides
-    of Q, K, V and O and o_dtype O's dtype (a backend with plan.layouts)."""
+    of Q, K, V and O (a backend with plan.layouts) and o_dtype O's dtype (one with plan.layouts
+    or plan.o_dtype)."""
     causal, scale, _host_mask, Br, Bc = options
     device = Q.device
     ws, ws_bytes, _owner = _workspace(plan.workspace_bytes, device)
@@ -759,8 +763,9 @@ def _cuda_forward(q, k, v, block_mask, plan, options):
     Q, K, V = _device_array(q, Qs), _device_array(k, Ks), _device_array(v, Ks)
     if options[1] < 0:  # false for the default scale (NaN)
         Q = _signed_q(Q, plan.dtype, options[1])
-    if O.dtype == torch.float32 and O.is_contiguous():
-        _device_forward(Q, K, V, O, L, plan, options, mask)  # O is what the kernels write
+    if O.is_contiguous() and (plan.dtype == "f32" or plan.o_dtype):
+        # O is what the kernels write: float32, or q's 16-bit dtype (cuda-tc).
+        _device_forward(Q, K, V, O, L, plan, options, mask, o_dtype=plan.dtype)
         return O, _viewed(L, q.shape[:-1])
     O32 = torch.empty(Qs, dtype=torch.float32, device=q.device)  # contiguous float32
     _device_forward(Q, K, V, O32, L, plan, options, mask)

@@ -14,6 +14,7 @@ class BackendInfo(TypedDict):
     backward: bool
     device_arrays: bool
     device_layouts: bool
+    device_o_dtype: bool
 
 def backends() -> list[str]: ...
 def backend_info() -> list[BackendInfo]: ...
