@@ -51,11 +51,12 @@ namespace {
 //   * d = 256: O_i alone takes 128 registers for one row tile, so Bc = 32 and Q_i stays in shared
 //     memory.
 //   * decoding (tc_decodes; cuda/tc/decode_kernel.cuh): 4 warps share 16 query rows and split
-//     each key tile; tiles of 16 KiB (K) + 16 KiB (V) at d = 64 and 128 (32 KiB each at d = 256),
-//     three in the ring, so that two are in flight while one is multiplied. At d = 64 and 128
-//     that is about 100 KB per CTA, two CTAs per SM. Chosen by that count; the two decoding
-//     alternatives (decode-w4-Bc64-s4 at d = 64, decode-w8-Bc128-s3 at d = 128) are compiled for
-//     the comparison, which has not been run yet.
+//     each key tile; tiles of 16 KiB (K) + 16 KiB (V) at d = 64 and 128 (32 KiB each at d = 256).
+//     At d = 64 (128-key tiles) and d = 96, 256, three in the ring, two in flight while one is
+//     multiplied. At d = 128 two (64-key tiles, about 68 KB per CTA, three CTAs per SM): measured
+//     against three stages, four, and 8 warps of 128 keys (graph timing, H100, docs/decoding.md)
+//     it was the fastest at 3 of 4 decoding shapes, 2-3% (the fourth within 1%). At d = 64 the
+//     alternatives (decode-w4-Bc64-s4 and the others measured there) were slower.
 // The alternative shapes (fp16, d = 64 and 128) are compiled so that they can be compared on the
 // device (FLASHATTN_VARIANT=cuda-tc=<name>); they are used only when asked for.
 struct CompiledTile {
@@ -173,13 +174,10 @@ const std::vector<CompiledTile>& compiled_tiles() {
         decode_tile<32, 4, 32, 3>(),
         decode_tile<64, 4, 32, 3>(),
         decode_tile<64, 4, 16, 4, kTuning>(),
-        decode_tile<64, 4, 32, 2, kTuning>(),
-        decode_tile<64, 4, 16, 3, kTuning>(),
         decode_tile<96, 4, 16, 3>(),
-        decode_tile<128, 4, 16, 3>(),
+        decode_tile<128, 4, 16, 2>(),
+        decode_tile<128, 4, 16, 3, kTuning>(),
         decode_tile<128, 8, 16, 3, kTuning>(),
-        decode_tile<128, 4, 16, 2, kTuning>(),
-        decode_tile<128, 4, 16, 4, kTuning>(),
         decode_tile<256, 4, 16, 3>(),
     };
     return tiles;
