@@ -56,10 +56,8 @@ void launch(const fa2_backward::Params& a, cudaStream_t stream) {
     const std::size_t bytes = static_cast<std::size_t>(T::smem_floats(p.dim)) * sizeof(float);
     const auto key_kernel = fa2_backward::key_gradients_kernel<T>;
     const auto query_kernel = fa2_backward::query_gradient_kernel<T>;
-    FA_CUDA_CHECK(cudaFuncSetAttribute(key_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
-    FA_CUDA_CHECK(cudaFuncSetAttribute(query_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
+    allow_dynamic_shared_memory(key_kernel, static_cast<int>(bytes));
+    allow_dynamic_shared_memory(query_kernel, static_cast<int>(bytes));
     const dim3 key_grid(static_cast<unsigned>(tile_count(p.seq_kv, T::Bc)),
                         static_cast<unsigned>(p.batch * p.heads_kv));
     key_kernel<<<key_grid, T::threads, bytes, stream>>>(a);
@@ -113,8 +111,7 @@ void launch_tf32_kernel(const BackwardParams& params, cudaStream_t stream) {
     const auto kernel = backward_kernel<Tf32BackwardOps<Cfg>, kBlockMask, kDeterministic>;
     require_shared_memory(Cfg::kSmemBytes,
                           "cuda-fa2 backward: the tensor-core tile at D = " + std::to_string(Cfg::D));
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Cfg::kSmemBytes));
+    allow_dynamic_shared_memory(kernel, Cfg::kSmemBytes);
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
                     static_cast<unsigned>(p.batch * p.heads_kv));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);

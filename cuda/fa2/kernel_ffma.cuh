@@ -37,6 +37,7 @@
 #include "common/tiling.hpp"
 #include "cuda/stages/async_copy.cuh"
 #include "cuda/host/check.hpp"
+#include "cuda/host/prepared.hpp"
 #include "cuda/fa2/kernel_tf32.cuh"
 #include "cuda/stages/warp_softmax.cuh"
 
@@ -334,9 +335,7 @@ void launch_fa2(const AttentionProblem& p, const float* Q, const float* K, const
         throw std::invalid_argument("batch*heads*ceil(seq_q/" + std::to_string(C::Br) +
                                     ") = " + std::to_string(blocks) +
                                     ": more query blocks than one launch can hold");
-    FA_CUDA_CHECK(cudaFuncSetAttribute(fa2_forward_kernel<C>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(C::SMEM_BYTES)));
+    cuda::allow_dynamic_shared_memory(fa2_forward_kernel<C>, int(C::SMEM_BYTES));
     fa2_forward_kernel<C><<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(p, Q, K, V, O,
                                                                                    lse, gate);
     FA_CUDA_CHECK_LAUNCH();
@@ -348,8 +347,7 @@ void launch_fa2_tf32(const AttentionProblem& p, const float* Q, const float* K, 
                      float* O, float* lse, KernelGate gate, cudaStream_t stream) {
     const mma::KernelParams params = mma::make_params(p, Q, K, V, O, lse);
     auto kernel = p.block_mask.active() ? fa2_tf32_kernel<C, true> : fa2_tf32_kernel<C, false>;
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(C::SMEM_BYTES)));
+    cuda::allow_dynamic_shared_memory(kernel, int(C::SMEM_BYTES));
     const dim3 grid(unsigned(tile_count(p.seq_q, C::Br)), unsigned(p.heads), unsigned(p.batch));
     kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(params, gate);
     FA_CUDA_CHECK_LAUNCH();

@@ -67,8 +67,7 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     if (p.block_mask.active()) kernel = fa3_forward_kernel<Cfg, true>;
     static_assert(fits_shared_memory<Cfg>(), "cuda-fa3: the tile does not fit shared memory");
     constexpr int kSmem = smem_bytes<Cfg>();
-    FA_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    cuda::allow_dynamic_shared_memory(kernel, kSmem);
     // One CTA per SM (the registers allow no more), each taking work tiles until none is left.
     const int grid = std::min(params.items, cuda::device_limits().sm_count);
     FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), stream));

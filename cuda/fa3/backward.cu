@@ -14,6 +14,7 @@
 #include "cuda/fa3/backward_kernel.cuh"
 #include "cuda/fa3/tensor_map.hpp"
 #include "cuda/host/check.hpp"
+#include "cuda/host/prepared.hpp"
 #include "cuda/host/variants.hpp"
 
 namespace flashattn::fa3 {
@@ -24,7 +25,7 @@ void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
     const AttentionProblem& p = params.base.problem;
     const auto kernel = fa3_backward_kernel<Cfg, kBlockMask, kDeterministic>;
     constexpr int kSmem = backward_smem_bytes<Cfg>();
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    cuda::allow_dynamic_shared_memory(kernel, kSmem);
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
                     static_cast<unsigned>(p.batch * p.heads_kv));
     kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);

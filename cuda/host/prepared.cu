@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -15,11 +18,26 @@
 
 namespace flashattn::cuda {
 
+namespace {
+
+int current_device() {
+    int device = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    return device;
+}
+
+}  // namespace
+
 const DeviceLimits& device_limits() {
-    static const DeviceLimits limits = [] {
+    static std::mutex mutex;
+    static std::map<int, DeviceLimits> known;  // a map's entries stay where they are
+    const int device = current_device();
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto found = known.find(device);
+    if (found != known.end()) return found->second;
+    const DeviceLimits limits = [device] {
         DeviceLimits d;
-        int device = 0, optin = 0;
-        FA_CUDA_CHECK(cudaGetDevice(&device));
+        int optin = 0;
         FA_CUDA_CHECK(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
         FA_CUDA_CHECK(
             cudaDeviceGetAttribute(&d.compute_major, cudaDevAttrComputeCapabilityMajor, device));
@@ -28,7 +46,18 @@ const DeviceLimits& device_limits() {
         d.smem_per_block_optin = static_cast<std::size_t>(optin);
         return d;
     }();
-    return limits;
+    return known.emplace(device, limits).first->second;
+}
+
+void allow_dynamic_shared_memory(const void* kernel, int bytes) {
+    static std::mutex mutex;
+    static std::map<std::pair<const void*, int>, int> allowed;  // (kernel, device) -> bytes
+    const int device = current_device();
+    const std::lock_guard<std::mutex> lock(mutex);
+    int& have = allowed[{kernel, device}];
+    if (have >= bytes) return;
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    have = bytes;
 }
 
 void require_shared_memory(std::size_t bytes, const std::string& what) {

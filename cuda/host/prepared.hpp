@@ -24,13 +24,22 @@
 
 namespace flashattn::cuda {
 
-// What the kernels need to know about the current device (queried once per process).
+// What the kernels need to know about the current device (queried once per device: a process may
+// drive GPUs of different kinds).
 struct DeviceLimits {
     int sm_count = 0;
     int compute_major = 0;                 // 9 on Hopper
     std::size_t smem_per_block_optin = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes
 };
 const DeviceLimits& device_limits();
+// Lets `kernel` take `bytes` of dynamic shared memory on the current device
+// (cudaFuncSetAttribute, MaxDynamicSharedMemorySize), asked of the driver once per kernel and
+// device: the device entries launch on every call of a model, and the setting stays.
+void allow_dynamic_shared_memory(const void* kernel, int bytes);
+template <class Kernel>
+void allow_dynamic_shared_memory(Kernel* kernel, int bytes) {
+    allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), bytes);
+}
 // Throws std::runtime_error when a kernel's `bytes` of shared memory per block exceed what this
 // device allows, naming the kernel (`what`: "cuda-tc: tile Br64-Bc64 at d = 128").
 void require_shared_memory(std::size_t bytes, const std::string& what);

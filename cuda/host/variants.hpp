@@ -50,14 +50,16 @@ template <class Rows, class Runs>
 auto choose_variant(const std::string& backend, const std::string& wanted, const Rows& rows,
                     Runs runs, const std::string& problem) -> decltype(*std::begin(rows)) {
     using Row = std::remove_reference_t<decltype(*std::begin(rows))>;
-    std::vector<std::string> known;
-    for (const Row& r : rows) {
-        known.push_back(r.name);
-        if (std::string(r.kind) != "" &&
-            std::find(known.begin(), known.end(), std::string(r.kind)) == known.end())
-            known.push_back(r.kind);
+    if (!wanted.empty()) {  // (without a request, nothing to check: no list built on every call)
+        std::vector<std::string> known;
+        for (const Row& r : rows) {
+            known.push_back(r.name);
+            if (std::string(r.kind) != "" &&
+                std::find(known.begin(), known.end(), std::string(r.kind)) == known.end())
+                known.push_back(r.kind);
+        }
+        require_known_variant(backend, wanted, known);
     }
-    require_known_variant(backend, wanted, known);
     std::string runnable;
     for (const Row& r : rows) {
         if (!runs(r)) continue;

@@ -86,6 +86,8 @@ Shape choose_shape(const char* backend, const std::vector<Shape>& shapes, std::i
 // shapes, else the first of tc_tile_shapes); FLASHATTN_VARIANT (cuda/host/variants.hpp) may name
 // another by TcTileShape::name().
 TcTileShape choose_tile(const AttentionProblem& p, DType dtype) {
+    // No request: the default, without the named table below (a device entry asks every call).
+    if (cuda::requested_variant("cuda-tc").empty()) return tc_default_tile(p, dtype);
     std::vector<TcTileShape> shapes = tc_tile_shapes(p.dim, dtype);
     if (!shapes.empty()) {  // the chooser's default is the first row
         const TcTileShape first = tc_default_tile(p, dtype);

@@ -49,8 +49,7 @@ template <class Cfg, bool kBlockMask, bool kDeterministic>
 void launch_kernel(const BackwardParams& params, cudaStream_t stream) {
     const AttentionProblem& p = params.problem;
     const auto kernel = cuda::backward_kernel<TcBackwardOps<Cfg>, kBlockMask, kDeterministic>;
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Cfg::kSmemBytes));
+    cuda::allow_dynamic_shared_memory(kernel, Cfg::kSmemBytes);
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
                     static_cast<unsigned>(p.batch * p.heads_kv));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);

@@ -86,8 +86,7 @@ void launch(const KernelParams& params, cudaStream_t stream) {
         else
             kernel = split ? tc_forward_kernel<Cfg, true, true> : tc_forward_kernel<Cfg, true, false>;
     }
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  Cfg::kSmemBytes));
+    cuda::allow_dynamic_shared_memory(kernel, Cfg::kSmemBytes);
     // x: the query tiles, times the key chunks under split-KV (KernelParams::kv_splits).
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Cfg::Br) * params.kv_splits),
                     static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
@@ -107,8 +106,7 @@ void launch_decode(const KernelParams& params, cudaStream_t stream) {
     auto kernel = split ? tc_decode_kernel<Tile, false, true> : tc_decode_kernel<Tile, false, false>;
     if (p.block_mask.active())
         kernel = split ? tc_decode_kernel<Tile, true, true> : tc_decode_kernel<Tile, true, false>;
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Tile::kSmemBytes));
+    cuda::allow_dynamic_shared_memory(kernel, Tile::kSmemBytes);
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Tile::Br) * params.kv_splits),
                     static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
     kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(params);

@@ -490,14 +490,29 @@ _PLANS = {}  # signature -> _Plan
 _PLANS_LIMIT = 256  # signatures kept; past that the dict starts again (a plan is cheap to redo)
 
 
+# The two environment settings a signature holds, read at every call. os.environ.get encodes the
+# name and decodes the value each time (a microsecond for the two); where os.environ keeps its
+# encoded dict (CPython), the encoded values are read from it directly: os.environ's writes
+# update that dict (and the process's environment, which the C++ side reads).
+_SETTINGS = ("FLASHATTN_VARIANT", "FLASHATTN_DETERMINISTIC")
+if isinstance(getattr(os.environ, "_data", None), dict) and hasattr(os.environ, "encodekey"):
+    _ENCODED_SETTINGS = tuple(os.environ.encodekey(name) for name in _SETTINGS)
+
+    def _settings():
+        data = os.environ._data
+        return data.get(_ENCODED_SETTINGS[0]), data.get(_ENCODED_SETTINGS[1])
+else:
+    def _settings():
+        return os.environ.get(_SETTINGS[0]), os.environ.get(_SETTINGS[1])
+
+
 def _signature(direction, xs, causal, scale, backend):
     """The key of a call without a block mask (direction "forward" or "backward", xs its
     tensors): everything its checks read. The C++ side reads FLASHATTN_VARIANT (a tile, and so
     cuda-tc's split-KV partials) and FLASHATTN_DETERMINISTIC (the backward's dQ turn counters) at
     each call, and both change the workspace's size (cuda/host/variants.hpp)."""
-    environ = os.environ
-    return (direction, causal, scale, backend, environ.get("FLASHATTN_VARIANT"),
-            environ.get("FLASHATTN_DETERMINISTIC"), *[(x.shape, x.dtype, x.device) for x in xs])
+    return (direction, causal, scale, backend, *_settings(),
+            *[(x.shape, x.dtype, x.device) for x in xs])
 
 
 def _planned(key, run_checks, *args):
@@ -756,9 +771,12 @@ def _cuda_forward(q, k, v, block_mask, plan, options):
     if plan.layouts and not options[1] < 0:  # (a negative scale is folded into a copy of Q)
         # cuda-fa3 reads q, k, v where they lie (a copy only of one TMA cannot read) and writes
         # O in q's dtype: no copy, no cast.
-        arrays = [_readable_in_place(x, shape) for x, shape in ((q, Qs), (k, Ks), (v, Ks))]
-        layouts = tuple(strides for _, strides in arrays) + (_strides(O),)
-        _device_forward(*(x for x, _ in arrays), O, L, plan, options, mask, layouts, plan.dtype)
+        # (Written out, not looped: this runs on every call of a model.)
+        Q, q_at = _readable_in_place(q, Qs)
+        K, k_at = _readable_in_place(k, Ks)
+        V, v_at = _readable_in_place(v, Ks)
+        _device_forward(Q, K, V, O, L, plan, options, mask, (q_at, k_at, v_at, _strides(O)),
+                        plan.dtype)
         return O, _viewed(L, q.shape[:-1])
     Q, K, V = _device_array(q, Qs), _device_array(k, Ks), _device_array(v, Ks)
     if options[1] < 0:  # false for the default scale (NaN)
@@ -776,16 +794,17 @@ def _cuda_forward(q, k, v, block_mask, plan, options):
 def _strides(x):
     """The (batch, head, row) element strides of a 4-D tensor for a device entry; a 2-D (N, d)
     one is contiguous."""
-    return tuple(x.stride()[:3]) if x.dim() == 4 else _CONTIGUOUS
+    return x.stride()[:3] if x.dim() == 4 else _CONTIGUOUS
 
 
 def _readable_in_place(x, shape):
     """(x, its strides) where TMA can read x where it lies -- d contiguous, a 16-byte aligned
     address, every other stride a positive multiple of 8 elements (not a broadcast) -- else
     (a contiguous copy, _CONTIGUOUS)."""
-    if (x.dim() == 4 and x.stride(3) == 1 and x.data_ptr() % 16 == 0
-            and all(st > 0 and st % 8 == 0 for st in x.stride()[:3])):
-        return x, tuple(x.stride()[:3])
+    st = x.stride()  # (every call of a model passes here: no generator, one stride() call)
+    if (len(st) == 4 and st[3] == 1 and x.data_ptr() % 16 == 0 and st[0] > 0 and st[1] > 0
+            and st[2] > 0 and st[0] % 8 == 0 and st[1] % 8 == 0 and st[2] % 8 == 0):
+        return x, st[:3]
     return _device_array(x, shape), _CONTIGUOUS
 
 
