@@ -97,6 +97,15 @@ def test_the_workspace_settings_are_part_of_the_signature(monkeypatch):
     monkeypatch.setenv("FLASHATTN_VARIANT", "cuda-tc=none")  # not read by a host backend
     flashattn.attention(q, k, v)
     assert len(flashattn._PLANS) == 3
+    # Read at each call: a new value is another signature, and unsetting both is the first again.
+    monkeypatch.setenv("FLASHATTN_VARIANT", "cuda-tc=other")
+    flashattn.attention(q, k, v)
+    assert len(flashattn._PLANS) == 4
+    monkeypatch.delenv("FLASHATTN_VARIANT")
+    monkeypatch.delenv("FLASHATTN_DETERMINISTIC")
+    flashattn.attention(q, k, v)
+    assert len(flashattn._PLANS) == 4
+    assert flashattn._settings() == (None, None)
 
 
 def test_the_kept_plans_are_bounded():
