@@ -122,7 +122,7 @@ Backend tc_backend() {
         return std::make_unique<PreparedTc>(p, Q, K, V, dtype, tile);
     };
     // The device entries: the same kernels on the caller's 16-bit arrays, queued on the caller's
-    // stream (common/backend.hpp). The forward's reads and writes contiguous arrays, O in float32
+    // stream (common/backend.hpp). The forward's entry reads and writes contiguous arrays, O in float32
     // or in the inputs' dtype (the epilogue or split-KV's combine rounds it once).
     // The device entry's workspace: split-KV's partial results (none when S = 1).
     b.device_workspace_bytes = [](const AttentionProblem& p, DType dtype) {
