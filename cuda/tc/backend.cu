@@ -122,8 +122,8 @@ Backend tc_backend() {
         return std::make_unique<PreparedTc>(p, Q, K, V, dtype, tile);
     };
     // The device entries: the same kernels on the caller's 16-bit arrays, queued on the caller's
-    // stream (common/backend.hpp). The forward's entry reads and writes contiguous arrays, O in float32
-    // or in the inputs' dtype (the epilogue or split-KV's combine rounds it once).
+    // stream (common/backend.hpp). The forward's entry reads and writes contiguous arrays, O in
+    // float32 or in the inputs' dtype (the epilogue or split-KV's combine rounds it once).
     // The device entry's workspace: split-KV's partial results (none when S = 1).
     b.device_workspace_bytes = [](const AttentionProblem& p, DType dtype) {
         cuda::WorkspaceCarver counter;
@@ -141,8 +141,8 @@ Backend tc_backend() {
         args.dtype = a.dtype;
         args.Q = a.Q, args.K = a.K, args.V = a.V, args.lse = a.lse;
         args.O = a.O, args.o_dtype = a.o_dtype;  // contiguous, float32 or the inputs' dtype
-        require_output_layout(a.O, ArrayLayout::contiguous(problem.heads, problem.seq_q, problem.dim),
-                              a.o_dtype, "O");
+        require_output_layout(
+            a.O, ArrayLayout::contiguous(problem.heads, problem.seq_q, problem.dim), a.o_dtype, "O");
         args.stream = a.stream;
         const TcTileShape tile = choose_tile(problem, a.dtype);
         args.kv_splits = tc_kv_splits(problem, a.dtype, tile);
