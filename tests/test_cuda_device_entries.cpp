@@ -308,6 +308,23 @@ std::vector<std::uint16_t> download_bits(const Staged& x) {
     return bits;
 }
 
+// One forward device call on stream `s`: its LSE (poisoned) and its workspace (the backend's
+// device_workspace_bytes, poisoned), and its DeviceForward with Q, K, V and O at the given device
+// addresses -- contiguous arrays and a float32 O until the caller says otherwise.
+struct ForwardCall {
+    cuda::DeviceBuffer<float> lse;
+    Workspace workspace;
+    DeviceForward a;
+    ForwardCall(const Backend& backend, const AttentionProblem& p, DType dtype, const void* Q,
+                const void* K, const void* V, void* O, cudaStream_t s)
+        : lse(p.lse_elements()), workspace(backend.device_workspace_bytes(p, dtype), s) {
+        FA_CUDA_CHECK(cudaMemsetAsync(lse.data(), 0xFF, lse.bytes(), s));
+        a.Q = Q, a.K = K, a.V = V, a.O = O, a.lse = lse.data();
+        a.stream = s, a.dtype = dtype;
+        a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+    }
+};
+
 }  // namespace
 
 // The problems the strided tests run, each with fresh random inputs: ragged N_q = 113 and
@@ -345,14 +362,9 @@ TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits
             Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
             Staged O(bytes_of(Oh.host));
             for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
-            cuda::DeviceBuffer<float> lse(p.lse_elements());
-            FA_CUDA_CHECK(cudaMemsetAsync(lse.data(), 0xFF, lse.bytes(), stream.s));
-            Workspace workspace(fa3.device_workspace_bytes(p, dtype), stream.s);
-            DeviceForward a;
-            a.Q = Q.data(), a.K = K.data(), a.V = V.data();
-            a.O = O.device.data(), a.lse = lse.data();
-            a.stream = stream.s, a.dtype = dtype;
-            a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+            ForwardCall call(fa3, p, dtype, Q.data(), K.data(), V.data(), O.device.data(),
+                             stream.s);
+            DeviceForward& a = call.a;
             a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
             a.o_layout = Oh.layout, a.o_dtype = dtype;
             fa3.run_device(p, a);
@@ -363,7 +375,7 @@ TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits
                                                    p.seq_q, dim, dtype);
             CHECK(o.wrong == 0);
             CHECK(o.touched == 0);
-            CHECK(max_difference(download(lse), host.lse) == 0.0);
+            CHECK(max_difference(download(call.lse), host.lse) == 0.0);
 
             // Strides TMA cannot read, an O dtype that is neither float32 nor the inputs', and a
             // misaligned 16-bit O are refused before any work.
@@ -715,14 +727,10 @@ TEST_CASE("cuda-tc's device entry writes a contiguous 16-bit O: decoding (split 
             const std::size_t n = static_cast<std::size_t>(p.q_elements());
             Staged O(bytes_of(std::vector<std::uint16_t>(n + 64, 0xFFFF)));
             for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
-            cuda::DeviceBuffer<float> lse(p.lse_elements());
-            FA_CUDA_CHECK(cudaMemsetAsync(lse.data(), 0xFF, lse.bytes(), stream.s));
-            Workspace workspace(tc.device_workspace_bytes(p, dtype), stream.s);
-            DeviceForward a;
-            a.Q = Q.data(), a.K = K.data(), a.V = V.data();
-            a.O = O.device.data(), a.lse = lse.data();
-            a.stream = stream.s, a.dtype = dtype, a.o_dtype = dtype;
-            a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+            ForwardCall call(tc, p, dtype, Q.data(), K.data(), V.data(), O.device.data(),
+                             stream.s);
+            DeviceForward& a = call.a;
+            a.o_dtype = dtype;
             tc.run_device(p, a);
             FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
             // O is the host path's float32 O rounded to nearest even, bit for bit.
@@ -732,7 +740,7 @@ TEST_CASE("cuda-tc's device entry writes a contiguous 16-bit O: decoding (split 
             for (std::size_t k = n; k < bits.size(); ++k) touched += bits[k] != 0xFFFF;
             CHECK(wrong == 0);
             CHECK(touched == 0);
-            CHECK(max_difference(download(lse), host.lse) == 0.0);
+            CHECK(max_difference(download(call.lse), host.lse) == 0.0);
 
             // An O dtype that is neither float32 nor the inputs', a misaligned 16-bit O, and a
             // strided O are refused before any work.

@@ -53,10 +53,11 @@ namespace {
 //   * decoding (tc_decodes; cuda/tc/decode_kernel.cuh): 4 warps share 16 query rows and split
 //     each key tile; tiles of 16 KiB (K) + 16 KiB (V) at d = 64 and 128 (32 KiB each at d = 256).
 //     At d = 64 (128-key tiles) and d = 96, 256, three in the ring, two in flight while one is
-//     multiplied. At d = 128 two (64-key tiles, about 68 KB per CTA, three CTAs per SM): measured
-//     against three stages, four, and 8 warps of 128 keys (graph timing, H100, docs/decoding.md)
-//     it was the fastest at 3 of 4 decoding shapes, 2-3% (the fourth within 1%). At d = 64 the
-//     alternatives (decode-w4-Bc64-s4 and the others measured there) were slower.
+//     multiplied. At d = 128 two (64-key tiles, about 68 KB per CTA; the registers allow two
+//     CTAs per SM either way): measured against three stages, four, and 8 warps of 128 keys
+//     (graph timing, H100, docs/decoding.md) it was the fastest or tied at 3 of 4 decoding
+//     shapes (the fourth 3% behind four stages). At d = 64 the alternatives (decode-w4-Bc64-s4
+//     and the others measured there) were slower.
 // The alternative shapes (fp16, d = 64 and 128) are compiled so that they can be compared on the
 // device (FLASHATTN_VARIANT=cuda-tc=<name>); they are used only when asked for.
 struct CompiledTile {
