@@ -573,6 +573,59 @@ TEST_CASE("device backward entries queue behind the caller's stream and match th
     }
 }
 
+TEST_CASE("cuda-fa3's backward device entry adds into a float32 dQ 8- but not 16-byte aligned") {
+    // The kernel adds to dQ's float32 sum with TMA, which needs a 16-byte aligned address: a dense
+    // float32 dQ two floats past an aligned address must still get the host path's bits (through
+    // the working sum), and the floats before it must stay as they were.
+    const Backend* found = test::cuda_fa3_or_warn();
+    if (!found) return;
+    const Backend& fa3 = *found;
+    test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+    deterministic.set("1");  // one order of dQ's additions: the host path's bits
+    for (const std::int64_t dim : {64, 128}) {
+        const AttentionProblem p = test::make_problem(1, 4, 2, 77, 150, dim, true);
+        const std::uint64_t seed = test::next_seed();
+        INFO(test::describe(p) << " seed=" << seed);
+        const DType dtype = DType::bf16;
+        const ProblemData in = random_problem_data(p, seed);
+        const test::Outputs fwd = test::run_poisoned(fa3, p, in, dtype);
+        const std::vector<float> dO = random_problem_data(p, seed + 1).Q;
+        std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
+        run_backward(fa3, p, {in.Q.data(), in.K.data(), in.V.data(), fwd.O.data(),
+                              fwd.lse.data(), dO.data()},
+                     dQ.data(), dK.data(), dV.data(), dtype);
+
+        Stream stream;
+        const cudaStream_t s = stream.s;
+        Staged Q(as_bytes(in.Q, dtype, cuda::q_sign(p))), K(as_bytes(in.K, dtype));
+        Staged V(as_bytes(in.V, dtype)), dO_d(as_bytes(dO, dtype));
+        Staged O(as_bytes(fwd.O, DType::f32)), lse(as_bytes(fwd.lse, DType::f32));
+        cuda::DeviceBuffer<float> dQ_d(p.q_elements() + 2), dK_d(p.kv_elements()),
+            dV_d(p.kv_elements());
+        for (auto* g : {&dQ_d, &dK_d, &dV_d})
+            FA_CUDA_CHECK(cudaMemsetAsync(g->data(), 0xFF, g->bytes(), s));
+        for (Staged* x : {&Q, &K, &V, &dO_d, &O, &lse}) x->copy(s);
+        Workspace workspace(fa3.device_backward_workspace_bytes(p, dtype), s);
+        DeviceBackward a;
+        a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.dO = dO_d.data();
+        a.O = static_cast<const float*>(O.data());
+        a.lse = static_cast<const float*>(lse.data());
+        a.dQ = dQ_d.data() + 2, a.dK = dK_d.data(), a.dV = dV_d.data();
+        a.stream = s, a.dtype = dtype;
+        a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+        fa3.run_backward_device(p, a);
+        FA_CUDA_CHECK(cudaStreamSynchronize(s));
+        const std::vector<float> got = download(dQ_d);
+        std::uint32_t guard[2];
+        std::memcpy(guard, got.data(), 8);
+        CHECK(guard[0] == 0xFFFFFFFFu);
+        CHECK(guard[1] == 0xFFFFFFFFu);
+        CHECK(max_difference(std::vector<float>(got.begin() + 2, got.end()), dQ) == 0.0);
+        CHECK(max_difference(download(dK_d), dK) == 0.0);
+        CHECK(max_difference(download(dV_d), dV) == 0.0);
+    }
+}
+
 TEST_CASE("device entries refuse a workspace smaller than device_workspace_bytes, or misaligned") {
     const AttentionProblem p = test::make_problem(1, 2, 2, 64, 64, 64, false);
     struct Entry {

@@ -25,6 +25,7 @@ void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
     const AttentionProblem& p = params.base.problem;
     const auto kernel = fa3_backward_kernel<Cfg, kBlockMask, kDeterministic>;
     constexpr int kSmem = backward_smem_bytes<Cfg>();
+    static_assert(kSmem <= 227 * 1024, "shared memory of one CTA");
     cuda::allow_dynamic_shared_memory(kernel, kSmem);
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
                     static_cast<unsigned>(p.batch * p.heads_kv));
@@ -42,6 +43,7 @@ void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool det
     params.dO = tile_map(args.dO, t, p.batch, p.heads, p.seq_q, p.dim, args.do_at, Cfg::Br);
     params.k = tile_map(args.K, t, p.batch, p.heads_kv, p.seq_kv, p.dim, args.k_at, Cfg::Bc);
     params.v = tile_map(args.V, t, p.batch, p.heads_kv, p.seq_kv, p.dim, args.v_at, Cfg::Bc);
+    params.dq_sum = sum_map(args.dQ_sum, p.batch, p.heads, p.seq_q, p.dim, 64);
     if (params.base.problem.block_mask.active())
         deterministic ? launch_kernel<Cfg, true, true>(params, stream)
                       : launch_kernel<Cfg, true, false>(params, stream);
@@ -50,18 +52,18 @@ void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool det
                       : launch_kernel<Cfg, false, false>(params, stream);
 }
 
-template <int D, int Br>
+template <int D, int Br, int kSlots = 2>
 void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& args,
                  bool deterministic, cudaStream_t stream) {
     if (args.dtype == DType::f16)
-        launch<Fa3BackwardTile<__half, D, Br>>(params, args, deterministic, stream);
+        launch<Fa3BackwardTile<__half, D, Br, kSlots>>(params, args, deterministic, stream);
     else
-        launch<Fa3BackwardTile<__nv_bfloat16, D, Br>>(params, args, deterministic, stream);
+        launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots>>(params, args, deterministic, stream);
 }
 
-// The compiled tiles per head dim, Bc = 128 keys each: the default (first listed for a d) is the
-// one measured fastest in docs/cuda_fa3.md ("backward"); FLASHATTN_VARIANT=cuda-fa3-backward=<name>
-// picks another.
+// The compiled tiles per head dim, Bc = 128 keys each, with a ring of 2 slots for Q_i, dO_i, L_i,
+// D_i or 3 (-ring3): the default (first listed for a d) is the one measured fastest in
+// docs/cuda_fa3.md ("backward"); FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
 struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own
@@ -69,6 +71,7 @@ struct Variant {
     void (*run)(const Fa3BackwardParams&, const cuda::Backward16Args&, bool, cudaStream_t);
 };
 const Variant kVariants[] = {
+    {"d64-Br128-ring3", "", 64, 128, run_variant<64, 128, 3>},
     {"d64-Br128", "", 64, 128, run_variant<64, 128>},
     {"d64-Br64", "", 64, 64, run_variant<64, 64>},
     {"d128-Br64", "", 128, 64, run_variant<128, 64>},
@@ -106,6 +109,7 @@ void fa3_backward(const cuda::Backward16Args& args, bool deterministic) {
     require_tma_aligned(args.V, "V"), require_tma_aligned(args.dO, "dO");
     require_tma_layout(args.q_at, "Q"), require_tma_layout(args.k_at, "K");
     require_tma_layout(args.v_at, "V"), require_tma_layout(args.do_at, "dO");
+    require_tma_aligned(args.dQ_sum, "dQ's float32 sum");
     cuda::queue_backward_prepass(args, deterministic ? fa3_backward_turn_count(p, args.dtype) : 0);
     Fa3BackwardParams params;
     params.base = cuda::make_backward_params(p, args.Q, args.K, args.V, args.dO, args.lse, args.D,

@@ -16,14 +16,15 @@
 //     read dO_i and Q_i as MN-major B operands, as the forward's P V reads V_j.
 //   * dQ_i = dS K_j reads both operands from shared memory as MN-major: dS^T as stored
 //     (keys x queries) and K_j (keys x d). dQ_i (Br x d) is cut into 64 x 64 blocks, one per
-//     warpgroup in the default tiles (d = 64 with Br = 128, d = 128 with Br = 64), each added to
-//     dQ in HBM with fp32 atomics as cuda-tc does (in a fixed order in deterministic mode).
+//     warpgroup in the default tiles (d = 64 with Br = 128, d = 128 with Br = 64), each written to
+//     shared memory and added to dQ's fp32 sum in HBM by TMA's reduce-add (add_dq_block; cuda-tc
+//     adds with per-thread atomics), in a fixed order in deterministic mode.
 //
 // Algorithm 2 lines: L4 D_i (delta_kernel, before) | L5 one CTA per (j, K/V head, batch) | L6 K_j,
 // V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) | L8 the step loop (query head,
 // query tile) | L9 Q_i, dO_i (TMA, ring of 2), L_i, D_i (cp.async) | L10 S^T = K_j Q_i^T | L11,
 // L14 probabilities_and_score_gradients | L12 dV_j += P^T dO_i | L13 dP^T = V_j dO_i^T | L15 dQ_i
-// += scale dS K_j | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
+// += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
 //
 // Every product is waited for where it is issued, and every thread computes (thread 0 also issues
 // the copies): no producer warpgroup, no overlap of a step's products with its own or the next
@@ -53,46 +54,52 @@ using cuda::BackwardParams;
 
 // One CTA: two warpgroups of 64 keys each (Bc = 128), query tiles of Br = 64 or 128 rows (1 or 2
 // panels of dS^T), head dim D = 64 or 128 (1 or 2 panels).
-template <class T_, int D_, int Br_>
+template <class T_, int D_, int Br_, int kSlots_ = 2>
 struct Fa3BackwardTile {
     using T = T_;
     static constexpr int D = D_;
     static constexpr int Br = Br_;
+    // The ring of Q_i, dO_i, L_i, D_i: step t + kSlots - 1 is asked for as step t starts.
+    static constexpr int kSlots = kSlots_;
     static constexpr int Bc = 128;
     static constexpr int kWarpgroups = Bc / 64;
     static constexpr int kThreads = 128 * kWarpgroups;
     static constexpr int kPanels = D / 64;
     // dQ_i's 64 x 64 blocks, (Br / 64) x (D / 64), each summed over all Bc keys by one
     // warpgroup (with a single block the second warpgroup has none: splitting the keys would add
-    // twice as many atomics, and two warpgroups adding to the same dQ_i in turn need an order).
+    // twice as much to dQ, and two warpgroups adding to the same dQ_i in turn need an order).
     static constexpr int kDqBlocks = (Br / 64) * kPanels;
+    // A dQ block in shared memory (add_dq_block): 64 x 64 floats as two TMA boxes of 32 columns.
+    static constexpr int kDqBlockFloats = 64 * 64;
     static constexpr std::uint32_t kKeyTileBytes = Bc * D * sizeof(T_);    // K_j or V_j
     static constexpr std::uint32_t kStepBytes = 2 * Br * D * sizeof(T_);  // Q_i and dO_i
     static_assert(D == 64 || D == 128, "cuda-fa3 backward: D = 64 or 128");
     static_assert(Br == 64 || Br == 128, "cuda-fa3 backward: Br = 64 or 128 (the N of S^T)");
     static_assert(kDqBlocks <= kWarpgroups, "a dQ block per warpgroup at most");
+    static_assert(kSlots == 2 || kSlots == 3, "cuda-fa3 backward: a ring of 2 or 3 slots");
 };
 
 // The barriers: K_j and V_j have landed; slot s's Q_i and dO_i have landed.
 struct Fa3BackwardBarriers {
     std::uint64_t kv;
-    std::uint64_t step[2];
+    std::uint64_t step[3];
     __device__ void init() {
         hopper::mbarrier_init(&kv, 1);
-        hopper::mbarrier_init(&step[0], 1);
-        hopper::mbarrier_init(&step[1], 1);
+        for (std::uint64_t& slot : step) hopper::mbarrier_init(&slot, 1);
         hopper::fence_barrier_init();
     }
 };
 
 // Shared memory, from a 1024-byte boundary (the 128-byte swizzle repeats every 8 rows): K_j, V_j
-// (Bc x D each), two slots of Q_i and dO_i (Br x D each), dS^T (Bc x Br), two slots of L_i and
-// D_i (Br floats each), the barriers.
+// (Bc x D each), two slots of Q_i and dO_i (Br x D each), dS^T (Bc x Br), the dQ blocks (fp32,
+// 64 x 64 each), two slots of L_i and D_i (Br floats each), the barriers.
 template <class Cfg>
 constexpr int backward_smem_bytes() {
-    return int((2 * Cfg::Bc * Cfg::D + 4 * Cfg::Br * Cfg::D + Cfg::Bc * Cfg::Br) *
+    return int((2 * Cfg::Bc * Cfg::D + 2 * Cfg::kSlots * Cfg::Br * Cfg::D + Cfg::Bc * Cfg::Br) *
                sizeof(typename Cfg::T)) +
-           int(4 * Cfg::Br * sizeof(float)) + int(sizeof(Fa3BackwardBarriers)) + 1024;
+           int(Cfg::kDqBlocks * Cfg::kDqBlockFloats * sizeof(float)) +
+           int(2 * Cfg::kSlots * Cfg::Br * sizeof(float)) + int(sizeof(Fa3BackwardBarriers)) +
+           1024;
 }
 
 // What the kernel reads: the backward's parameters (shared with cuda-tc) and the tensor maps of
@@ -100,6 +107,7 @@ constexpr int backward_smem_bytes() {
 struct Fa3BackwardParams {
     BackwardParams base;
     CUtensorMap q, k, v, dO;
+    CUtensorMap dq_sum;  // base.dQ, fp32, boxes of 32 columns x 64 rows (add_dq_block)
 };
 
 // Algorithm 2 L15's left operand: a warp's 16 keys of dS^T (its fp32 accumulator, Br query
@@ -120,6 +128,52 @@ __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
         }
 }
 
+// Algorithm 2 L15's addition of one 64 x 64 block of dQ_i (a warpgroup's fp32 accumulator acc;
+// rows row0 .., columns col0 .. of head h, batch entry b) to dQ in HBM, through shared memory: the
+// warpgroup writes scale acc to its block sdq, as two boxes of 32 columns in the 128-byte swizzle
+// (16-byte chunk c of row r at c ^ (r % 8): the eight rows of a store land in different banks),
+// and one thread hands both boxes to the copy engine's reduce-add, which adds them to dQ with no
+// further work from the threads (FlashAttention-3 adds dQ from shared memory with TMA too).
+// Per-thread atomics, cuda-tc's way, take 16 eight-byte atomics per thread and block, and their
+// queue holds the warps back (docs/cuda_fa3.md measures both). Rows past N_q lie outside the map
+// and are not added. In kDeterministic mode the thread waits until its additions
+// are done (the next key tile's turn comes after them); otherwise it waits, at its next block,
+// only until the copy engine has read this one.
+template <class Cfg, bool kDeterministic>
+__device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, float* sdq,
+                                             const float (&acc)[8][4], std::int64_t b,
+                                             std::int64_t h, int row0, int col0, int wg,
+                                             int wg_warp, int lane) {
+    const bool issuer = wg_warp == 0 && lane == 0;
+    // The block's previous contents have been read (the wait is for a copy issued a step ago).
+    if (issuer) hopper::bulk_wait_read<0>();
+    hopper::named_barrier_sync(1 + wg, 128);
+    const float scale = params.base.scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = 16 * wg_warp + lane / 4 + 8 * r;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            // Columns 8 nt + 2 (lane % 4) (+1): box nt / 4, 16-byte chunk `chunk` of its row.
+            const int chunk = 2 * (nt % 4) + (lane % 4) / 2;
+            float* at = sdq + (nt / 4) * 64 * 32 + row * 32 + (chunk ^ (row % 8)) * 4 +
+                        2 * (lane % 2);
+            *reinterpret_cast<float2*>(at) =
+                make_float2(scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
+        }
+    }
+    hopper::fence_proxy_async();  // the stores, read next by the copy engine
+    hopper::named_barrier_sync(1 + wg, 128);
+    if (!issuer) return;
+    hopper::tma_reduce_add_4d(&params.dq_sum, sdq, col0, row0, int(h), int(b));
+    hopper::tma_reduce_add_4d(&params.dq_sum, sdq + 64 * 32, col0 + 32, row0, int(h), int(b));
+    hopper::bulk_commit();
+    if constexpr (kDeterministic) {
+        hopper::bulk_wait<0>();
+        hopper::fence_proxy_async_global();
+    }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 // Grid: (Tc, batch x K/V heads); key tile 0 (the most query tiles under a causal mask) first.
 // Block: Cfg::kThreads (every warpgroup computes; thread 0 also issues the TMA copies). Dynamic
@@ -135,11 +189,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     T* sK = reinterpret_cast<T*>((raw + 1023) & ~std::uintptr_t(1023));
     T* sV = sK + Bc * D;
     T* sQ = sV + Bc * D;     // two slots of Br x D
-    T* sdO = sQ + 2 * Br * D;  // two slots of Br x D
-    T* sdS = sdO + 2 * Br * D;  // Bc x Br
-    float* sL = reinterpret_cast<float*>(sdS + Bc * Br);  // two slots of Br
-    float* sDelta = sL + 2 * Br;
-    auto* bars = reinterpret_cast<Fa3BackwardBarriers*>(sDelta + 2 * Br);
+    T* sdO = sQ + Cfg::kSlots * Br * D;  // kSlots slots of Br x D
+    T* sdS = sdO + Cfg::kSlots * Br * D;  // Bc x Br
+    float* sdQ = reinterpret_cast<float*>(sdS + Bc * Br);        // kDqBlocks x 64 x 64
+    float* sL = sdQ + Cfg::kDqBlocks * Cfg::kDqBlockFloats;  // two slots of Br
+    float* sDelta = sL + Cfg::kSlots * Br;
+    auto* bars = reinterpret_cast<Fa3BackwardBarriers*>(sDelta + Cfg::kSlots * Br);
 
     const BackwardParams& bp = params.base;
     const AttentionProblem& p = bp.problem;
@@ -189,12 +244,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                                      sDelta + slot * Br);
     };
 
-    // L8: the steps (h, i), in cuda::next_step's order.
+    // L8: the steps (h, i), in cuda::next_step's order, and the kAhead steps after it (h_ask,
+    // i_ask, next first): their tiles are asked for ahead, the last one as step (h, i) starts, so
+    // the ring holds step (h, i) and the kAhead - 1 before the last. Past the last step, h = h0 + G.
+    constexpr int kAhead = Cfg::kSlots - 1;
     std::int64_t h = h0;
     int i = -1;
     cuda::next_step(p, cols, Tr, Br, h0, G, h, i);
     if (h < h0 + G) load_step(0, h, i);
     cp_async_commit();
+    std::int64_t h_ask[kAhead];
+    int i_ask[kAhead];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+        h_ask[k] = k == 0 ? h : h_ask[k - 1];
+        i_ask[k] = k == 0 ? i : i_ask[k - 1];
+        if (h_ask[k] < h0 + G) cuda::next_step(p, cols, Tr, Br, h0, G, h_ask[k], i_ask[k]);
+        if (k + 1 < kAhead) {
+            if (h_ask[k] < h0 + G) load_step(k + 1, h_ask[k], i_ask[k]);
+            cp_async_commit();  // one group per step, empty past the last
+        }
+    }
 
     // L7: dK_j = 0, dV_j = 0: this warp's 16 keys x D.
     float dK[D / 8][4], dV[D / 8][4];
@@ -204,17 +274,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     RingPosition ring;
     bool keys_landed = false;
     while (h < h0 + G) {
-        std::int64_t h_next = h;
-        int i_next = i;
-        cuda::next_step(p, cols, Tr, Br, h0, G, h_next, i_next);
         // This step's tiles have landed, and every warpgroup is done with the previous step (its
         // slot, which the next copy overwrites, and dS^T, which this step rewrites).
-        cp_async_wait_all();
+        cp_async_wait<Cfg::kSlots - 2>();
         hopper::mbarrier_wait(&bars->step[ring.stage], ring.phase);
         if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
         keys_landed = true;
         __syncthreads();
-        if (h_next < h0 + G) load_step(ring.stage ^ 1, h_next, i_next);
+        if (h_ask[kAhead - 1] < h0 + G)
+            load_step((ring.stage + kAhead) % Cfg::kSlots, h_ask[kAhead - 1], i_ask[kAhead - 1]);
         cp_async_commit();
 
         const T* sQ_i = fresh(sQ) + ring.stage * Br * D;
@@ -271,16 +339,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK) + cb * Bc * 64);
             hopper::wgmma_wait<0>();
             hopper::wgmma_fence_registers(acc);
-            cuda::add_dq_piece<8>(bp, bp.dQ + p.q_offset(b, h), acc,
-                                  rows.begin + 64 * rb + 16 * wg_warp, 64 * cb, lane);
+            add_dq_block<Cfg, kDeterministic>(params, sdQ + wg * Cfg::kDqBlockFloats, acc, b, h,
+                                              rows.begin + 64 * rb, 64 * cb, wg, wg_warp, lane);
         }
         if constexpr (kDeterministic) cuda::pass_dq_turn(turn);
-        h = h_next, i = i_next;
-        ring.advance<2>();
+        h = h_ask[0], i = i_ask[0];
+#pragma unroll
+        for (int k = 0; k < kAhead; ++k) {
+            if (k + 1 < kAhead) {
+                h_ask[k] = h_ask[k + 1], i_ask[k] = i_ask[k + 1];
+            } else if (h_ask[k] < h0 + G) {
+                cuda::next_step(p, cols, Tr, Br, h0, G, h_ask[k], i_ask[k]);
+            }
+        }
+        ring.advance<Cfg::kSlots>();
     }
     cp_async_wait_all();
-    // A CTA with no step must not end while its K_j, V_j copy is still writing its shared memory.
+    // A CTA with no step must not end while its K_j, V_j copy is still writing its shared memory,
+    // nor while the copy engine is still reading a dQ block.
     if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
+    hopper::bulk_wait_read<0>();
 
     // L18. Q was read times q_sign (so S^T had the right sign): dK's scale is |scale|.
     cuda::write_key_gradients<D>(bp, dK, dV, bp.abs_scale, b, g, j * Bc + key0, lane);

@@ -38,21 +38,22 @@ __device__ __forceinline__ void zero(float (&acc)[kTiles][4]) {
 }
 
 // acc (64 x N) = A B^T over kPanels * 64 columns, A (64 rows) and B (N rows) both K-major; the
-// accumulator is zeroed first. A's and B's panels lie a_panel and b_panel elements apart.
+// first k-step overwrites the accumulator (no zeros written first: hopper::wgmma_ss says why).
+// A's and B's panels lie a_panel and b_panel elements apart.
 // Forward: S = Q_i K_j^T (FA2 Algorithm 1 L8). Backward: S^T = K_j Q_i^T and dP^T = V_j dO_i^T
 // (Algorithm 2 L10, L13).
 template <class T, int N, int kPanels>
 __device__ __forceinline__ void issue_ab_t(float (&acc)[N / 8][4], const T* A, int a_panel,
                                            const T* B, int b_panel) {
-    zero(acc);
     hopper::wgmma_fence_registers(acc);
     hopper::wgmma_fence();
+    hopper::wgmma_ss<T, N, false>(acc, hopper::smem_descriptor(A), hopper::smem_descriptor(B));
 #pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn)
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            hopper::wgmma_ss<T, N>(acc, hopper::smem_descriptor(A + pn * a_panel + 16 * kk),
-                                   hopper::smem_descriptor(B + pn * b_panel + 16 * kk));
+    for (int step = 1; step < 4 * kPanels; ++step) {
+        const int pn = step / 4, kk = step % 4;
+        hopper::wgmma_ss<T, N>(acc, hopper::smem_descriptor(A + pn * a_panel + 16 * kk),
+                               hopper::smem_descriptor(B + pn * b_panel + 16 * kk));
+    }
     hopper::wgmma_commit();
 }
 
@@ -91,16 +92,17 @@ __device__ __forceinline__ void issue_a_regs_b(float (&acc)[8 * kPanels][4],
     hopper::wgmma_commit();
 }
 
-// acc (64 x 64) += A B over kKSteps k-steps of 16, A and B both MN-major panels read from shared
+// acc (64 x 64) = A B over kKSteps k-steps of 16, A and B both MN-major panels read from shared
 // memory: A's panel has k rows of 64 M values, B's k rows of 64 N values. Backward: dQ_i = dS K_j
 // with dS^T stored as (keys x queries) and K_j as (keys x d) (Algorithm 2 L15).
 template <class T, int kKSteps>
 __device__ __forceinline__ void issue_mn_major(float (&acc)[8][4], const T* A, const T* B) {
-    zero(acc);
     hopper::wgmma_fence_registers(acc);
     hopper::wgmma_fence();
+    hopper::wgmma_ss_mn_major<T, false>(acc, hopper::smem_descriptor(A),
+                                        hopper::smem_descriptor(B));
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk)
+    for (int kk = 1; kk < kKSteps; ++kk)
         hopper::wgmma_ss_mn_major<T>(acc, hopper::smem_descriptor(A + 16 * kk * 64),
                                      hopper::smem_descriptor(B + 16 * kk * 64));
     hopper::wgmma_commit();

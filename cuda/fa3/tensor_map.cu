@@ -28,26 +28,43 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     return encode;
 }
 
-}  // namespace
-
-CUtensorMap tile_map(const void* base, DType dtype, std::int64_t batch, std::int64_t heads,
-                     std::int64_t rows, std::int64_t d, const ArrayLayout& layout, int box_rows) {
+// A 4-D map (innermost first: d, rows, heads, batch) with boxes of box_cols x box_rows of one
+// head, in the 128-byte swizzle (box_cols x elem_bytes = 128).
+CUtensorMap encode_4d(const void* base, CUtensorMapDataType type, std::int64_t elem_bytes,
+                      std::int64_t batch, std::int64_t heads, std::int64_t rows, std::int64_t d,
+                      const ArrayLayout& layout, int box_cols, int box_rows) {
     CUtensorMap map;
     const cuuint64_t size[4] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads),
                                 cuuint64_t(batch)};
-    const cuuint64_t stride_bytes[3] = {cuuint64_t(layout.row) * 2, cuuint64_t(layout.head) * 2,
-                                        cuuint64_t(layout.batch) * 2};
-    const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+    const cuuint64_t stride_bytes[3] = {cuuint64_t(layout.row * elem_bytes),
+                                        cuuint64_t(layout.head * elem_bytes),
+                                        cuuint64_t(layout.batch * elem_bytes)};
+    const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1, 1};
     const cuuint32_t step[4] = {1, 1, 1, 1};
     const CUresult status = tensor_map_encoder()(
-        &map, dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        4, const_cast<void*>(base), size, stride_bytes, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        &map, type, 4, const_cast<void*>(base), size, stride_bytes, box, step,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (status != CUDA_SUCCESS)
         throw std::runtime_error("cuda-fa3: cuTensorMapEncodeTiled failed (CUresult " +
                                  std::to_string(int(status)) + ")");
     return map;
+}
+
+}  // namespace
+
+CUtensorMap tile_map(const void* base, DType dtype, std::int64_t batch, std::int64_t heads,
+                     std::int64_t rows, std::int64_t d, const ArrayLayout& layout, int box_rows) {
+    return encode_4d(base,
+                     dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                     2, batch, heads, rows, d, layout, 64, box_rows);
+}
+
+CUtensorMap sum_map(float* base, std::int64_t batch, std::int64_t heads, std::int64_t rows,
+                    std::int64_t d, int box_rows) {
+    return encode_4d(base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, batch, heads, rows, d,
+                     ArrayLayout::contiguous(heads, rows, d), 32, box_rows);
 }
 
 void require_tma_aligned(const void* array, const char* name) {

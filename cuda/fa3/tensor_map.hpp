@@ -20,6 +20,12 @@ namespace flashattn::fa3 {
 CUtensorMap tile_map(const void* base, DType dtype, std::int64_t batch, std::int64_t heads,
                      std::int64_t rows, std::int64_t d, const ArrayLayout& layout, int box_rows);
 
+// A 4-D map over a contiguous (batch, heads, rows, d) float32 array whose boxes are 32 columns
+// (one 128-byte row) x box_rows rows of one head in the 128-byte swizzle: the backward's dQ sum,
+// which the kernel adds to box by box (TMA's reduce-add). The base must be 16-byte aligned.
+CUtensorMap sum_map(float* base, std::int64_t batch, std::int64_t heads, std::int64_t rows,
+                    std::int64_t d, int box_rows);
+
 // TMA reads global memory from 16-byte aligned addresses only (cuTensorMapEncodeTiled): throws
 // std::invalid_argument naming the array otherwise.
 void require_tma_aligned(const void* array, const char* name);

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -138,8 +139,11 @@ void take_layouts(Backward16Args& args, const DeviceBackward& a, float* workspac
     if (args.o_at.batch < 0 || args.o_at.head < 0 || args.o_at.row < 0)  // read value by value
         throw std::invalid_argument("O: its strides must be non-negative");
     const ArrayLayout dense = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
+    // cuda-fa3's kernel adds to dQ's sum with TMA, which needs a 16-byte aligned address: a dQ
+    // that is not goes through the (256-byte aligned) working sum.
     const bool dq_dense_f32 = a.grad_dtype == DType::f32 && args.dq_at.batch == dense.batch &&
-                              args.dq_at.head == dense.head && args.dq_at.row == dense.row;
+                              args.dq_at.head == dense.head && args.dq_at.row == dense.row &&
+                              reinterpret_cast<std::uintptr_t>(a.dQ) % 16 == 0;
     args.dQ_sum = dq_dense_f32 ? static_cast<float*>(a.dQ) : workspace_sum;
 }
 

@@ -7,11 +7,11 @@
 //   * TMA (the tensor memory accelerator, cp.async.bulk.tensor): one thread asks for a whole tile,
 //     described by a CUtensorMap built on the host (cuda/fa3/backend.cu), and the copy engine
 //     writes it into shared memory in wgmma's 128-byte swizzle, zero-filling rows past the tensor's
-//     end;
+//     end; its reduce form adds a box from shared memory to global memory (cuda-fa3's dQ);
 //   * setmaxnreg (sm_90a): a warpgroup gives registers back or takes more (warp specialization);
 //   * named barriers (bar.sync / bar.arrive): warpgroups taking turns.
 // PTX ISA references: "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions",
-// "mbarrier", "cp.async.bulk.tensor", "setmaxnreg".
+// "mbarrier", "cp.async.bulk.tensor", "cp.reduce.async.bulk.tensor", "setmaxnreg".
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -93,30 +93,34 @@ __device__ __forceinline__ void fence_proxy_async() {
 // d (64 x N, fp32; warp w of the warpgroup holds rows 16 w + (g, g + 8), columns 8 i + 2t (+1),
 // i.e. m16n8's C layout tile by tile) += A B for one k-step of 16, A (64 x 16) and B (N x 16)
 // both read from shared memory "K-major" (the 16 k values of a row contiguous). N = 64 or 128.
-template <class T, int N>
+// kAccumulate = false: d = A B (wgmma's scale-d operand 0), the first k-step of a product, so that
+// no instruction writes zeros into d first: ptxas would make that wait for every product still
+// running (warning C7517, "warpgroup.wait is injected").
+template <class T, int N, bool kAccumulate = true>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b) {
     static_assert(N == 64 || N == 128, "wgmma_ss: N = 64 or 128");
     constexpr bool kHalf = std::is_same_v<T, __half>;
+    constexpr int kScaleD = kAccumulate ? 1 : 0;
     if constexpr (N == 64 && kHalf)
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" FA3_R0_31
-                     "}, %32, %33, 1, 1, 1, 0, 0;\n"
+                     "}, %32, %33, %34, 1, 1, 0, 0;\n"
                      : FA3_ACC8(d, 0)
-                     : "l"(a), "l"(b));
+                     : "l"(a), "l"(b), "n"(kScaleD));
     else if constexpr (N == 64)
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" FA3_R0_31
-                     "}, %32, %33, 1, 1, 1, 0, 0;\n"
+                     "}, %32, %33, %34, 1, 1, 0, 0;\n"
                      : FA3_ACC8(d, 0)
-                     : "l"(a), "l"(b));
+                     : "l"(a), "l"(b), "n"(kScaleD));
     else if constexpr (kHalf)
         asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" FA3_R0_31
-                     ", " FA3_R32_63 "}, %64, %65, 1, 1, 1, 0, 0;\n"
+                     ", " FA3_R32_63 "}, %64, %65, %66, 1, 1, 0, 0;\n"
                      : FA3_ACC8(d, 0), FA3_ACC8(d, 8)
-                     : "l"(a), "l"(b));
+                     : "l"(a), "l"(b), "n"(kScaleD));
     else
         asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" FA3_R0_31
-                     ", " FA3_R32_63 "}, %64, %65, 1, 1, 1, 0, 0;\n"
+                     ", " FA3_R32_63 "}, %64, %65, %66, 1, 1, 0, 0;\n"
                      : FA3_ACC8(d, 0), FA3_ACC8(d, 8)
-                     : "l"(a), "l"(b));
+                     : "l"(a), "l"(b), "n"(kScaleD));
 }
 
 // d[o .. o + 7] (64 x 64 of a wider accumulator) += A B for one k-step of 16: A (64 x 16) from
@@ -140,20 +144,21 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kRows][4], const std::uint32
 
 // d (64 x 64, fp32) += A B for one k-step of 16, A (64 x 16) and B (16 x 64) both read from
 // shared memory "MN-major" (transpose flags set): each operand's panel has the 16 k values as
-// rows of 64 M (or N) values, as wgmma_rs reads its B.
-template <class T>
+// rows of 64 M (or N) values, as wgmma_rs reads its B. kAccumulate = false: d = A B (wgmma_ss).
+template <class T, bool kAccumulate = true>
 __device__ __forceinline__ void wgmma_ss_mn_major(float (&d)[8][4], std::uint64_t a,
                                                   std::uint64_t b) {
+    constexpr int kScaleD = kAccumulate ? 1 : 0;
     if constexpr (std::is_same_v<T, __half>)
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" FA3_R0_31
-                     "}, %32, %33, 1, 1, 1, 1, 1;\n"
+                     "}, %32, %33, %34, 1, 1, 1, 1;\n"
                      : FA3_ACC8(d, 0)
-                     : "l"(a), "l"(b));
+                     : "l"(a), "l"(b), "n"(kScaleD));
     else
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" FA3_R0_31
-                     "}, %32, %33, 1, 1, 1, 1, 1;\n"
+                     "}, %32, %33, %34, 1, 1, 1, 1;\n"
                      : FA3_ACC8(d, 0)
-                     : "l"(a), "l"(b));
+                     : "l"(a), "l"(b), "n"(kScaleD));
 }
 
 // ---- mbarrier ------------------------------------------------------------------------------
@@ -207,6 +212,38 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, s
         "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1),
         "r"(c2), "r"(c3)
         : "memory");
+}
+
+// Adds the box at dst's coordinates (c0, c1, c2, c3) of a 4-D fp32 tensor map, element by
+// element, from shared memory at src (laid out as a TMA load of that box would write it) to global
+// memory, on the copy engine (cp.reduce.async.bulk.tensor ... .add): the issuing thread goes on at
+// once. Box elements outside the tensor are not added. The threads that wrote src fence it for the
+// async proxy first (fence_proxy_async). The issuing thread closes its additions into a group
+// (bulk_commit) and waits for its groups: until they have read shared memory (bulk_wait_read,
+// before src is written again) or until they are done in global memory (bulk_wait).
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const void* src, int c0,
+                                                  int c1, int c2, int c3) {
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+        " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+        "r"(smem_address(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Global memory written by the copy engine (the async proxy), before ordinary fences and stores
+// publish it to other CTAs.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 // ---- named barriers --------------------------------------------------------------------------
