@@ -244,9 +244,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                                      sDelta + slot * Br);
     };
 
-    // L8: the steps (h, i), in cuda::next_step's order, and the kAhead steps after it (h_ask,
-    // i_ask, next first): their tiles are asked for ahead, the last one as step (h, i) starts, so
-    // the ring holds step (h, i) and the kAhead - 1 before the last. Past the last step, h = h0 + G.
+    // L8: the steps (h, i), in cuda::next_step's order, and the kAhead = kSlots - 1 steps after
+    // it (h_ask, i_ask, the next first). Their tiles are asked for ahead: step (h, i) starts once
+    // its own have landed and then asks for the last of h_ask, so that while it runs the ring
+    // holds it and the kAhead steps after it. Past the last step, h = h0 + G.
     constexpr int kAhead = Cfg::kSlots - 1;
     std::int64_t h = h0;
     int i = -1;
