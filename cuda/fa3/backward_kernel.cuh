@@ -1,6 +1,6 @@
 // cuda/fa3/backward_kernel.cuh — cuda-fa3's backward: FlashAttention-2's Algorithm 2 with its five
 // products on Hopper's warpgroup MMA (wgmma), K_j and V_j resident in shared memory, Q_i and dO_i
-// copied by TMA into a ring of two slots. Host side: cuda/fa3/backward.cu; the products:
+// copied by TMA into a ring of two or three slots. Host side: cuda/fa3/backward.cu; the products:
 // cuda/fa3/products.cuh; what every tensor-core backward shares (the statistics, P and dS, the dQ
 // additions and turns, the final writes): cuda/stages/flash_backward.cuh. Needs sm_90a.
 //
@@ -22,9 +22,9 @@
 //
 // Algorithm 2 lines: L4 D_i (delta_kernel, before) | L5 one CTA per (j, K/V head, batch) | L6 K_j,
 // V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) | L8 the step loop (query head,
-// query tile) | L9 Q_i, dO_i (TMA, ring of 2), L_i, D_i (cp.async) | L10 S^T = K_j Q_i^T | L11,
-// L14 probabilities_and_score_gradients | L12 dV_j += P^T dO_i | L13 dP^T = V_j dO_i^T | L15 dQ_i
-// += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
+// query tile) | L9 Q_i, dO_i (TMA, ring of kSlots), L_i, D_i (cp.async) | L10 S^T = K_j Q_i^T |
+// L11, L14 probabilities_and_score_gradients | L12 dV_j += P^T dO_i | L13 dP^T = V_j dO_i^T | L15
+// dQ_i += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
 //
 // Every product is waited for where it is issued, and every thread computes (thread 0 also issues
 // the copies): no producer warpgroup, no overlap of a step's products with its own or the next
@@ -91,8 +91,8 @@ struct Fa3BackwardBarriers {
 };
 
 // Shared memory, from a 1024-byte boundary (the 128-byte swizzle repeats every 8 rows): K_j, V_j
-// (Bc x D each), two slots of Q_i and dO_i (Br x D each), dS^T (Bc x Br), the dQ blocks (fp32,
-// 64 x 64 each), two slots of L_i and D_i (Br floats each), the barriers.
+// (Bc x D each), kSlots slots of Q_i and dO_i (Br x D each), dS^T (Bc x Br), the dQ blocks (fp32,
+// 64 x 64 each), kSlots slots of L_i and D_i (Br floats each), the barriers.
 template <class Cfg>
 constexpr int backward_smem_bytes() {
     return int((2 * Cfg::Bc * Cfg::D + 2 * Cfg::kSlots * Cfg::Br * Cfg::D + Cfg::Bc * Cfg::Br) *
@@ -136,9 +136,9 @@ __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
 // further work from the threads (FlashAttention-3 adds dQ from shared memory with TMA too).
 // Per-thread atomics, cuda-tc's way, take 16 eight-byte atomics per thread and block, and their
 // queue holds the warps back (docs/cuda_fa3.md measures both). Rows past N_q lie outside the map
-// and are not added. In kDeterministic mode the thread waits until its additions
-// are done (the next key tile's turn comes after them); otherwise it waits, at its next block,
-// only until the copy engine has read this one.
+// and are not added. In kDeterministic mode the thread waits until its additions are done (the
+// next key tile's turn comes after them); otherwise it waits, at its next block, only until the
+// copy engine has read this one.
 template <class Cfg, bool kDeterministic>
 __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, float* sdq,
                                              const float (&acc)[8][4], std::int64_t b,
@@ -188,11 +188,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const std::uintptr_t raw = reinterpret_cast<std::uintptr_t>(smem_raw);
     T* sK = reinterpret_cast<T*>((raw + 1023) & ~std::uintptr_t(1023));
     T* sV = sK + Bc * D;
-    T* sQ = sV + Bc * D;     // two slots of Br x D
+    T* sQ = sV + Bc * D;                  // kSlots slots of Br x D
     T* sdO = sQ + Cfg::kSlots * Br * D;  // kSlots slots of Br x D
     T* sdS = sdO + Cfg::kSlots * Br * D;  // Bc x Br
     float* sdQ = reinterpret_cast<float*>(sdS + Bc * Br);        // kDqBlocks x 64 x 64
-    float* sL = sdQ + Cfg::kDqBlocks * Cfg::kDqBlockFloats;  // two slots of Br
+    float* sL = sdQ + Cfg::kDqBlocks * Cfg::kDqBlockFloats;  // kSlots slots of Br
     float* sDelta = sL + Cfg::kSlots * Br;
     auto* bars = reinterpret_cast<Fa3BackwardBarriers*>(sDelta + Cfg::kSlots * Br);
 
