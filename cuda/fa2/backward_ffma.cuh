@@ -2,8 +2,9 @@
 // 2307.08691 Algorithm 2, in float32 FFMA; host side in cuda/fa2/backward.cu).
 //
 // The rule is common/backward.hpp's. Three kernels, no atomics, the same bits on every run:
-//   1. delta_kernel          D_i = rowsum(dO_i o O_i), one warp per query row (Algorithm 2, line 4;
-//                            cuda/stages/backward_prepass.cuh, shared with cuda-tc).
+//   1. delta_kernel          D_i = rowsum(dO_i o O_i), a warp (or 8 lanes) per query row
+//                            (Algorithm 2, line 4; cuda/stages/backward_prepass.cuh, shared with
+//                            cuda-tc).
 //   2. key_gradients_kernel  one block per (K/V tile j, batch, K/V head): K_j, V_j stay in shared
 //      memory with the dK_j, dV_j accumulators while every visible query tile of the group's
 //      query heads streams past (lines 6-18 without line 15's dQ update).

@@ -36,4 +36,23 @@ __device__ __forceinline__ void store_output(void* O, DType dtype, std::int64_t 
         static_cast<__nv_bfloat16*>(O)[at] = __float2bfloat16_rn(x);
 }
 
+// Eight adjacent values of an output row at element `at` of O, from a 16-byte aligned address
+// (the host checks: rows_in_16_byte_chunks): one 16-byte store in a 16-bit type, two in float32.
+__device__ __forceinline__ void store_output_eight(void* O, DType dtype, std::int64_t at,
+                                                   const float (&x)[8]) {
+    if (dtype == DType::f32) {
+        float4* to = reinterpret_cast<float4*>(static_cast<float*>(O) + at);
+        to[0] = make_float4(x[0], x[1], x[2], x[3]);
+        to[1] = make_float4(x[4], x[5], x[6], x[7]);
+        return;
+    }
+    uint4 packed;
+    std::uint32_t* words = reinterpret_cast<std::uint32_t*>(&packed);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        words[i] = dtype == DType::f16 ? tc::pack2<__half>(x[2 * i], x[2 * i + 1])
+                                       : tc::pack2<__nv_bfloat16>(x[2 * i], x[2 * i + 1]);
+    *reinterpret_cast<uint4*>(static_cast<char*>(O) + at * 2) = packed;
+}
+
 }  // namespace flashattn::mma
