@@ -39,8 +39,9 @@ TEST_CASE("cuda-fa3 matches float64 attention by the 2x rule on odd shapes") {
 TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
-    for (const char* variant : {"d64-Bc128", "d64-Bc128-pingpong", "d128-Bc128-pingpong",
-                                "d128-Bc128", "d256-Bc64-pingpong", "d256-Bc64"}) {
+    for (const char* variant : {"d64-Bc128", "d64-Bc128-pingpong", "d64-Br192-Bc128",
+                                "d128-Bc128-pingpong", "d128-Bc128", "d256-Bc64-pingpong",
+                                "d256-Bc64"}) {
         INFO("FLASHATTN_VARIANT=cuda-fa3=" << variant);
         test::ScopedEnv env("FLASHATTN_VARIANT");
         env.set(std::string("cuda-fa3=") + variant);
@@ -49,6 +50,16 @@ TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
             check_against_reference(*b, test::make_problem(1, 2, 1, 333, 517, d, causal), DType::f16);
             check_against_reference(*b, test::make_problem(2, 2, 2, 130, 129, d, causal), DType::bf16);
         }
+        // A block mask (the warpgroups' own skip-or-mask path), with a row of blocks that sees
+        // nothing, on rows that end inside a warpgroup.
+        AttentionProblem p = test::make_problem(1, 2, 1, 333, 271, d, true);
+        const std::int64_t bq = 37, bkv = 53;
+        const std::int64_t Tr = tile_count(p.seq_q, bq), Tc = tile_count(p.seq_kv, bkv);
+        std::vector<std::uint8_t> mask(Tr * Tc);
+        for (std::int64_t e = 0; e < Tr * Tc; ++e) mask[e] = (e * 7 + 3) % 5 != 0;
+        std::fill_n(mask.begin() + 4 * Tc, Tc, 0);
+        p.block_mask = {mask.data(), bq, bkv};
+        check_against_reference(*b, p, DType::f16);
     }
     test::ScopedEnv env("FLASHATTN_VARIANT");
     env.set("cuda-fa3=d128-Bc128-pingpong");

@@ -29,7 +29,7 @@ namespace {
 
 void check_problem(const AttentionProblem& p, DType dtype) {
     fa3_check_inputs(p, dtype);
-    // Work tiles (Br = 128 rows in every variant) are numbered with int: the counter is an int.
+    // Work tiles (Br >= 128 rows in every variant) are numbered with int: the counter is an int.
     const std::int64_t items = tile_count(p.seq_q, 128) * p.heads * p.batch;
     if (items > (std::int64_t{1} << 30))
         throw std::invalid_argument("batch x heads x ceil(seq_q / 128) = " + std::to_string(items) +
@@ -75,35 +75,38 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     FA_CUDA_CHECK_LAUNCH();
 }
 
-// The compiled kernels per head dim: keys per tile Bc (the N of S's wgmma), a ring of 2, and with
-// ("-pingpong") or without the ping-pong between the consumer warpgroups. The default (first
-// listed for a d) is the one measured fastest in docs/cuda_fa3.md: at d = 128 with ping-pong; at
-// d = 64 without (stage 3; since stage 4 the two are within a few percent there).
-// FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
+// The compiled kernels per head dim: keys per tile Bc (the N of S's wgmma), a ring of 2, two
+// consumer warpgroups (Br = 128) or three ("Br192"), and with ("-pingpong") or without the
+// ping-pong between two consumer warpgroups. The default (first listed for a d) is the one
+// measured fastest in docs/cuda_fa3.md: at d = 128 with ping-pong; at d = 64 three consumer
+// warpgroups (stage 5). FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
 struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own
     int dim;
+    int Br;  // query rows per work tile: 64 per consumer warpgroup
     void (*run)(const KernelParams&, const InputLayouts&, DType, int* next_item, cudaStream_t);
 };
 
-template <int D, int Bc, int kStages, bool kPingPong>
+template <int D, int Bc, int kStages, bool kPingPong, int kConsumers = 2>
 void run_variant(const KernelParams& params, const InputLayouts& at, DType dtype, int* next_item,
                  cudaStream_t stream) {
     if (dtype == DType::f16)
-        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong>>(params, at, dtype, next_item, stream);
+        launch<Fa3Tile<__half, D, Bc, kStages, kPingPong, kConsumers>>(params, at, dtype,
+                                                                       next_item, stream);
     else
-        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong>>(params, at, dtype, next_item,
-                                                                   stream);
+        launch<Fa3Tile<__nv_bfloat16, D, Bc, kStages, kPingPong, kConsumers>>(
+            params, at, dtype, next_item, stream);
 }
 
 const Variant kVariants[] = {
-    {"d64-Bc128", "", 64, run_variant<64, 128, 2, false>},
-    {"d64-Bc128-pingpong", "", 64, run_variant<64, 128, 2, true>},
-    {"d128-Bc128-pingpong", "", 128, run_variant<128, 128, 2, true>},
-    {"d128-Bc128", "", 128, run_variant<128, 128, 2, false>},
-    {"d256-Bc64", "", 256, run_variant<256, 64, 2, false>},
-    {"d256-Bc64-pingpong", "", 256, run_variant<256, 64, 2, true>},
+    {"d64-Br192-Bc128", "", 64, 192, run_variant<64, 128, 2, false, 3>},
+    {"d64-Bc128", "", 64, 128, run_variant<64, 128, 2, false>},
+    {"d64-Bc128-pingpong", "", 64, 128, run_variant<64, 128, 2, true>},
+    {"d128-Bc128-pingpong", "", 128, 128, run_variant<128, 128, 2, true>},
+    {"d128-Bc128", "", 128, 128, run_variant<128, 128, 2, false>},
+    {"d256-Bc64", "", 256, 128, run_variant<256, 64, 2, false>},
+    {"d256-Bc64-pingpong", "", 256, 128, run_variant<256, 64, 2, true>},
 };
 
 const Variant& choose_variant(const AttentionProblem& p) {
@@ -130,8 +133,9 @@ public:
         synchronize();
     }
     std::string tiles() const override {
-        return std::string(variant_.name) +
-               ": Br = 128 (2 consumer warpgroups + 1 TMA producer), wgmma, one persistent CTA per SM";
+        return std::string(variant_.name) + ": Br = " + std::to_string(variant_.Br) + " (" +
+               std::to_string(variant_.Br / 64) +
+               " consumer warpgroups + 1 TMA producer), wgmma, one persistent CTA per SM";
     }
 
 private:
@@ -174,8 +178,9 @@ Backend fa3_backend() {
     b.device = "cuda";
     b.summary =
         "FlashAttention-3 on Hopper: wgmma, TMA copies into an mbarrier ring, a producer warpgroup "
-        "and two consumer warpgroups, softmax overlapped with P V (and ping-pong at d = 128), "
-        "persistent CTAs; fp16/bf16, d = 64, 128 or 256; backward on wgmma too (d = 64, 128)";
+        "and two consumer warpgroups (three at d = 64), softmax overlapped with P V (and ping-pong "
+        "at d = 128), persistent CTAs; fp16/bf16, d = 64, 128 or 256; backward on wgmma too "
+        "(d = 64, 128)";
     b.dtypes = {DType::f16, DType::bf16};
     b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,

@@ -1,7 +1,7 @@
 // cuda/fa3/kernel.cuh — cuda-fa3: FlashAttention-2's forward on Hopper the way FlashAttention-3
 // runs it: both products on warpgroup MMA (wgmma), K_j and V_j copied by the tensor memory
 // accelerator (TMA) into an mbarrier ring, warp specialization (one producer warpgroup copies, two
-// consumer warpgroups compute), and the softmax overlapped with the products. Host side:
+// consumer warpgroups compute, three at d = 64), and the softmax overlapped with the products. Host side:
 // cuda/fa3/backend.cu; the instructions: cuda/ptx/hopper.cuh. Needs sm_90a; in a build for other
 // architectures the kernel body is empty and the backend is not registered.
 //
@@ -28,6 +28,10 @@
 //      in device memory. Once the consumers are done with Q_i (after their last product), the
 //      producer copies the next tile's Q_i, K_j, V_j while they write this one's O and LSE, instead
 //      of every CTA starting with an empty pipeline.
+//   5. At d = 64, three consumer warpgroups (Br = 192; FlashAttention-3's tile there): a K_j, V_j
+//      tile copied once serves 192 query rows, and three softmaxes take turns with the tensor
+//      cores. The registers then allow 160 per consumer thread (setmaxnreg), and ptxas compiles
+//      the kernel within 128 (launch bounds of 512 threads) with a few bytes of spill.
 //
 // Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
 // chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked
@@ -61,29 +65,34 @@ namespace flashattn::fa3 {
 
 using mma::KernelParams;
 
-// One CTA: a producer warpgroup and kConsumers = 2 consumer warpgroups of 64 query rows each
-// (Br = 128); key tiles of Bc; head dim D = 64, 128 or 256 (1, 2 or 4 panels); a ring of kStages K_j / V_j
-// slots; kPingPong: whether the consumer warpgroups take turns issuing their products.
-template <class T_, int D_, int Bc_, int kStages_, bool kPingPong_>
+// One CTA: a producer warpgroup and kConsumers (2 or 3) consumer warpgroups of 64 query rows each
+// (Br = 128 or 192); key tiles of Bc; head dim D = 64, 128 or 256 (1, 2 or 4 panels); a ring of
+// kStages K_j / V_j slots; kPingPong: whether the two consumer warpgroups take turns issuing their
+// products.
+template <class T_, int D_, int Bc_, int kStages_, bool kPingPong_, int kConsumers_ = 2>
 struct Fa3Tile {
     using T = T_;
     static constexpr int D = D_;
     static constexpr int Bc = Bc_;
     static constexpr int kStages = kStages_;
     static constexpr bool kPingPong = kPingPong_;
-    static constexpr int kConsumers = 2;
+    static constexpr int kConsumers = kConsumers_;
     static constexpr int Br = 64 * kConsumers;
     static constexpr int kConsumerThreads = 128 * kConsumers;  // a warpgroup is 128 threads
     static constexpr int kThreads = 128 + kConsumerThreads;    // and one producer warpgroup
     static constexpr int kMTiles = 1;  // mma_stages: one 16-row tile per warp
     static constexpr int kPanels = D / 64;
-    // setmaxnreg budgets: 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536 registers.
+    // setmaxnreg budgets (multiples of 8): 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536
+    // registers with two consumer warpgroups, 128 x 24 + 384 x 160 = 64,512 with three.
     static constexpr int kProducerRegisters = 24;
-    static constexpr int kConsumerRegisters = 240;
+    static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
     static constexpr std::uint32_t kQBytes = Br * D * sizeof(T_);
     static constexpr std::uint32_t kTileBytes = Bc * D * sizeof(T_);  // one K_j or V_j
     static_assert(D == 64 || D == 128 || D == 256, "cuda-fa3: D = 64, 128 or 256");
     static_assert(Bc == 64 || Bc == 128, "cuda-fa3: Bc = 64 or 128 (the N of S's wgmma)");
+    static_assert(kConsumers == 2 || (kConsumers == 3 && D == 64 && !kPingPong),
+                  "cuda-fa3: three consumer warpgroups at d = 64 only (their 160 registers), "
+                  "without ping-pong (a turn between two)");
 };
 
 // Tiles must start on 1024 bytes (the 128-byte swizzle repeats every 8 rows of 128 bytes): the
@@ -196,9 +205,9 @@ struct ConsumerState {
     __device__ explicit ConsumerState(int cg) : turns(cg) {}
 };
 
-// Where one consumer warp works in a work tile: its warpgroup cg (0..1), the first of its 16 rows,
-// and the warpgroup's rows. A warpgroup's wgmma is collective, so whether to skip a key tile or
-// mask it is decided per warpgroup.
+// Where one consumer warp works in a work tile: its warpgroup cg (0 .. kConsumers - 1), the first
+// of its 16 rows, and the warpgroup's rows. A warpgroup's wgmma is collective, so whether to skip
+// a key tile or mask it is decided per warpgroup.
 struct ConsumerRows {
     int cg, warp_begin;
     TileRange wg_rows;
@@ -384,8 +393,8 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
-// Grid: min(work tiles, SMs) persistent CTAs. Block: Cfg::kThreads (warpgroup 0 produces, 1 and 2
-// consume). Dynamic shared memory: smem_bytes<Cfg>(): Q_i (Br x D), kStages K_j slots, kStages
+// Grid: min(work tiles, SMs) persistent CTAs. Block: Cfg::kThreads (warpgroup 0 produces, the
+// kConsumers others consume). Dynamic shared memory: smem_bytes<Cfg>(): Q_i (Br x D), kStages K_j slots, kStages
 // V_j slots (each a tile of kPanels panels), the barriers; from a 1024-byte boundary.
 template <class Cfg, bool kBlockMask>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -410,7 +419,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (warp == 0 && lane == 0) produce<Cfg, kBlockMask>(params, sQ, sK, sV, bars);
     } else {
         hopper::claim_registers<Cfg::kConsumerRegisters>();
-        const int cw = warp - 4;  // consumer warp 0..7
+        const int cw = warp - 4;  // consumer warp 0 .. 4 kConsumers - 1
         ConsumerState<Cfg, kBlockMask> state(cw / 4);
         for (;;) {
             hopper::mbarrier_wait(&bars->q, state.q_phase);  // Q_i of the next work tile

@@ -24,7 +24,7 @@ BIN=$BUILD_DIR/bin
 REPEAT=${REPEAT:-20}
 DIMS=${DIMS:-64,128}
 SEQS=${SEQS:-1024 2048 4096 8192}
-VARIANTS=${VARIANTS:-d64-Bc128 d64-Bc128-pingpong d128-Bc128-pingpong d128-Bc128}
+VARIANTS=${VARIANTS:-d64-Bc128 d64-Bc128-pingpong d64-Br192-Bc128 d128-Bc128-pingpong d128-Bc128}
 PHASES=${PHASES:-build tests variants compare sanitize}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
