@@ -9,13 +9,17 @@ the median and the 10th/90th percentiles in microseconds. The GPU is synchronize
 rounds, outside the timed calls, so the launch queue never fills (a full queue would make a call
 wait for the GPU and be counted as host time).
 
+--operator also times the two operators the way a compiled model calls them (the overloads
+torch.ops.flashattn.attention_forward.default and attention_backward.default, through PyTorch's
+dispatcher), the backward on one forward's O and LSE: rows "op forward" and "op backward".
+
 --profile then runs the flashattn calls once more under cProfile (after the timed rounds, so the
 profiler's own cost stays out of the table) and prints the 25 functions with the largest
 cumulative time, before the table: where the host time that remains goes.
 
 Usage:
   PYTHONPATH=build/gpu/python python3 examples/python/overhead.py [--dtype bfloat16] [--grad]
-      [--batch 1 --heads 4 --seq 128 --dim 64] [--rounds 3000] [--profile]
+      [--batch 1 --heads 4 --seq 128 --dim 64] [--rounds 3000] [--operator] [--profile]
 """
 import argparse
 import cProfile
@@ -43,6 +47,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--sync", type=int, default=50, help="synchronize every N rounds (untimed)")
+    ap.add_argument("--operator", action="store_true",
+                    help="also time the forward and backward operators called directly, as a "
+                         "compiled model calls them (PyTorch >= 2.4)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile --rounds flashattn calls (cProfile, top 25 by cumulative "
                          "time)")
@@ -58,6 +65,18 @@ def main():
         "flashattn": lambda: flashattn.attention(q, k, v, causal=a.causal),
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=a.causal),
     }
+    if a.operator:
+        if not hasattr(torch.ops.flashattn, "attention_forward"):
+            ap.error(f"--operator: PyTorch {torch.__version__} has no flashattn operators (2.4 or "
+                     f"newer)")
+        forward = torch.ops.flashattn.attention_forward.default
+        backward = torch.ops.flashattn.attention_backward.default
+        with torch.no_grad():
+            o, lse = forward(q, k, v, a.causal, None, None, None, None)
+        do = torch.randn_like(o)
+        calls["op forward"] = lambda: forward(q, k, v, a.causal, None, None, None, None)
+        calls["op backward"] = lambda: backward(q, k, v, o, lse, do, a.causal, None, None, None,
+                                                None)
     times = {name: [] for name in calls}
     clock = time.perf_counter_ns
     for round_ in range(a.warmup + a.rounds):
@@ -81,7 +100,7 @@ def main():
     for name, values in times.items():
         deciles = statistics.quantiles(values, n=10)
         medians[name] = statistics.median(values)
-        print(f"  {name:9s} median {medians[name]:7.1f}   p10 {deciles[0]:7.1f}   "
+        print(f"  {name:11s} median {medians[name]:7.1f}   p10 {deciles[0]:7.1f}   "
               f"p90 {deciles[-1]:7.1f}")
     extra = medians["flashattn"] - medians["sdpa"]
     print(f"  flashattn - sdpa: {extra:+.1f} us per call (target: at most +10)")
