@@ -49,8 +49,8 @@ struct InputLayouts {
 };
 
 // next_item: one int of device memory, the work-tile counter (zeroed on `stream` before the
-// launch). The tensor maps are host structs passed in the kernel's parameters: nothing else is
-// allocated or copied.
+// launch), or null where the grid has a CTA for every work tile (needs_counter). The tensor maps
+// are host structs passed in the kernel's parameters: nothing else is allocated or copied.
 template <class Cfg>
 void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* next_item,
             cudaStream_t stream) {
@@ -70,7 +70,8 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     cuda::allow_dynamic_shared_memory(kernel, kSmem);
     // One CTA per SM (the registers allow no more), each taking work tiles until none is left.
     const int grid = std::min(params.items, cuda::device_limits().sm_count);
-    FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), stream));
+    if (grid == params.items) params.next_item = nullptr;  // a CTA per work tile: no counter
+    if (params.next_item) FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), stream));
     kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
     FA_CUDA_CHECK_LAUNCH();
 }
@@ -115,8 +116,18 @@ const Variant& choose_variant(const AttentionProblem& p) {
         [&](const Variant& v) { return v.dim == p.dim; }, "dim = " + std::to_string(p.dim));
 }
 
-// The device entry's workspace: the work-tile counter.
-int* cut_workspace(cuda::WorkspaceCarver& w) { return w.take<int>(1); }
+// Whether the persistent CTAs need the work-tile counter: not where there are no more work tiles
+// than the device has SMs, so that the grid has a CTA for each (small problems, where the
+// counter's allocation and zeroing would be much of a call's host time).
+bool needs_counter(const AttentionProblem& p) {
+    const std::int64_t items = tile_count(p.seq_q, choose_variant(p).Br) * p.heads * p.batch;
+    return items > cuda::device_limits().sm_count;
+}
+
+// The device entry's workspace: the work-tile counter, where one is needed.
+int* cut_workspace(const AttentionProblem& p, cuda::WorkspaceCarver& w) {
+    return needs_counter(p) ? w.take<int>(1) : nullptr;
+}
 
 class PreparedFa3 final : public cuda::PreparedCuda {
 public:
@@ -192,12 +203,12 @@ Backend fa3_backend() {
     // The device entry: the same kernels on the caller's 16-bit arrays (Q times q_sign, as
     // cuda-tc's), queued on the caller's stream (common/backend.hpp), read where they lie (any
     // strides TMA can read) and O written at its layout, in float32 or the inputs' dtype. Its
-    // workspace is the persistent CTAs' work-tile counter.
+    // workspace is the persistent CTAs' work-tile counter (none where each work tile has a CTA).
     b.device_layouts = true;
     b.device_o_dtype = true;
-    b.device_workspace_bytes = [](const AttentionProblem&, DType) {
+    b.device_workspace_bytes = [](const AttentionProblem& p, DType) {
         cuda::WorkspaceCarver counter;
-        cut_workspace(counter);
+        cut_workspace(p, counter);
         return counter.bytes();
     };
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
@@ -217,7 +228,7 @@ Backend fa3_backend() {
         require_output_layout(a.O, o_at, a.o_dtype, "O");
         const AttentionProblem p = cuda::with_device_mask(problem, a.block_mask);
         cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-fa3");
-        int* next_item = cut_workspace(workspace);
+        int* next_item = cut_workspace(p, workspace);
         workspace.require_fits();
         mma::KernelParams params = mma::make_params(p, a.Q, a.K, a.V, a.O, a.lse);
         params.o_layout = o_at, params.o_dtype = a.o_dtype;

@@ -118,6 +118,7 @@ struct Fa3Params {
     int Tr;          // query tiles per head
     int items;       // work tiles: Tr x heads x batch
     int* next_item;  // device counter, zero at launch: work tiles taken past the first gridDim.x
+                     // (null where the grid has a CTA for every work tile: each takes its own)
 };
 
 // FA2 L8: issues S = Q_i K_j^T for a consumer warpgroup's 64 rows (not waited for): d / 16
@@ -156,7 +157,8 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
     const AttentionProblem& p = params.base.problem;
     RingPosition ring;
     std::uint32_t q_phase = 0;
-    for (int item = int(blockIdx.x);; item = int(gridDim.x) + atomicAdd(params.next_item, 1)) {
+    for (int item = int(blockIdx.x);;
+         item = params.next_item ? int(gridDim.x) + atomicAdd(params.next_item, 1) : params.items) {
         hopper::mbarrier_wait(&bars->q_empty, q_phase ^ 1);  // the last Q_i is read
         if (item >= params.items) {
             bars->item = -1;
