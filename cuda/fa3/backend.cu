@@ -71,6 +71,10 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     // One CTA per SM (the registers allow no more), each taking work tiles until none is left.
     const int grid = std::min(params.items, cuda::device_limits().sm_count);
     if (grid == params.items) params.next_item = nullptr;  // a CTA per work tile: no counter
+    // Past the grid's first wave the CTAs need the counter, which cut_workspace always provides
+    // there; the test guards that invariant (without a counter, work tiles would be left undone).
+    if (params.next_item == nullptr && grid < params.items)
+        throw std::logic_error("cuda-fa3: more work tiles than CTAs and no work-tile counter");
     if (params.next_item) FA_CUDA_CHECK(cudaMemsetAsync(next_item, 0, sizeof(int), stream));
     kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
     FA_CUDA_CHECK_LAUNCH();
