@@ -1,9 +1,9 @@
 // cuda/fa3/kernel.cuh — cuda-fa3: FlashAttention-2's forward on Hopper the way FlashAttention-3
 // runs it: both products on warpgroup MMA (wgmma), K_j and V_j copied by the tensor memory
 // accelerator (TMA) into an mbarrier ring, warp specialization (one producer warpgroup copies, two
-// consumer warpgroups compute, three at d = 64), and the softmax overlapped with the products. Host side:
-// cuda/fa3/backend.cu; the instructions: cuda/ptx/hopper.cuh. Needs sm_90a; in a build for other
-// architectures the kernel body is empty and the backend is not registered.
+// consumer warpgroups compute, three at d = 64), and the softmax overlapped with the products.
+// Host side: cuda/fa3/backend.cu; the instructions: cuda/ptx/hopper.cuh. Needs sm_90a; in a build
+// for other architectures the kernel body is empty and the backend is not registered.
 //
 // FlashAttention-3 (Shah et al., 2024, arXiv 2407.08608), its ideas in the order the notes page
 // (docs/cuda_fa3.md) measures them, stage by stage:
@@ -396,8 +396,9 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
 
 // ---- the kernel ------------------------------------------------------------------------------
 // Grid: min(work tiles, SMs) persistent CTAs. Block: Cfg::kThreads (warpgroup 0 produces, the
-// kConsumers others consume). Dynamic shared memory: smem_bytes<Cfg>(): Q_i (Br x D), kStages K_j slots, kStages
-// V_j slots (each a tile of kPanels panels), the barriers; from a 1024-byte boundary.
+// kConsumers others consume). Dynamic shared memory: smem_bytes<Cfg>(): Q_i (Br x D), kStages K_j
+// slots, kStages V_j slots (each a tile of kPanels panels), the barriers; from a 1024-byte
+// boundary.
 template <class Cfg, bool kBlockMask>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fa3_forward_kernel(const __grid_constant__ Fa3Params params) {

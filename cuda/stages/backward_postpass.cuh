@@ -22,8 +22,8 @@ namespace flashattn::cuda {
 // thread, a warp per row (any d, any alignment; mma::store_output, the epilogues' store), or, where
 // rows_in_16_byte_chunks holds for `in` and `out`, eight values per thread in 16-byte loads and
 // stores (mma::store_output_eight), d / 8 threads per row. Launch with 256 threads and
-// store_rows_blocks. static: a kernel defined in a header, one copy per translation unit that
-// launches it.
+// row_blocks (cuda/stages/backward_prepass.cuh) for those threads per row. static: a kernel
+// defined in a header, one copy per translation unit that launches it.
 template <int kValues>
 static __global__ void store_rows_kernel(const float* in, void* out, ArrayLayout at, DType dtype,
                                          std::int64_t rows, std::int64_t heads,

@@ -55,7 +55,7 @@ inline bool rows_in_16_byte_chunks(const void* base, const ArrayLayout& at, std:
 // rows_in_16_byte_chunks holds for dO and O, 8 lanes reading 8 values each in one 16-byte load
 // (a 16-bit row of d = 64 is then one load per lane, and a warp reads four whole rows). Rows are
 // counted in contiguous order (B, H, N_q) and found where dO_at and O_at (resolved layouts) put
-// them. Launch with 256 threads and delta_blocks.
+// them. Launch with 256 threads and row_blocks(p, kLanes).
 template <class In, class OutputType, int kLanes>
 __global__ void delta_kernel(const In* dO, ArrayLayout dO_at, const OutputType* O,
                              ArrayLayout O_at, float* D, std::int64_t rows, std::int64_t heads,
@@ -85,7 +85,8 @@ __global__ void delta_kernel(const In* dO, ArrayLayout dO_at, const OutputType* 
 
 // The grid of a kernel with `lanes` threads per row and 256 threads per block, for the B H N_q
 // rows of `p`: ceil(rows lanes / 256) blocks (0 for no rows); std::invalid_argument when that is
-// more than one launch takes.
+// more than one launch takes. delta_kernel's, and the dQ pass's
+// (cuda/stages/backward_postpass.cuh).
 inline unsigned row_blocks(const AttentionProblem& p, int lanes) {
     const std::int64_t rows = p.batch * p.heads * p.seq_q;
     const std::int64_t blocks = (rows * lanes + 255) / 256;

@@ -955,9 +955,9 @@ if torch is not None and hasattr(torch.library, "register_fake") and hasattr(tor
     # PyTorch >= 2.4: the operators, defined with torch.library's low-level API. The
     # implementations are registered for the CPU and CUDA dispatch keys as they are: the
     # dispatcher calls them directly, without torch.library.custom_op's wrapper around each call
-    # (its aliasing checks and its guard against Dynamo tracing the implementation), which cost a
-    # compiled model's call 20-50 us of host time on an H100 host (docs/python.md). The schemas
-    # say the operators are functional; opcheck verifies that the implementations keep it.
+    # (its aliasing checks and its guard against Dynamo tracing the implementation), host time
+    # that every call of a compiled model paid (docs/python.md measures it). The schemas say the
+    # operators are functional; opcheck verifies that the implementations keep it.
     _LIBRARY = torch.library.Library("flashattn", "DEF")
     _LIBRARY.define("attention_forward" + _FORWARD_SCHEMA)
     _LIBRARY.define("attention_backward" + _BACKWARD_SCHEMA)
