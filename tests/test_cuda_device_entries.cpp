@@ -842,3 +842,56 @@ TEST_CASE("cuda-tc's device entry writes a contiguous 16-bit O: decoding (split 
             CHECK_THROWS_AS(tc.run_device(p, bad), std::invalid_argument);
         }
 }
+
+TEST_CASE("cuda-tc: a decoding step reads the O that the step before it wrote, though their kernels overlap") {
+    // Each decoding kernel may start while the stream's previous kernel ends, and the combine
+    // lets the next kernel start as soon as it has its partials (cuda/host/dependent_launch.hpp):
+    // the next kernel must still wait for every value before it reads one. Here step 2's Q is
+    // step 1's O, which holds 0xFFFF (NaN) until step 1 writes it: a step 2 that read early
+    // would differ from the host path, where step 2 runs on step 1's O rounded alike.
+    const Backend& tc = find_backend("cuda-tc");
+    REQUIRE(tc.device_o_dtype);
+    for (DType dtype : {DType::f16, DType::bf16})
+        for (std::int64_t kv_splits : {0, 1}) {  // split (the combine writes O) and unsplit
+            AttentionProblem p = test::make_problem(2, 8, 2, 1, 1000, 128);
+            p.kv_splits = kv_splits;
+            REQUIRE(cuda::q_sign(p) == 1.0f);  // so that O's bits are Q's as the kernel reads it
+            const std::uint64_t seed = test::next_seed();
+            INFO(to_string(dtype) << " " << test::describe(p) << " kv_splits=" << kv_splits
+                                  << " seed=" << seed);
+            const ProblemData in = random_problem_data(p, seed);
+            const std::size_t n = static_cast<std::size_t>(p.q_elements());
+
+            Stream stream;
+            Staged Q(as_bytes(in.Q, dtype)), K(as_bytes(in.K, dtype)), V(as_bytes(in.V, dtype));
+            Staged O1(bytes_of(std::vector<std::uint16_t>(n, 0xFFFF)));
+            Staged O2(bytes_of(std::vector<std::uint16_t>(n, 0xFFFF)));
+            for (Staged* x : {&Q, &K, &V, &O1, &O2}) x->copy(stream.s);
+            ForwardCall step1(tc, p, dtype, Q.data(), K.data(), V.data(), O1.device.data(),
+                              stream.s);
+            ForwardCall step2(tc, p, dtype, O1.data(), K.data(), V.data(), O2.device.data(),
+                              stream.s);
+            step1.a.o_dtype = step2.a.o_dtype = dtype;
+            // Both steps queued behind a held stream, so that their kernels run back to back
+            // (called one after the other, step 1 would be done before step 2 is launched).
+            Hold hold;
+            hold.queue(stream.s);
+            tc.run_device(p, step1.a);
+            tc.run_device(p, step2.a);
+            hold.released = true;
+            FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+            REQUIRE_FALSE(hold.gave_up.load());
+
+            const test::Outputs host1 = test::run_poisoned(tc, p, in, dtype);
+            ProblemData in2 = in;
+            for (std::size_t k = 0; k < n; ++k)
+                in2.Q[k] = cuda::from_bits(cuda::to_bits(host1.O[k], dtype), dtype);
+            const test::Outputs host2 = test::run_poisoned(tc, p, in2, dtype);
+            const std::vector<std::uint16_t> bits = download_bits(O2);
+            std::size_t wrong = 0;
+            for (std::size_t k = 0; k < n; ++k)
+                wrong += bits[k] != cuda::to_bits(host2.O[k], dtype);
+            CHECK(wrong == 0);
+            CHECK(max_difference(download(step2.lse), host2.lse) == 0.0);
+        }
+}

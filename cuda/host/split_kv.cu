@@ -9,6 +9,7 @@
 
 #include "common/tiling.hpp"
 #include "cuda/host/check.hpp"
+#include "cuda/host/dependent_launch.hpp"
 #include "cuda/host/prepared.hpp"
 #include "cuda/stages/combine.cuh"
 
@@ -39,21 +40,13 @@ void launch_combine(const float* O_partial, const float* lse_partial, std::int64
                                     ": the merge of partial results takes at most 2^31 - 1 rows");
     // One CTA per row; a column per lane and warp up to d = 128, two beyond.
     auto kernel = d <= 128 ? mma::combine_partials_kernel<1> : mma::combine_partials_kernel<2>;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(rows));
-    config.blockDim = dim3(32 * mma::kCombineWarps);
-    config.stream = static_cast<cudaStream_t>(stream);
-    // On Hopper and later, a programmatic dependent launch (cuda/ptx/dependent_launch.cuh): the
-    // CTAs start while the split forward's last CTAs run and wait in the kernel for its partials,
-    // so the launch's latency is hidden behind that kernel's tail.
-    cudaLaunchAttribute overlap = {};
-    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap.val.programmaticStreamSerializationAllowed = 1;
-    if (device_limits().compute_major >= 9) config.attrs = &overlap, config.numAttrs = 1;
-    FA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, O_partial, lse_partial, int(S), rows,
-                                     int(d), O, o_dtype, lse,
-                                     problem ? *problem : AttentionProblem{}, problem != nullptr));
-    FA_CUDA_CHECK_LAUNCH();
+    // Launched right behind the split forward (cuda/host/dependent_launch.hpp): the CTAs start
+    // while its last CTAs run and wait in the kernel for its partials, so the launch's latency is
+    // hidden behind that kernel's tail.
+    launch_overlapping_previous(kernel, dim3(static_cast<unsigned>(rows)),
+                                dim3(32 * mma::kCombineWarps), 0, static_cast<cudaStream_t>(stream),
+                                O_partial, lse_partial, int(S), rows, int(d), O, o_dtype, lse,
+                                problem ? *problem : AttentionProblem{}, problem != nullptr);
 }
 
 }  // namespace flashattn::cuda

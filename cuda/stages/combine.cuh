@@ -50,6 +50,9 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     // Launched right behind the split forward (programmatic dependent launch): this CTA may
     // start while the forward's last CTAs still run, and waits here for all of their partials.
     cuda::wait_for_prerequisite_grid();
+    // And the next decoding step's kernel, launched the same way, may start as this one ends: it
+    // too waits for this grid before it touches memory.
+    cuda::allow_dependent_launch();
     const std::int64_t row = blockIdx.x;
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int col0 = 32 * kCols * warp + lane;  // this lane's columns: col0 + 32 k, k < kCols

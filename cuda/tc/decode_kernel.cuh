@@ -29,6 +29,7 @@
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
 #include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/dependent_launch.cuh"
 #include "cuda/stages/mma_stages.cuh"
 #include "cuda/tc/kernel.cuh"
 
@@ -114,8 +115,10 @@ __device__ __forceinline__ bool merge_warps(float (&O)[Tile::D / 8][4], float (&
 }
 
 // Grid: (Tr kv_splits, heads, batch) with Tr the 16-row query tiles; block: Tile::kThreads;
-// dynamic shared memory: Tile::kSmemBytes. kBlockMask, kSplitKV: as tc_forward_kernel's (a split
-// launch lets its combine start at once: cuda/ptx/dependent_launch.cuh).
+// dynamic shared memory: Tile::kSmemBytes. kBlockMask, kSplitKV: as tc_forward_kernel's. Both
+// ends of a decoding step overlap their neighbours (cuda/ptx/dependent_launch.cuh): the kernel
+// starts while the stream's previous kernel ends, and a split launch lets its combine start at
+// once. A step at a short cache lasts a few microseconds, of the order of a launch's latency.
 template <class Tile, bool kBlockMask, bool kSplitKV>
 __global__ void __launch_bounds__(Tile::kThreads) tc_decode_kernel(const KernelParams params) {
     using Cta = typename Tile::Cta;
@@ -145,6 +148,10 @@ __global__ void __launch_bounds__(Tile::kThreads) tc_decode_kernel(const KernelP
     const TileRange chunk =
         kSplitKV ? split_chunk(Tc_seen, params.kv_splits, split) : TileRange{0, Tc_seen};
     const int j_end = int(chunk.end);
+
+    // Launched to overlap the stream's previous kernel (launch_decode): nothing is read or
+    // written before that kernel has finished. The work above, index arithmetic, overlaps it.
+    cuda::wait_for_prerequisite_grid();
 
     // FA2 L4 and L7 (issued): Q_i, then the first kStages - 1 visible tiles, one group each (a
     // group is committed even when nothing is left to load, as in flash_forward).

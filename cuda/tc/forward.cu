@@ -17,6 +17,7 @@
 #include "cuda/host/check.hpp"
 #include "cuda/host/device_buffer.hpp"
 #include "cuda/host/prepared.hpp"
+#include "cuda/host/dependent_launch.hpp"
 #include "cuda/host/split_kv.hpp"
 #include "cuda/host/variants.hpp"
 #include "cuda/tc/decode_kernel.cuh"
@@ -110,8 +111,10 @@ void launch_decode(const KernelParams& params, cudaStream_t stream) {
     cuda::allow_dynamic_shared_memory(kernel, Tile::kSmemBytes);
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_q, Tile::Br) * params.kv_splits),
                     static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-    kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(params);
-    FA_CUDA_CHECK_LAUNCH();
+    // The kernel waits for the stream's previous kernel before it touches memory, so its launch
+    // may overlap that kernel's end (cuda/host/dependent_launch.hpp).
+    cuda::launch_overlapping_previous(kernel, grid, dim3(Tile::kThreads), Tile::kSmemBytes, stream,
+                                      params);
 }
 
 // CTAs of the split-KV kernel (S is chosen for it) that fit on one SM. Asked once per process:

@@ -10,9 +10,15 @@ device time per call (microseconds) and how many times a call launches it. Rows 
 share (autograd accumulating into q.grad, k.grad, v.grad, the elementwise_kernel rows) are the
 harness, not attention.
 
+With --seq-kv (a decoding step: --seq rows of queries against a longer K/V cache, --heads-kv heads
+of K and V for GQA) only the forward runs, on contiguous (B, H, N, d) tensors, causal bottom-right
+unless --no-causal, as cuda/tools/compare_decode.py calls it.
+
 Usage:
   PYTHONPATH=build/gpu/python python3 cuda/tools/kernel_times.py [--batch 8 --heads 12 --seq 1024
       --dim 64] [--no-causal] [--dtype bfloat16] [--sdpa CUDNN_ATTENTION|FLASH_ATTENTION]
+  PYTHONPATH=build/gpu/python python3 cuda/tools/kernel_times.py --batch 1 --heads 32 --heads-kv 8
+      --seq 1 --seq-kv 8192 --dim 128 --dtype float16 [--backend cuda-tc]
 """
 import argparse
 import sys
@@ -45,6 +51,9 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--seq-kv", type=int, help="a decoding step: keys in the cache (forward only)")
+    ap.add_argument("--heads-kv", type=int, help="K/V heads (GQA), with --seq-kv")
+    ap.add_argument("--backend", help="flashattn's backend (default: what Python picks)")
     ap.add_argument("--no-causal", action="store_true")
     ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
     ap.add_argument("--sdpa", default="CUDNN_ATTENTION",
@@ -56,18 +65,41 @@ def main():
         ap.error("needs a CUDA device")
     B, H, N, d, causal = a.batch, a.heads, a.seq, a.dim, not a.no_causal
     dtype = getattr(torch, a.dtype)
-    x = torch.randn(B, N, 3, H, d, device="cuda", dtype=dtype)
-    q, k, v = (x[:, :, i].transpose(1, 2).detach().requires_grad_() for i in range(3))
-    do = torch.randn(B, N, H, d, device="cuda", dtype=dtype).transpose(1, 2)
+    if a.heads_kv is not None and a.seq_kv is None:
+        ap.error("--heads-kv goes with --seq-kv")
+    if a.seq_kv is not None:
+        H_kv = a.heads_kv or H
+        if H_kv < 1 or H % H_kv:
+            ap.error(f"--heads {H} is not a multiple of --heads-kv {H_kv}")
+        q = torch.randn(B, H, N, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(B, H_kv, a.seq_kv, d, device="cuda", dtype=dtype) for _ in range(2))
+        # SDPA's is_causal is top-left; a decoding step's mask is bottom-right (the last query row
+        # sees every key), as flashattn's causal=True with N_q < N_kv.
+        mask = None
+        if causal and N > 1:
+            mask = torch.ones(N, a.seq_kv, dtype=torch.bool, device="cuda").tril(a.seq_kv - N)
 
-    def ours():
-        flashattn.attention(q, k, v, causal=causal).backward(do)
+        def ours():
+            flashattn.attention(q, k, v, causal=causal, backend=a.backend)
 
-    def theirs():
-        with sdpa_kernel(getattr(SDPBackend, a.sdpa)):
-            F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
+        def theirs():
+            with sdpa_kernel(getattr(SDPBackend, a.sdpa)):
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H_kv != H)
+        what = f"H_kv {H_kv}, N_q {N}, N_kv {a.seq_kv}, forward"
+    else:
+        x = torch.randn(B, N, 3, H, d, device="cuda", dtype=dtype)
+        q, k, v = (x[:, :, i].transpose(1, 2).detach().requires_grad_() for i in range(3))
+        do = torch.randn(B, N, H, d, device="cuda", dtype=dtype).transpose(1, 2)
 
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: B {B}, H {H}, N {N}, d {d}"
+        def ours():
+            flashattn.attention(q, k, v, causal=causal, backend=a.backend).backward(do)
+
+        def theirs():
+            with sdpa_kernel(getattr(SDPBackend, a.sdpa)):
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
+        what = f"N {N}"
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: B {B}, H {H}, {what}, d {d}"
           f"{', causal' if causal else ''}, {a.dtype}; device us per call (of {a.calls})")
     for name, step in (("flashattn", ours), (f"SDPA {a.sdpa}", theirs)):
         for _ in range(a.warmup):
