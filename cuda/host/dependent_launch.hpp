@@ -6,8 +6,9 @@
 // Only a kernel that calls wait_for_prerequisite_grid() before it reads or writes anything another
 // kernel may touch is launched this way: the wait returns once the previous kernel has finished
 // and its writes are visible, so the stream's order holds for memory and only the launch's
-// latency and the CTAs' start overlap the previous kernel. On GPUs before Hopper the attribute is
-// left off and the launch is an ordinary one.
+// latency and the CTAs' start overlap the previous kernel. On GPUs before Hopper, and for a kernel
+// compiled for them only (has_grid_dependency_control), the attribute is left off and the launch
+// is an ordinary one.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,7 +31,9 @@ void launch_overlapping_previous(void (*kernel)(Params...), dim3 grid, dim3 bloc
     cudaLaunchAttribute overlap = {};
     overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     overlap.val.programmaticStreamSerializationAllowed = 1;
-    if (device_limits().compute_major >= 9) config.attrs = &overlap, config.numAttrs = 1;
+    if (device_limits().compute_major >= 9 &&
+        has_grid_dependency_control(reinterpret_cast<const void*>(kernel)))
+        config.attrs = &overlap, config.numAttrs = 1;
     FA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...));
     FA_CUDA_CHECK_LAUNCH();
 }

@@ -60,6 +60,18 @@ void allow_dynamic_shared_memory(const void* kernel, int bytes) {
     have = bytes;
 }
 
+bool has_grid_dependency_control(const void* kernel) {
+    static std::mutex mutex;
+    static std::map<std::pair<const void*, int>, bool> known;  // (kernel, device) -> answer
+    const int device = current_device();
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = known.find({kernel, device});
+    if (found != known.end()) return found->second;
+    cudaFuncAttributes attributes = {};
+    FA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    return known[{kernel, device}] = attributes.ptxVersion >= 90;
+}
+
 void require_shared_memory(std::size_t bytes, const std::string& what) {
     const std::size_t limit = device_limits().smem_per_block_optin;
     if (bytes > limit)

@@ -40,6 +40,11 @@ template <class Kernel>
 void allow_dynamic_shared_memory(Kernel* kernel, int bytes) {
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), bytes);
 }
+// Whether `kernel`, as it runs on the current device, was compiled from PTX for sm_90 or later,
+// where griddepcontrol exists (cuda/ptx/dependent_launch.cuh): a build for older GPUs alone, run
+// on Hopper, compiles the wait to nothing, and its kernels must be launched in the ordinary way.
+// Asked of the driver once per kernel and device.
+bool has_grid_dependency_control(const void* kernel);
 // Throws std::runtime_error when a kernel's `bytes` of shared memory per block exceed what this
 // device allows, naming the kernel (`what`: "cuda-tc: tile Br64-Bc64 at d = 128").
 void require_shared_memory(std::size_t bytes, const std::string& what);

@@ -1,8 +1,8 @@
 // cuda/ptx/dependent_launch.cuh — programmatic dependent launch (Hopper, sm_90): a kernel launched
 // right after another on the same stream, with the launch attribute
-// cudaLaunchAttributeProgrammaticStreamSerialization (cuda/host/split_kv.cu), may start its CTAs
-// before the first kernel has finished, so that its launch and its CTAs' start overlap the first
-// kernel's last CTAs instead of following them. Two calls make that safe:
+// cudaLaunchAttributeProgrammaticStreamSerialization (cuda/host/dependent_launch.hpp), may start
+// its CTAs before the first kernel has finished, so that its launch and its CTAs' start overlap
+// the first kernel's last CTAs instead of following them. Two calls make that safe:
 //   * the first kernel says when the second may start (allow_dependent_launch; a kernel that
 //     never says it allows it when it ends);
 //   * the second waits, before it reads anything the first writes, until the first grid has

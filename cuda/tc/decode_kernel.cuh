@@ -118,7 +118,7 @@ __device__ __forceinline__ bool merge_warps(float (&O)[Tile::D / 8][4], float (&
 // dynamic shared memory: Tile::kSmemBytes. kBlockMask, kSplitKV: as tc_forward_kernel's. Both
 // ends of a decoding step overlap their neighbours (cuda/ptx/dependent_launch.cuh): the kernel
 // starts while the stream's previous kernel ends, and a split launch lets its combine start at
-// once. A step at a short cache lasts a few microseconds, of the order of a launch's latency.
+// once. At a short cache a step is short enough for a launch's latency to show (docs/decoding.md).
 template <class Tile, bool kBlockMask, bool kSplitKV>
 __global__ void __launch_bounds__(Tile::kThreads) tc_decode_kernel(const KernelParams params) {
     using Cta = typename Tile::Cta;
