@@ -12,6 +12,10 @@
 // lse_from_max_and_sum (every warp computes it, the same bits), each lane turns its parts' LSEs
 // into weights (partial_weight), and the weights go to every lane by shuffle while each lane sums
 // its columns of the S partial rows, the loads of kUnrollParts parts issued before any is used.
+// The first 16 parts' O values are asked for together with the LSEs, before the LSE is merged: at
+// S <= 16 (most short decoding steps) the merge then waits for memory once, not once for the LSEs
+// and again for O; the combine ends every split step, so each wait adds to the step
+// (docs/decoding.md measures it).
 // A row per CTA rather than per warp: a decoding step has few rows (32 for B = 1, H_kv = 8,
 // N_q = 4 packed), which four rows per CTA would put on a handful of SMs. The order of every sum
 // is fixed: the same bits on every run. Partial s of row r sits at O_partial[(s rows + r) d ...]
@@ -57,13 +61,31 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int col0 = 32 * kCols * warp + lane;  // this lane's columns: col0 + 32 k, k < kCols
     auto lse_of = [&](int s) { return lse_partial[s * rows + row]; };
+    // Parts first .. first + kUnrollParts - 1 of this lane's columns (0 past S or d), all loads
+    // issued before any value is used.
+    constexpr int kUnrollParts = 16;
+    auto load_parts = [&](float (&x)[kUnrollParts][kCols], int first) {
+#pragma unroll
+        for (int u = 0; u < kUnrollParts; ++u) {
+            const float* O_s = O_partial + ((first + u) * rows + row) * d;
+#pragma unroll
+            for (int k = 0; k < kCols; ++k)
+                x[u][k] = first + u < S && col0 + 32 * k < d ? O_s[col0 + 32 * k] : 0.0f;
+        }
+    };
+
+    // The first 32 parts' LSEs (one per lane) and the first kUnrollParts parts' O values, asked
+    // for together (the header says why).
+    const float lse_first = lane < S ? lse_of(lane) : -INFINITY;
+    float x[kUnrollParts][kCols];
+    load_parts(x, 0);
 
     // The merged LSE: max over the parts, then the sum of their exponentials below it.
-    float m = -INFINITY;
-    for (int s = lane; s < S; s += 32) m = nan_max(m, lse_of(s));
+    float m = lse_first;
+    for (int s = lane + 32; s < S; s += 32) m = nan_max(m, lse_of(s));
     m = cuda::lanes_max<32>(m);
-    float sum_of_exp = 0.0f;
-    for (int s = lane; s < S; s += 32) sum_of_exp += exp_shifted(lse_of(s), m);
+    float sum_of_exp = exp_shifted(lse_first, m);
+    for (int s = lane + 32; s < S; s += 32) sum_of_exp += exp_shifted(lse_of(s), m);
     float lse_row = lse_from_max_and_sum(m, cuda::lanes_sum<32>(sum_of_exp));
     // The merged row as a softmax state (m, l) = (LSE, 1), or l = 0 when no part had weight.
     const SoftmaxState merged{lse_row, lse_row == -INFINITY ? 0.0f : 1.0f};
@@ -72,31 +94,24 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
         }))
         lse_row = NAN;  // every weight becomes NaN, and so does O
 
-    // O = sum_s w_s O_s: kUnrollParts rows of the parts loaded before any is used, so that their
-    // loads overlap (a loop that used each row as it came would wait for every load in turn).
+    // O = sum_s w_s O_s, kUnrollParts parts at a time. Part s's weight is computed by lane s % 32
+    // (32 parts at a time, from s = 0, 32, ...) and goes to every lane by shuffle.
     static_assert(32 * kCols * kCombineWarps <= kCombineMaxDim, "d <= 256");
-    constexpr int kUnrollParts = 16;
     float sum[kCols] = {};
-    for (int s0 = 0; s0 < S; s0 += 32) {  // 32 parts at a time: one weight per lane
-        const int n = min(32, S - s0);
-        const float my_weight = lane < n ? partial_weight(lse_of(s0 + lane), lse_row) : 0.0f;
-        for (int s1 = 0; s1 < n; s1 += kUnrollParts) {
-            float x[kUnrollParts][kCols];
+    float my_weight = 0.0f;
+    for (int s1 = 0; s1 < S; s1 += kUnrollParts) {
+        if (s1 % 32 == 0) {
+            const float lse_s = s1 == 0 ? lse_first : (s1 + lane < S ? lse_of(s1 + lane) : 0.0f);
+            my_weight = s1 + lane < S ? partial_weight(lse_s, lse_row) : 0.0f;
+        }
+        if (s1 > 0) load_parts(x, s1);
 #pragma unroll
-            for (int u = 0; u < kUnrollParts; ++u) {
-                const float* O_s = O_partial + ((s0 + s1 + u) * rows + row) * d;
+        for (int u = 0; u < kUnrollParts; ++u) {
+            // Part s1 + u's weight, from its lane (every lane takes part in the shuffle).
+            const float from_lane = __shfl_sync(0xffffffffu, my_weight, (s1 + u) % 32);
+            const float w = s1 + u < S ? from_lane : 0.0f;
 #pragma unroll
-                for (int k = 0; k < kCols; ++k)
-                    x[u][k] = s1 + u < n && col0 + 32 * k < d ? O_s[col0 + 32 * k] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < kUnrollParts; ++u) {
-                // Part s1 + u's weight, from its lane (every lane takes part in the shuffle).
-                const float from_lane = __shfl_sync(0xffffffffu, my_weight, (s1 + u) % 32);
-                const float w = s1 + u < n ? from_lane : 0.0f;
-#pragma unroll
-                for (int k = 0; k < kCols; ++k) sum[k] += w * x[u][k];
-            }
+            for (int k = 0; k < kCols; ++k) sum[k] += w * x[u][k];
         }
     }
 #pragma unroll
