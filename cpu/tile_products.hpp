@@ -78,12 +78,23 @@ inline std::int64_t round_up(std::int64_t n, std::int64_t multiple) {
     return ceil_div(n, multiple) * multiple;
 }
 
-// K_j (bc x d, stride d) -> K_j^T (d x key_stride), zero beyond key bc. Reads K_j row by row (a
-// key's d values are contiguous); the d rows of K_j^T it writes into stay in L1 meanwhile.
+// K_j (bc x d, stride d) -> K_j^T (d x key_stride), zero beyond key bc, kTransposeKeys keys at a
+// time: their rows of K_j (d floats each) stay in L1 while each row k of K_j^T gets
+// kTransposeKeys consecutive floats, one whole 64-byte line. Writing one key's d values at a time
+// instead touches d lines key_stride floats apart; when key_stride is a power of two (512 at
+// d = 64) those lines share a few L1 sets and evict each other on every key. In prefill the
+// packing is shared by a thousand query rows; in a decoding step it serves a few, and that
+// layout made it most of the step's time (docs/decoding.md).
+constexpr std::int64_t kTransposeKeys = 16;
 inline void pack_keys_transposed(const float* K_j, std::int64_t bc, std::int64_t d,
                                  std::int64_t key_stride, float* KT) {
-    for (std::int64_t c = 0; c < bc; ++c)
-        for (std::int64_t k = 0; k < d; ++k) KT[k * key_stride + c] = K_j[c * d + k];
+    for (std::int64_t c0 = 0; c0 < bc; c0 += kTransposeKeys) {
+        const std::int64_t c1 = std::min(c0 + kTransposeKeys, bc);
+        for (std::int64_t k = 0; k < d; ++k) {
+            float* KT_k = KT + k * key_stride;
+            for (std::int64_t c = c0; c < c1; ++c) KT_k[c] = K_j[c * d + k];
+        }
+    }
     for (std::int64_t k = 0; k < d; ++k)
         std::fill(KT + k * key_stride + bc, KT + (k + 1) * key_stride, 0.0f);
 }
