@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     // Parts first .. first + kUnrollParts - 1 of this lane's columns (0 past S or d), all loads
     // issued before any value is used.
     constexpr int kUnrollParts = 16;
+    static_assert(32 % kUnrollParts == 0, "a round of parts lies within one block of 32 weights");
     auto load_parts = [&](float (&x)[kUnrollParts][kCols], int first) {
 #pragma unroll
         for (int u = 0; u < kUnrollParts; ++u) {
