@@ -110,13 +110,15 @@ struct Fa3BackwardParams {
     CUtensorMap dq_sum;  // base.dQ, fp32, boxes of 32 columns x 64 rows (add_dq_block)
 };
 
-// Algorithm 2 L15's left operand: a warp's 16 keys of dS^T (its fp32 accumulator, Br query
-// columns), rounded to T, into shared memory as Br / 64 panels (Bc rows of keys x 64 queries each)
-// in the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)).
+// Algorithm 2 L15's left operand: a warp's 16 keys of dS^T, already rounded to T as the A operand
+// of dK_j's product (pack_a: k-step kk holds columns 16 kk .. 16 kk + 15), into shared memory as
+// Br / 64 panels (Bc rows of keys x 64 queries each) in the 128-byte swizzle (16-byte chunk c of
+// row r at c ^ (r % 8)). Reading the registers while that product still runs is allowed (a wgmma
+// only forbids writing them), so the stores overlap it.
 template <class Cfg>
 __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
-                                                      const float (&dS)[Cfg::Br / 8][4], int key0,
-                                                      int lane) {
+                                                      const std::uint32_t (&adS)[Cfg::Br / 16][4],
+                                                      int key0, int lane) {
 #pragma unroll
     for (int nt = 0; nt < Cfg::Br / 8; ++nt)
 #pragma unroll
@@ -124,7 +126,7 @@ __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
             const int key = key0 + lane / 4 + 8 * r;
             *reinterpret_cast<std::uint32_t*>(sdS + (nt / 8) * Cfg::Bc * 64 + key * 64 +
                                               ((nt % 8) ^ (key % 8)) * 8 + 2 * (lane % 4)) =
-                tc::pack2<typename Cfg::T>(dS[nt][2 * r], dS[nt][2 * r + 1]);
+                adS[nt / 2][2 * (nt % 2) + r];
         }
 }
 
@@ -304,24 +306,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             const float* sL_i = sL + ring.stage * Br;
             const float* sD_i = sDelta + ring.stage * Br;
             if (seen == TileVisibility::partial || rows.size() < Br || wg_cols.size() < 64)
-                cuda::probabilities_and_score_gradients<Br, kBlockMask, true, false>(
+                cuda::probabilities_and_score_gradients<Br, kBlockMask, true, false, true>(
                     S, dP, sL_i, sD_i, bp, rows.begin, j * Bc + key0, lane);
             else
-                cuda::probabilities_and_score_gradients<Br, kBlockMask, false, false>(
+                cuda::probabilities_and_score_gradients<Br, kBlockMask, false, false, true>(
                     S, dP, sL_i, sD_i, bp, rows.begin, j * Bc + key0, lane);
             std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
             pack_a<T, Br / 16>(aP, S);
             issue_a_regs_b<T, Br / 16, kPanels>(dV, aP, sdO_i, Br * 64);  // L12
             pack_a<T, Br / 16>(adS, dP);
-            store_score_gradients<Cfg>(sdS, dP, key0, lane);
             issue_a_regs_b<T, Br / 16, kPanels>(dK, adS, sQ_i, Br * 64);  // L16 (unscaled)
+            store_score_gradients<Cfg>(sdS, adS, key0, lane);
             hopper::wgmma_wait<0>();
             hopper::wgmma_fence_registers(dV);
             hopper::wgmma_fence_registers(dK);
             hopper::wgmma_fence_registers(aP);
             hopper::wgmma_fence_registers(adS);
         } else {
-            float zero[Br / 8][4] = {};
+            const std::uint32_t zero[Br / 16][4] = {};
             store_score_gradients<Cfg>(sdS, zero, key0, lane);
         }
         hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores

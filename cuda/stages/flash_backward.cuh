@@ -115,12 +115,27 @@ __device__ __forceinline__ void load_row_statistics(const BackwardParams& params
     }
 }
 
+// Two floats from shared memory, loaded where the code reads them: a volatile load keeps its
+// place among the kernel's other volatile instructions (cuda-fa3's waits for its products).
+__device__ __forceinline__ float2 load_shared_float2_in_order(const float* at) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"(static_cast<unsigned>(__cvta_generic_to_shared(at)))
+                 : "memory");
+    return v;
+}
+
 // Algorithm 2 L11 and L14 on a warp's S^T and dP^T accumulators (Br query columns), in place: S
 // becomes P^T and dP becomes dS^T. Entry (nt, e) is key key0 + lane / 4 + 8 (e / 2), query row0 +
 // 8 nt + 2 (lane % 4) + e % 2. kMasked (a partly visible tile, or a ragged one): hidden pairs get
 // P = dS = 0. kExact: P = exp(|scale| s - L) in full precision (the fp32 kernel, held to fp32's
 // accuracy); otherwise the exp2 form with the shift taken once per row (fp16/bf16).
-template <int Br, bool kBlockMask, bool kMasked, bool kExact>
+// kStatisticsInOrder: each pair of L_i and D_i values is loaded where it is used. With plain loads
+// ptxas moves all of them (Br / 2 floats per thread) above cuda-fa3's wait for S^T and dP^T, where
+// those accumulators are live too, and spills more (docs/cuda_fa3.md measures it); in cuda-tc's
+// mma.sync kernels the plain loads spill less.
+template <int Br, bool kBlockMask, bool kMasked, bool kExact, bool kStatisticsInOrder = false>
 __device__ __forceinline__ void probabilities_and_score_gradients(
     float (&S)[Br / 8][4], float (&dP)[Br / 8][4], const float* sL, const float* sD,
     const BackwardParams& params, int row0, int key0, int lane) {
@@ -128,8 +143,10 @@ __device__ __forceinline__ void probabilities_and_score_gradients(
 #pragma unroll
     for (int nt = 0; nt < Br / 8; ++nt) {
         const int q = 8 * nt + 2 * (lane % 4);
-        const float2 L = *reinterpret_cast<const float2*>(sL + q);
-        const float2 D = *reinterpret_cast<const float2*>(sD + q);
+        const float2 L = kStatisticsInOrder ? load_shared_float2_in_order(sL + q)
+                                            : *reinterpret_cast<const float2*>(sL + q);
+        const float2 D = kStatisticsInOrder ? load_shared_float2_in_order(sD + q)
+                                            : *reinterpret_cast<const float2*>(sD + q);
         const float lse[2] = {L.x, L.y};
         const float shift[2] = {lse_shift(L.x), lse_shift(L.y)};
         const float delta[2] = {D.x, D.y};
