@@ -92,6 +92,9 @@ void fa3_check_backward_problem(const AttentionProblem& p, DType dtype) {
     if (p.dim != 64 && p.dim != 128)
         throw std::invalid_argument("dim = " + std::to_string(p.dim) +
                                     ": cuda-fa3's backward supports head dim 64 or 128");
+    if (p.heads > 0x7fffffff)
+        throw std::invalid_argument("heads = " + std::to_string(p.heads) +
+                                    ": cuda-fa3's backward indexes heads in 32 bits");
     if (p.batch * p.heads_kv > 65535)
         throw std::invalid_argument("batch*heads_kv = " + std::to_string(p.batch * p.heads_kv) +
                                     ": cuda-fa3's backward grid allows at most 65535");

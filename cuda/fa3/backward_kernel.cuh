@@ -206,10 +206,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int Tr = int(tile_count(seq_q, Br));
 
     // L5: key tile j of K/V head g, batch b; its query heads are h0 .. h0 + G - 1. Warpgroup wg
-    // owns keys wg_key0 .. wg_key0 + 63, its warp wg_warp 16 of them.
+    // owns keys wg_key0 .. wg_key0 + 63, its warp wg_warp 16 of them. Head and batch indices in 32
+    // bits (fa3_check_backward_problem keeps them there): 64-bit ones took registers the kernel
+    // spills at d = 64 (ptxas: 448 bytes of spill stores per thread, 404 with these).
     const int j = int(blockIdx.x);
-    const std::int64_t b = blockIdx.y / p.heads_kv, g = blockIdx.y % p.heads_kv;
-    const std::int64_t G = p.group_size(), h0 = g * G;
+    const int b = int(blockIdx.y / p.heads_kv), g = int(blockIdx.y % p.heads_kv);
+    const int G = int(p.group_size()), h0 = g * G;
     const TileRange cols = {j * Bc, min(j * Bc + Bc, seq_kv)};
     const int wg_key0 = j * Bc + 64 * wg;
     const TileRange wg_cols = {min(wg_key0, seq_kv), min(wg_key0 + 64, seq_kv)};
@@ -251,12 +253,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // its own have landed and then asks for the last of h_ask, so that while it runs the ring
     // holds it and the kAhead steps after it. Past the last step, h = h0 + G.
     constexpr int kAhead = Cfg::kSlots - 1;
-    std::int64_t h = h0;
+    int h = h0;
     int i = -1;
     cuda::next_step(p, cols, Tr, Br, h0, G, h, i);
     if (h < h0 + G) load_step(0, h, i);
     cp_async_commit();
-    std::int64_t h_ask[kAhead];
+    int h_ask[kAhead];
     int i_ask[kAhead];
 #pragma unroll
     for (int k = 0; k < kAhead; ++k) {

@@ -186,9 +186,11 @@ __device__ __forceinline__ int dq_turn(const AttentionProblem& p, TileRange rows
 
 // Algorithm 2 L8's order for key tile `cols`: the steps are (h, i) for every query head h0 ..
 // h0 + G - 1 of the K/V head's group and every query tile i that can see the keys. Moves (h, i)
-// to the step after it (start from h = h0, i = -1); h = h0 + G when none is left.
+// to the step after it (start from h = h0, i = -1); h = h0 + G when none is left. Head: the type
+// of the head indices (cuda-fa3 keeps them in 32 bits, for registers).
+template <class Head>
 __device__ __forceinline__ void next_step(const AttentionProblem& p, TileRange cols, int Tr, int Br,
-                                          std::int64_t h0, std::int64_t G, std::int64_t& h, int& i) {
+                                          Head h0, Head G, Head& h, int& i) {
     i = int(next_visible_tile(p, TileAxis::queries, cols, i + 1, Tr, Br));
     while (i >= Tr && ++h < h0 + G) i = int(next_visible_tile(p, TileAxis::queries, cols, 0, Tr, Br));
 }
