@@ -13,7 +13,8 @@
 // gets -inf at its hidden scores; a fully visible one is not looked at element by element.
 // Inside a tile pair the rows go in groups of kRows (6 with AVX-512 or AVX2, 4 otherwise:
 // tile_products.hpp's block height): S, softmax
-// and P V for one group, then the next, so a group's S_ij never leaves L1.
+// and P V for one group, then the next, so a group's S_ij never leaves L1. A tile of a single
+// row (decoding) uses the one-row products instead (scores_row, add_values<1>).
 //
 // Split-KV (omp.hpp, docs/decoding.md): the loop over j runs over one chunk of the key tiles at a
 // time, and the chunks' (O_s, LSE_s) are merged afterwards, FlashAttention Algorithm 1 lines 10-12
@@ -127,13 +128,20 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
         const TileVisibility visibility = classify_tile(p, rows, cols);
         if (visibility == TileVisibility::none) continue;  // hidden tile: K_j, V_j never read
         const std::int64_t bc = cols.size(), keys = round_up(bc, tiles::kBlockCols);
-        tiles::pack_keys_transposed(K + cols.begin * d, bc, d, key_stride, t.K_jT);
+        // A tile of one query row (decoding without GQA) takes the one-row products, which read
+        // K_j where it lies (tiles::scores_row says why); otherwise K_j^T is packed for the blocks.
+        const bool one_row = br == 1;
+        const std::int64_t group_rows = one_row ? 1 : kRows;
+        if (!one_row) tiles::pack_keys_transposed(K + cols.begin * d, bc, d, key_stride, t.K_jT);
         const float* V_tile = values_of_tile(V + cols.begin * d, bc, d, plan, visibility, t);
 
         // Each group of kRows rows goes through S, softmax and P V while its S_ij is in L1.
         for (std::int64_t r0 = 0; r0 < br; r0 += kRows) {
-            tiles::scores(t.Q_i + r0 * d, d, t.K_jT, keys, key_stride, scale, t.S);  // S_ij
-            for (std::int64_t r = r0; r < r0 + kRows; ++r) {
+            if (one_row)
+                tiles::scores_row(t.Q_i, d, K + cols.begin * d, bc, scale, t.S);  // S_ij
+            else
+                tiles::scores(t.Q_i + r0 * d, d, t.K_jT, keys, key_stride, scale, t.S);
+            for (std::int64_t r = r0; r < r0 + group_rows; ++r) {
                 float* S_r = t.S + (r - r0) * key_stride;
                 if (r >= br) {  // a padding row: P = 0, so it adds nothing
                     std::fill(S_r, S_r + key_stride, 0.0f);
@@ -154,7 +162,10 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
                     for (std::int64_t k = 0; k < value_stride; ++k) O_r[k] *= alpha;
             }
             float* O_group = t.O_i + r0 * value_stride;
-            tiles::add_values(t.S, keys, key_stride, V_tile, value_stride, O_group);  // += P V_j
+            if (one_row)
+                tiles::add_values<1>(t.S, keys, key_stride, V_tile, value_stride, O_group);
+            else
+                tiles::add_values(t.S, keys, key_stride, V_tile, value_stride, O_group);  // += P V_j
             for (std::int64_t c : t.nonfinite_keys)  // see values_of_tile
                 for (std::int64_t r = r0; r < std::min(r0 + kRows, br); ++r)
                     if (p.key_visible(rows.begin + r, cols.begin + c))

@@ -128,6 +128,38 @@ inline void scores_block(const float* Q, std::int64_t d, const float* KT, std::i
         for (int v = 0; v < kVecs; ++v) store(S + r * key_stride + v * kLanes, acc[r][v] * scale);
 }
 
+// S[c] = scale * sum_k q[k] K_j[c][k] for one query row q and keys c in [0, bc), K_j read where it
+// lies (bc x d, stride d). For a single row (decoding without GQA) packing K_j^T would copy the
+// tile to use it once, and scores_block's rows would be kRows - 1 rows of zeros; here each key's
+// row is read once. kKeys keys at a time keep that many independent sums in flight. Each dot
+// product sums in a fixed order, whatever thread runs it: lane l of the vector takes k = l,
+// l + kLanes, ...; then the lanes in order; then the k past the last whole vector.
+inline void scores_row(const float* q, std::int64_t d, const float* K_j, std::int64_t bc,
+                       float scale, float* S) {
+    constexpr int kKeys = 4;
+    const std::int64_t whole = d / kLanes * kLanes;
+    const auto finish = [&](const Vec& acc, const float* key) {
+        float sum = 0.0f;
+        for (int lane = 0; lane < kLanes; ++lane) sum += acc[lane];
+        for (std::int64_t k = whole; k < d; ++k) sum += q[k] * key[k];
+        return sum * scale;  // the scale after the sum, as scores_block says
+    };
+    std::int64_t c = 0;
+    for (; c + kKeys <= bc; c += kKeys) {
+        Vec acc[kKeys] = {};
+        for (std::int64_t k = 0; k < whole; k += kLanes) {
+            const Vec qk = load(q + k);
+            for (int u = 0; u < kKeys; ++u) acc[u] += qk * load(K_j + (c + u) * d + k);
+        }
+        for (int u = 0; u < kKeys; ++u) S[c + u] = finish(acc[u], K_j + (c + u) * d);
+    }
+    for (; c < bc; ++c) {
+        Vec acc = {};
+        for (std::int64_t k = 0; k < whole; k += kLanes) acc += load(q + k) * load(K_j + c * d + k);
+        S[c] = finish(acc, K_j + c * d);
+    }
+}
+
 // S = scale Q K_j^T for kRows rows of Q and keys [0, keys), keys a multiple of kBlockCols.
 inline void scores(const float* Q, std::int64_t d, const float* KT, std::int64_t keys,
                    std::int64_t key_stride, float scale, float* S) {
@@ -135,26 +167,27 @@ inline void scores(const float* Q, std::int64_t d, const float* KT, std::int64_t
         scores_block(Q, d, KT + c, key_stride, scale, S + c);
 }
 
-// O[r][.] += sum_c P[r][c] V[c][.] for kRows rows and kV vectors of output columns. The keys go
+// O[r][.] += sum_c P[r][c] V[c][.] for kR rows (kRows, or 1 for decoding) and kV vectors of
+// output columns. The keys go
 // in chunks of kKeyChunk, each summed in fresh registers and then added to O: one float chain
 // over every key of a long row drifts by ~sqrt(N) ulps, more than the tests' 2x rule allows
 // against standard attention's blocked GEMM sums at small d (test_variants, "long sums").
 constexpr std::int64_t kKeyChunk = 128;
-template <int kV>
+template <int kV, int kR>
 inline void values_block(const float* P, std::int64_t keys, std::int64_t key_stride,
                          const float* VP, std::int64_t value_stride, float* O) {
     for (std::int64_t c0 = 0; c0 < keys; c0 += kKeyChunk) {
         const std::int64_t c1 = std::min(keys, c0 + kKeyChunk);
-        Vec acc[kRows][kV] = {};
+        Vec acc[kR][kV] = {};
         for (std::int64_t c = c0; c < c1; ++c) {
             Vec values[kV];
             for (int v = 0; v < kV; ++v) values[v] = load(VP + c * value_stride + v * kLanes);
-            for (int r = 0; r < kRows; ++r) {
+            for (int r = 0; r < kR; ++r) {
                 const Vec p = splat(P[r * key_stride + c]);
                 for (int v = 0; v < kV; ++v) acc[r][v] += p * values[v];
             }
         }
-        for (int r = 0; r < kRows; ++r)
+        for (int r = 0; r < kR; ++r)
             for (int v = 0; v < kV; ++v) {
                 float* out = O + r * value_stride + v * kLanes;
                 store(out, load(out) + acc[r][v]);
@@ -162,17 +195,19 @@ inline void values_block(const float* P, std::int64_t keys, std::int64_t key_str
     }
 }
 
-// O += P V_j for kRows rows, keys [0, keys), all value_stride columns: blocks of kBlockCols
-// columns, then the rest (1 to kVecs - 1 vectors; with AVX-512, 16, 32 or 48 floats).
+// O += P V_j for kR rows (kRows, or 1 for decoding), keys [0, keys), all value_stride columns:
+// blocks of kBlockCols columns, then the rest (1 to kVecs - 1 vectors; with AVX-512, 16, 32 or
+// 48 floats).
+template <int kR = kRows>
 inline void add_values(const float* P, std::int64_t keys, std::int64_t key_stride,
                        const float* VP, std::int64_t value_stride, float* O) {
     std::int64_t col = 0;
     for (; col + kBlockCols <= value_stride; col += kBlockCols)
-        values_block<kVecs>(P, keys, key_stride, VP + col, value_stride, O + col);
+        values_block<kVecs, kR>(P, keys, key_stride, VP + col, value_stride, O + col);
     switch ((value_stride - col) / kLanes) {
-        case 3: values_block<3>(P, keys, key_stride, VP + col, value_stride, O + col); break;
-        case 2: values_block<2>(P, keys, key_stride, VP + col, value_stride, O + col); break;
-        case 1: values_block<1>(P, keys, key_stride, VP + col, value_stride, O + col); break;
+        case 3: values_block<3, kR>(P, keys, key_stride, VP + col, value_stride, O + col); break;
+        case 2: values_block<2, kR>(P, keys, key_stride, VP + col, value_stride, O + col); break;
+        case 1: values_block<1, kR>(P, keys, key_stride, VP + col, value_stride, O + col); break;
         default: break;
     }
 }
