@@ -84,7 +84,8 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
 // consumer warpgroups (Br = 128) or three ("Br192"), and with ("-pingpong") or without the
 // ping-pong between two consumer warpgroups. The default (first listed for a d) is the one
 // measured fastest in docs/cuda_fa3.md: at d = 128 with ping-pong; at d = 64 three consumer
-// warpgroups (stage 5). FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
+// warpgroups (stage 5); at d = 256 Bc = 80, the most keys the shared memory holds.
+// FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
 struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own
@@ -110,6 +111,8 @@ const Variant kVariants[] = {
     {"d64-Bc128-pingpong", "", 64, 128, run_variant<64, 128, 2, true>},
     {"d128-Bc128-pingpong", "", 128, 128, run_variant<128, 128, 2, true>},
     {"d128-Bc128", "", 128, 128, run_variant<128, 128, 2, false>},
+    {"d256-Bc80", "", 256, 128, run_variant<256, 80, 2, false>},
+    {"d256-Bc80-pingpong", "", 256, 128, run_variant<256, 80, 2, true>},
     {"d256-Bc64", "", 256, 128, run_variant<256, 64, 2, false>},
     {"d256-Bc64-pingpong", "", 256, 128, run_variant<256, 64, 2, true>},
 };

@@ -89,7 +89,8 @@ struct Fa3Tile {
     static constexpr std::uint32_t kQBytes = Br * D * sizeof(T_);
     static constexpr std::uint32_t kTileBytes = Bc * D * sizeof(T_);  // one K_j or V_j
     static_assert(D == 64 || D == 128 || D == 256, "cuda-fa3: D = 64, 128 or 256");
-    static_assert(Bc == 64 || Bc == 128, "cuda-fa3: Bc = 64 or 128 (the N of S's wgmma)");
+    static_assert(Bc == 64 || Bc == 80 || Bc == 128,
+                  "cuda-fa3: Bc = 64, 80 or 128 (the N of S's wgmma)");
     static_assert(kConsumers == 2 || (kConsumers == 3 && D == 64 && !kPingPong),
                   "cuda-fa3: three consumer warpgroups at d = 64 only (their 160 registers), "
                   "without ping-pong (a turn between two)");
@@ -102,8 +103,8 @@ constexpr int smem_bytes() {
     return int(Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes) +
            int(sizeof(Fa3Barriers<Cfg::kStages>)) + 1024;
 }
-// An SM gives a CTA at most 227 KiB: at d = 256 that leaves room for Bc = 64 only (Q_i 64 KiB,
-// two K_j and two V_j slots of 32 KiB each).
+// An SM gives a CTA at most 227 KiB: at d = 256 that leaves room for Bc = 80 at most (Q_i 64 KiB,
+// two K_j and two V_j slots of 40 KiB each: 224 KiB).
 template <class Cfg>
 constexpr bool fits_shared_memory() {
     return smem_bytes<Cfg>() <= 227 * 1024;

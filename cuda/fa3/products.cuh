@@ -67,28 +67,21 @@ __device__ __forceinline__ void pack_a(std::uint32_t (&a)[kKSteps][4],
     for (int kk = 0; kk < kKSteps; ++kk) tc::accumulators_to_a_fragment<T>(a[kk], acc[2 * kk], acc[2 * kk + 1]);
 }
 
-// One k-step of issue_a_regs_b for panels kPanel .. kPanels - 1: each panel of B (64 columns of
-// N, b_panel elements after the last) adds to its 64 columns of acc (wgmma_rs's offset is a
-// template argument, hence the recursion instead of a loop).
-template <class T, int kPanel, int kPanels, int kRows>
-__device__ __forceinline__ void issue_panels_rs(float (&acc)[kRows][4], const std::uint32_t (&a)[4],
-                                                const T* B, int b_panel) {
-    hopper::wgmma_rs<T, 8 * kPanel>(acc, a, hopper::smem_descriptor(B + kPanel * b_panel));
-    if constexpr (kPanel + 1 < kPanels) issue_panels_rs<T, kPanel + 1, kPanels>(acc, a, B, b_panel);
-}
-
 // acc (64 x 64 kPanels) += A B: A from registers (kKSteps k-steps of 16, pack_a), B MN-major,
-// kPanels panels of 64 columns of N lying b_panel elements apart. Forward: O += P~ V_j (FA2 L10);
-// backward: dV_j += P^T dO_i and dK_j += dS^T Q_i (Algorithm 2 L12, L16).
+// kPanels panels of 64 columns of N lying b_panel elements apart, one wgmma per k-step over all
+// of N. Forward: O += P~ V_j (FA2 L10); backward: dV_j += P^T dO_i and dK_j += dS^T Q_i
+// (Algorithm 2 L12, L16).
 template <class T, int kKSteps, int kPanels>
 __device__ __forceinline__ void issue_a_regs_b(float (&acc)[8 * kPanels][4],
                                                const std::uint32_t (&a)[kKSteps][4], const T* B,
                                                int b_panel) {
     hopper::wgmma_fence_registers(acc);
     hopper::wgmma_fence();
+    const std::uint32_t panel_bytes = kPanels > 1 ? std::uint32_t(b_panel * sizeof(T)) : 0;
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk)
-        issue_panels_rs<T, 0, kPanels>(acc, a[kk], B + 16 * kk * 64, b_panel);
+        hopper::wgmma_rs<T, 64 * kPanels>(
+            acc, a[kk], hopper::smem_descriptor_panels(B + 16 * kk * 64, panel_bytes));
     hopper::wgmma_commit();
 }
 

@@ -38,6 +38,14 @@ __device__ __forceinline__ std::uint64_t smem_descriptor(const void* tile) {
            (std::uint64_t(1) << 62);
 }
 
+// The same for an MN-major operand wider than one panel: its panels of 64 columns lie
+// panel_bytes apart, which wgmma reads as the leading byte offset (the step from one 64-column
+// swizzle atom to the next along M or N; bits 16-29, in units of 16 bytes).
+__device__ __forceinline__ std::uint64_t smem_descriptor_panels(const void* tile,
+                                                                std::uint32_t panel_bytes) {
+    return smem_descriptor(tile) | (std::uint64_t((panel_bytes >> 4) & 0x3FFF) << 16);
+}
+
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -79,6 +87,17 @@ __device__ __forceinline__ void fence_proxy_async() {
 #define FA3_R32_63                                                                                \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "   \
     "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FA3_R32_39 "%32, %33, %34, %35, %36, %37, %38, %39"
+#define FA3_R64_95                                                                                \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "   \
+    "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define FA3_R96_127                                                                                \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// 2 accumulator rows d[o], d[o + 1] (8 floats) as in-out operands.
+#define FA3_ACC2(d, o)                                                                             \
+    "+f"(d[o][0]), "+f"(d[o][1]), "+f"(d[o][2]), "+f"(d[o][3]), "+f"(d[o + 1][0]),                 \
+        "+f"(d[o + 1][1]), "+f"(d[o + 1][2]), "+f"(d[o + 1][3])
 // 8 accumulator rows d[o .. o + 7] (32 floats) as in-out operands.
 #define FA3_ACC8(d, o)                                                                             \
     "+f"(d[o][0]), "+f"(d[o][1]), "+f"(d[o][2]), "+f"(d[o][3]), "+f"(d[o + 1][0]),                 \
@@ -92,16 +111,26 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 // d (64 x N, fp32; warp w of the warpgroup holds rows 16 w + (g, g + 8), columns 8 i + 2t (+1),
 // i.e. m16n8's C layout tile by tile) += A B for one k-step of 16, A (64 x 16) and B (N x 16)
-// both read from shared memory "K-major" (the 16 k values of a row contiguous). N = 64 or 128.
+// both read from shared memory "K-major" (the 16 k values of a row contiguous). N = 64, 80 or 128.
 // kAccumulate = false: d = A B (wgmma's scale-d operand 0), the first k-step of a product, so that
 // no instruction writes zeros into d first: ptxas would make that wait for every product still
 // running (warning C7517, "warpgroup.wait is injected").
 template <class T, int N, bool kAccumulate = true>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b) {
-    static_assert(N == 64 || N == 128, "wgmma_ss: N = 64 or 128");
+    static_assert(N == 64 || N == 80 || N == 128, "wgmma_ss: N = 64, 80 or 128");
     constexpr bool kHalf = std::is_same_v<T, __half>;
     constexpr int kScaleD = kAccumulate ? 1 : 0;
-    if constexpr (N == 64 && kHalf)
+    if constexpr (N == 80 && kHalf)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {" FA3_R0_31
+                     ", " FA3_R32_39 "}, %40, %41, %42, 1, 1, 0, 0;\n"
+                     : FA3_ACC8(d, 0), FA3_ACC2(d, 8)
+                     : "l"(a), "l"(b), "n"(kScaleD));
+    else if constexpr (N == 80)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {" FA3_R0_31
+                     ", " FA3_R32_39 "}, %40, %41, %42, 1, 1, 0, 0;\n"
+                     : FA3_ACC8(d, 0), FA3_ACC2(d, 8)
+                     : "l"(a), "l"(b), "n"(kScaleD));
+    else if constexpr (N == 64 && kHalf)
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" FA3_R0_31
                      "}, %32, %33, %34, 1, 1, 0, 0;\n"
                      : FA3_ACC8(d, 0)
@@ -123,22 +152,47 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, 
                      : "l"(a), "l"(b), "n"(kScaleD));
 }
 
-// d[o .. o + 7] (64 x 64 of a wider accumulator) += A B for one k-step of 16: A (64 x 16) from
-// registers (each warp's m16n8k16 A fragment of its 16 rows), B (16 x 64) from shared memory
-// "MN-major" (the 64 n values of a k row contiguous, i.e. a V_j panel with keys as rows).
-template <class T, int o, int kRows>
-__device__ __forceinline__ void wgmma_rs(float (&d)[kRows][4], const std::uint32_t (&a)[4],
+// d (64 x N, N = 64, 128 or 256) += A B for one k-step of 16: A (64 x 16) from registers (each
+// warp's m16n8k16 A fragment of its 16 rows), B (16 x N) from shared memory "MN-major" (the n
+// values of a k row contiguous, i.e. V_j with keys as rows), in panels of 64 columns lying the
+// descriptor's leading byte offset apart (smem_descriptor_panels) where N > 64. One instruction
+// for all N columns: A's registers go to the tensor cores once per k-step, not once per panel.
+template <class T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32_t (&a)[4],
                                          std::uint64_t b) {
-    static_assert(o + 8 <= kRows, "wgmma_rs: 64 columns inside the accumulator");
-    if constexpr (std::is_same_v<T, __half>)
+    static_assert(N == 64 || N == 128 || N == 256, "wgmma_rs: N = 64, 128 or 256");
+    constexpr bool kHalf = std::is_same_v<T, __half>;
+    if constexpr (N == 64 && kHalf)
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" FA3_R0_31
                      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-                     : FA3_ACC8(d, o)
+                     : FA3_ACC8(d, 0)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-    else
+    else if constexpr (N == 64)
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" FA3_R0_31
                      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-                     : FA3_ACC8(d, o)
+                     : FA3_ACC8(d, 0)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+    else if constexpr (N == 128 && kHalf)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" FA3_R0_31
+                     ", " FA3_R32_63 "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                     : FA3_ACC8(d, 0), FA3_ACC8(d, 8)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+    else if constexpr (N == 128)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" FA3_R0_31
+                     ", " FA3_R32_63 "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                     : FA3_ACC8(d, 0), FA3_ACC8(d, 8)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+    else if constexpr (kHalf)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" FA3_R0_31
+                     ", " FA3_R32_63 ", " FA3_R64_95 ", " FA3_R96_127
+                     "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+                     : FA3_ACC8(d, 0), FA3_ACC8(d, 8), FA3_ACC8(d, 16), FA3_ACC8(d, 24)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" FA3_R0_31
+                     ", " FA3_R32_63 ", " FA3_R64_95 ", " FA3_R96_127
+                     "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+                     : FA3_ACC8(d, 0), FA3_ACC8(d, 8), FA3_ACC8(d, 16), FA3_ACC8(d, 24)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 

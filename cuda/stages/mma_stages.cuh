@@ -104,18 +104,20 @@ __device__ __forceinline__ void mask_scores(float (&S)[Cfg::Bc / 8][4], const At
     }
 }
 
-// part[r][0] = op over part[r][0 .. 2 kWidth), as a tree: log2 steps instead of a chain. Written
-// as a compile-time recursion because a loop whose inner trip count halves each step is not fully
-// unrolled by nvcc at 16 columns and put `part` in local memory (measured: 128-byte stack frame at
-// Bc = 128).
-template <int kWidth, int kN, class Op>
+// part[r][0] = op over part[r][0 .. kCount), as a tree: about log2 steps instead of a chain. Each
+// step folds the upper half onto the lower (for an odd count the middle entry waits a step), so
+// for a power of two it is the halving tree. Written as a compile-time recursion because a loop
+// whose inner trip count halves each step is not fully unrolled by nvcc at 16 columns and put
+// `part` in local memory (measured: 128-byte stack frame at Bc = 128).
+template <int kCount, int kN, class Op>
 __device__ __forceinline__ void pairwise_reduce(float (&part)[2][kN], Op op) {
-    if constexpr (kWidth >= 1) {
+    if constexpr (kCount > 1) {
+        constexpr int kLower = kCount - kCount / 2;  // entries kept: [0, kLower)
 #pragma unroll
-        for (int nt = 0; nt < kWidth; ++nt)
+        for (int nt = 0; nt < kCount / 2; ++nt)
 #pragma unroll
-            for (int r = 0; r < 2; ++r) part[r][nt] = op(part[r][nt], part[r][nt + kWidth]);
-        pairwise_reduce<kWidth / 2>(part, op);
+            for (int r = 0; r < 2; ++r) part[r][nt] = op(part[r][nt], part[r][nt + kLower]);
+        pairwise_reduce<kLower>(part, op);
     }
 }
 
@@ -136,15 +138,15 @@ template <class Cfg, bool kExactDifference = false>
 __device__ __forceinline__ void softmax_update(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
                                                float (&l)[2], float scale_log2,
                                                float (&old_scale)[2]) {
-    // The lane's maximum of each row, as a pairwise tree: log2(Bc / 4) dependent steps instead of
-    // a chain of Bc / 4 (each step waits for the previous result).
+    // The lane's maximum of each row, as a pairwise tree: about log2(Bc / 8) dependent steps
+    // instead of a chain of Bc / 8 (each step waits for the previous result).
     constexpr int kNT = Cfg::Bc / 8;
     float part[2][kNT];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) part[r][nt] = nan_max(S[nt][2 * r], S[nt][2 * r + 1]);
-    pairwise_reduce<kNT / 2>(part, [](float a, float b) { return nan_max(a, b); });
+    pairwise_reduce<kNT>(part, [](float a, float b) { return nan_max(a, b); });
     float m_new[2] = {nan_max(m[0], part[0][0]), nan_max(m[1], part[1][0])};
     // The 4 lanes of a quad hold the same two rows: combine their maxima.
 #pragma unroll
@@ -173,7 +175,7 @@ __device__ __forceinline__ void softmax_update(float (&S)[Cfg::Bc / 8][4], float
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) part[r][nt] = S[nt][2 * r] + S[nt][2 * r + 1];
-    pairwise_reduce<kNT / 2>(part, [](float a, float b) { return a + b; });
+    pairwise_reduce<kNT>(part, [](float a, float b) { return a + b; });
     l[0] += part[0][0];
     l[1] += part[1][0];
 }
