@@ -32,6 +32,9 @@
 //      tile copied once serves 192 query rows, and three softmaxes take turns with the tensor
 //      cores. The registers then allow 160 per consumer thread (setmaxnreg), and ptxas compiles
 //      the kernel within 128 (launch bounds of 512 threads) with a few bytes of spill.
+//   6. P~ V_j as one wgmma of N = d per k-step, reading all of V_j's 64-column panels at once
+//      (products.cuh, issue_a_regs_b), instead of one wgmma per panel; at d = 256 that leaves
+//      room for key tiles of Bc = 80 (S's wgmma N = 80), the most shared memory holds.
 //
 // Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
 // chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked
@@ -137,8 +140,8 @@ __device__ __forceinline__ void pack_p(std::uint32_t (&a)[Cfg::Bc / 16][4],
     pack_a<typename Cfg::T, Cfg::Bc / 16>(a, P);
 }
 
-// FA2 L10 (second half): issues O_i += P~ V_j (not waited for), Bc / 16 k-steps of 16 keys; each
-// panel of V_j gives 64 columns of O.
+// FA2 L10 (second half): issues O_i += P~ V_j (not waited for), Bc / 16 k-steps of 16 keys, each
+// one wgmma over all of V_j's D columns.
 template <class Cfg>
 __device__ __forceinline__ void issue_pv(float (&O)[Cfg::D / 8][4],
                                          const std::uint32_t (&a)[Cfg::Bc / 16][4],
