@@ -8,7 +8,10 @@
 //   * K-major: the panel's rows are the product's rows (M or N) and its 64 columns are k. A k-step
 //     of 16 is 32 bytes into the rows: Q_i and K_j for S = Q K^T.
 //   * MN-major: the panel's rows are k and its 64 columns are M or N. A k-step of 16 is 16 rows
-//     (16 * 64 elements): V_j for O += P~ V (keys are k, d is N).
+//     (16 * 64 elements): V_j for O += P~ V (keys are k, d is N). One wgmma may read several
+//     such panels side by side as one operand N = 64 * panels wide, the step between them in the
+//     descriptor's leading byte offset (hopper::smem_descriptor_panels; the probe checks one
+//     panel, the cuda-fa3 forward and backward tests at d = 128 and 256 check the wide form).
 #pragma once
 
 #include <cstdint>
