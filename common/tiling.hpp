@@ -86,6 +86,41 @@ FA_HOST_DEVICE inline std::int64_t longest_first(bool causal, std::int64_t t, st
     return causal ? T - 1 - t : t;
 }
 
+// The order in which the GPU kernels start `units` x T tiles (a unit: one head of one batch entry,
+// or a K/V head with its group; its T tiles: the query tiles of the forward, the key tiles of the
+// backward; rank 0 = its longest tile under a causal mask). Item k of the launch (a CTA's linear
+// index, or the persistent kernels' work-tile counter) is tile `rank` of unit `unit`:
+//  * the tiles of one unit go out side by side, so CTAs running together read the same K_j, V_j (or
+//    Q_i, dO_i) from L2;
+//  * except for the last `tail` units, whose tiles go out rank by rank across those units (rank 0
+//    of each, then rank 1, ...): the work that ends the launch then starts longest first, so the
+//    last wave is made of short tiles and the SMs finish together. Their tiles are few enough to
+//    share L2 in any order.
+// A bijection of 0 .. units T - 1; rank r - 1 of a unit always comes before rank r, which
+// deterministic mode's wait for the key tile before (cuda/stages/flash_backward.cuh) relies on.
+// I: int in the kernels (their item counts fit it), std::int64_t on the host.
+template <class I>
+struct ScheduledTile {
+    I unit, rank;
+};
+template <class I>
+FA_HOST_DEVICE inline ScheduledTile<I> scheduled_tile(I item, I T, I units, I tail) {
+    const I side_by_side = (units - tail) * T;
+    if (item < side_by_side) return {item / T, item % T};
+    const I k = item - side_by_side;
+    return {units - tail + k % tail, k / tail};
+}
+
+// The tail of that order: without a causal mask every tile of a unit is as long as the others and
+// nothing is reordered (tail = 0); with one, enough units for about two waves of the `slots` CTAs
+// resident at once (their tiles then end the launch longest first). docs/cuda_fa3.md measures it.
+FA_HOST_DEVICE inline std::int64_t schedule_tail(bool causal, std::int64_t T, std::int64_t units,
+                                                 std::int64_t slots) {
+    if (!causal || T < 2) return 0;
+    const std::int64_t tail = (2 * slots + T - 1) / T;
+    return tail < units ? tail : units;
+}
+
 // Split-KV (decoding): chunk s of S of the tiles [0, T) is [s T / S, (s + 1) T / S). The
 // chunks cover every tile once, in order, and differ by at most one tile; with S > T some are
 // empty (their partial result is that of a row with no visible key: O = 0, LSE = -inf).

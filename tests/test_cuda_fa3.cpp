@@ -119,6 +119,19 @@ TEST_CASE("cuda-fa3: more work tiles than SMs, each CTA taking several in turn")
         }
 }
 
+// Under a causal mask the work tiles are numbered by scheduled_tile (common/tiling.hpp): a head's
+// query tiles side by side, then the last heads' tiles longest first across them. 96 heads of 3
+// or 4 query tiles are more than the tail of about two waves (88 or 66 heads on an H100), so both
+// parts of the order run, with the counter.
+TEST_CASE("cuda-fa3: the causal schedule, heads side by side and the last heads longest first") {
+    const Backend* b = test::cuda_fa3_or_warn();
+    if (!b) return;
+    for (std::int64_t d : {64, 128, 256}) {
+        const AttentionProblem p = test::make_problem(2, 48, 12, 400, 300, d, true);
+        check_against_reference(*b, p, d == 128 ? DType::bf16 : DType::f16);
+    }
+}
+
 TEST_CASE("cuda-fa3: repeated runs give bit-identical outputs (whichever CTA takes a tile)") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;

@@ -115,6 +115,29 @@ TEST_CASE("cuda-fa3 backward: FLASHATTN_DETERMINISTIC=1 gives the same bits on e
         }
 }
 
+// Under a causal mask the CTAs run in scheduled_tile's order (common/tiling.hpp): a K/V head's key
+// tiles side by side, then the last heads' key tiles longest first across them. 96 K/V heads of 3
+// key tiles are more than the tail of about two waves (88 on an H100), so both parts run; in
+// deterministic mode a key tile's dQ additions wait for the key tiles before it, which both parts
+// start first.
+TEST_CASE("cuda-fa3 backward: the causal schedule, heads side by side and the last longest first") {
+    const Backend* b = test::cuda_fa3_or_warn();
+    if (!b) return;
+    const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+    for (const char* mode : {"0", "1"}) {
+        deterministic.set(mode);
+        const AttentionProblem p = test::make_problem(2, 48, 48, 400, 300, 64, true);
+        const std::uint64_t seed = test::next_seed();
+        const ProblemData in = random_problem_data(p, seed);
+        const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+        const test::Gradients first = check_backward_against_reference(*b, p, in, dO, DType::bf16);
+        if (std::string(mode) == "1") {
+            const test::Gradients again = test::run_forward_backward(*b, p, in, dO, DType::bf16);
+            CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * 4) == 0);
+        }
+    }
+}
+
 TEST_CASE("cuda-fa3 backward: the default (unordered dQ) mode keeps dK, dV bits and dQ within the rule") {
     // As cuda-tc's: dQ's fp32 additions (TMA reduce-adds of the key tiles' blocks) may come in
     // another order on every run; dK and dV are summed in registers in a fixed order.

@@ -1,4 +1,5 @@
 // tests/test_tiling.cpp — tiles cover every index once; Algorithm 1 line 1; tile classification.
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -133,4 +134,39 @@ TEST_CASE("last_causal_key bounds exactly the keys the causal mask lets a row se
                 REQUIRE(last <= end - 1);
             }
     }
+}
+
+TEST_CASE("the GPU schedule numbers every tile once, a unit's ranks in order, the tail rank-major") {
+    for (std::int64_t T : {1, 2, 3, 8, 17})
+        for (std::int64_t units : {1, 5, 96, 200}) {
+            const std::int64_t tail = schedule_tail(true, T, units, 132);
+            INFO("T " << T << ", units " << units << ", tail " << tail);
+            REQUIRE(tail == (T < 2 ? 0 : std::min(units, (264 + T - 1) / T)));
+            REQUIRE(schedule_tail(false, T, units, 132) == 0);
+            std::vector<int> hits(units * T, 0);
+            std::vector<std::int64_t> next_rank(units, 0);
+            std::int64_t last_rank_in_tail = 0;
+            for (std::int64_t item = 0; item < units * T; ++item) {
+                const ScheduledTile<std::int64_t> s = scheduled_tile(item, T, units, tail);
+                REQUIRE(s.unit >= 0);
+                REQUIRE(s.unit < units);
+                REQUIRE(s.rank == next_rank[s.unit]++);  // rank r - 1 of a unit before rank r
+                ++hits[s.unit * T + s.rank];
+                if (s.unit >= units - tail) {  // the tail: rank by rank across its units
+                    REQUIRE(item >= (units - tail) * T);
+                    REQUIRE(s.rank >= last_rank_in_tail);
+                    last_rank_in_tail = s.rank;
+                } else {
+                    REQUIRE(s.unit == item / T);  // side by side, as a (T, units) grid
+                }
+            }
+            for (int h : hits) REQUIRE(h == 1);
+            // The int form the kernels use gives the same order.
+            for (int item = 0; item < int(units * T); ++item) {
+                const ScheduledTile<int> s = scheduled_tile(item, int(T), int(units), int(tail));
+                const ScheduledTile<std::int64_t> w = scheduled_tile<std::int64_t>(item, T, units, tail);
+                REQUIRE(s.unit == w.unit);
+                REQUIRE(s.rank == w.rank);
+            }
+        }
 }

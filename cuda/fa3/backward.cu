@@ -29,7 +29,9 @@ void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
     cuda::allow_dynamic_shared_memory(kernel, kSmem);
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
                     static_cast<unsigned>(p.batch * p.heads_kv));
-    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
+    Fa3BackwardParams scheduled = params;
+    scheduled.tail = int(schedule_tail(p.causal, grid.x, grid.y, cuda::device_limits().sm_count));
+    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(scheduled);
     FA_CUDA_CHECK_LAUNCH();
 }
 
@@ -98,6 +100,11 @@ void fa3_check_backward_problem(const AttentionProblem& p, DType dtype) {
     if (p.batch * p.heads_kv > 65535)
         throw std::invalid_argument("batch*heads_kv = " + std::to_string(p.batch * p.heads_kv) +
                                     ": cuda-fa3's backward grid allows at most 65535");
+    // The kernel numbers its CTAs (Bc = 128 keys each) with int in scheduled_tile's order.
+    const std::int64_t ctas = tile_count(p.seq_kv, 128) * p.batch * p.heads_kv;
+    if (ctas > (std::int64_t{1} << 30))
+        throw std::invalid_argument("batch x heads_kv x ceil(seq_kv / 128) = " + std::to_string(ctas) +
+                                    ": cuda-fa3's backward numbers its CTAs with int, at most 2^30");
 }
 
 std::size_t fa3_backward_turn_count(const AttentionProblem& p, DType) {

@@ -83,6 +83,7 @@ struct Fa3BackwardTile {
 struct Fa3BackwardBarriers {
     std::uint64_t kv;
     std::uint64_t step[3];
+    int key_tile;  // j (see the kernel: read where it is used)
     __device__ void init() {
         hopper::mbarrier_init(&kv, 1);
         for (std::uint64_t& slot : step) hopper::mbarrier_init(&slot, 1);
@@ -108,6 +109,7 @@ struct Fa3BackwardParams {
     BackwardParams base;
     CUtensorMap q, k, v, dO;
     CUtensorMap dq_sum;  // base.dQ, fp32, boxes of 32 columns x 64 rows (add_dq_block)
+    int tail;            // K/V heads whose key tiles end the grid longest first (scheduled_tile)
 };
 
 // Algorithm 2 L15's left operand: a warp's 16 keys of dS^T, already rounded to T as the A operand
@@ -177,7 +179,9 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
-// Grid: (Tc, batch x K/V heads); key tile 0 (the most query tiles under a causal mask) first.
+// Grid: (Tc, batch x K/V heads), its CTAs in scheduled_tile's order (common/tiling.hpp): the key
+// tiles of one K/V head side by side, key tile 0 (the most query tiles under a causal mask) first,
+// and the last `tail` heads' key tiles longest first across them.
 // Block: Cfg::kThreads (every warpgroup computes; thread 0 also issues the TMA copies). Dynamic
 // shared memory: backward_smem_bytes<Cfg>().
 template <class Cfg, bool kBlockMask, bool kDeterministic>
@@ -208,17 +212,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // L5: key tile j of K/V head g, batch b; its query heads are h0 .. h0 + G - 1. Warpgroup wg
     // owns keys wg_key0 .. wg_key0 + 63, its warp wg_warp 16 of them. Head and batch indices in 32
     // bits (fa3_check_backward_problem keeps them there): 64-bit ones took registers the kernel
-    // spills at d = 64 (ptxas: 448 bytes of spill stores per thread, 404 with these).
-    const int j = int(blockIdx.x);
-    const int b = int(blockIdx.y / p.heads_kv), g = int(blockIdx.y % p.heads_kv);
+    // spills at d = 64 (ptxas: 448 bytes of spill stores per thread, 404 with these, before j was
+    // read from shared memory in the loop, below).
+    const ScheduledTile<int> sched = scheduled_tile(int(blockIdx.y * gridDim.x + blockIdx.x),
+                                                    int(gridDim.x), int(gridDim.y), params.tail);
+    const int j = sched.rank;  // under a causal mask key tile 0 sees the most query tiles
+    const int b = sched.unit / int(p.heads_kv), g = sched.unit % int(p.heads_kv);
     const int G = int(p.group_size()), h0 = g * G;
     const TileRange cols = {j * Bc, min(j * Bc + Bc, seq_kv)};
     const int wg_key0 = j * Bc + 64 * wg;
     const TileRange wg_cols = {min(wg_key0, seq_kv), min(wg_key0 + 64, seq_kv)};
     const int key0 = 64 * wg + 16 * wg_warp;  // this warp's first key within the tile
 
-    if (threadIdx.x == 0) bars->init();
+    if (threadIdx.x == 0) bars->init(), bars->key_tile = j;
     __syncthreads();
+    // j inside the step loop, read from shared memory where it is used. Held in a register, ptxas
+    // computed every key index the mask and the statistics need (j Bc + key0 + ...) once, before
+    // the loop, and spilled them: 404 bytes of spill stores per thread at d = 64 and 84 at d = 128
+    // (nvcc 13, sm_90a), 28 and 40 with this volatile read (docs/cuda_fa3.md).
+    const auto key_tile = [&] { return *static_cast<volatile int*>(&bars->key_tile); };
 
     // L6: K_j, V_j, once (rows past N_kv arrive as zeros).
     if (threadIdx.x == 0) {
@@ -309,10 +321,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             const float* sD_i = sDelta + ring.stage * Br;
             if (seen == TileVisibility::partial || rows.size() < Br || wg_cols.size() < 64)
                 cuda::probabilities_and_score_gradients<Br, kBlockMask, true, false, true>(
-                    S, dP, sL_i, sD_i, bp, rows.begin, j * Bc + key0, lane);
+                    S, dP, sL_i, sD_i, bp, rows.begin, key_tile() * Bc + key0, lane);
             else
                 cuda::probabilities_and_score_gradients<Br, kBlockMask, false, false, true>(
-                    S, dP, sL_i, sD_i, bp, rows.begin, j * Bc + key0, lane);
+                    S, dP, sL_i, sD_i, bp, rows.begin, key_tile() * Bc + key0, lane);
             std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
             pack_a<T, Br / 16>(aP, S);
             issue_a_regs_b<T, Br / 16, kPanels>(dV, aP, sdO_i, Br * 64);  // L12
@@ -334,7 +346,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // L15: dQ_i += scale dS K_j; in kDeterministic mode after the key tiles before this one.
         int* turn = nullptr;
         if constexpr (kDeterministic)
-            turn = cuda::wait_dq_turn<kBlockMask>(bp, b, h, Tr, i, rows, j, Bc);
+            turn = cuda::wait_dq_turn<kBlockMask>(bp, b, h, Tr, i, rows, key_tile(), Bc);
         // Block wg: rows 64 rb .., columns 64 cb .., keys 0 .. Bc - 1. Where every warpgroup has a
         // block the test is left out at compile time: a branch around a wgmma measured ~20% slower
         // at d = 128.
@@ -366,7 +378,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     hopper::bulk_wait_read<0>();
 
     // L18. Q was read times q_sign (so S^T had the right sign): dK's scale is |scale|.
-    cuda::write_key_gradients<D>(bp, dK, dV, bp.abs_scale, b, g, j * Bc + key0, lane);
+    cuda::write_key_gradients<D>(bp, dK, dV, bp.abs_scale, b, g, key_tile() * Bc + key0, lane);
 #endif
 }
 

@@ -27,7 +27,9 @@
 //      takes work tiles (query tile i, head h, batch b) one after another, the next from a counter
 //      in device memory. Once the consumers are done with Q_i (after their last product), the
 //      producer copies the next tile's Q_i, K_j, V_j while they write this one's O and LSE, instead
-//      of every CTA starting with an empty pipeline.
+//      of every CTA starting with an empty pipeline. The counter hands out work tiles in
+//      scheduled_tile's order (common/tiling.hpp): under a causal mask the last heads' tiles go
+//      out longest first across heads, so the launch ends on short tiles.
 //   5. At d = 64, three consumer warpgroups (Br = 192; FlashAttention-3's tile there): a K_j, V_j
 //      tile copied once serves 192 query rows, and three softmaxes take turns with the tensor
 //      cores. The registers then allow 160 per consumer thread (setmaxnreg), and ptxas compiles
@@ -121,6 +123,7 @@ struct Fa3Params {
     CUtensorMap q, k, v;
     int Tr;          // query tiles per head
     int items;       // work tiles: Tr x heads x batch
+    int tail;        // heads whose tiles end the schedule longest first (scheduled_tile)
     int* next_item;  // device counter, zero at launch: work tiles taken past the first gridDim.x
                      // (null where the grid has a CTA for every work tile: each takes its own)
 };
@@ -170,7 +173,7 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
             return;
         }
         bars->item = item;
-        const WorkTile t = work_tile<Br, Bc>(p, params.Tr, item);
+        const WorkTile t = work_tile<Br, Bc>(p, params.Tr, params.tail, item);
         // Tensor-map coordinates (cuda/fa3/tensor_map.hpp): column, row, head, batch entry.
         const int b = int(t.b), q_head = int(t.h), kv_head = int(p.kv_head(t.h));
 
@@ -432,7 +435,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             hopper::mbarrier_wait(&bars->q, state.q_phase);  // Q_i of the next work tile
             const int item = *static_cast<volatile int*>(&bars->item);
             if (item < 0) break;
-            const WorkTile t = work_tile<Br, Bc>(params.base.problem, params.Tr, item);
+            const WorkTile t = work_tile<Br, Bc>(params.base.problem, params.Tr, params.tail, item);
             if constexpr (kBlockMask)
                 consume_block_masked<Cfg>(params, t, sQ, sK, sV, bars, state, cw, lane);
             else

@@ -55,8 +55,9 @@ struct RingPosition {
 
 // A work tile of the persistent schedule: query tile i of head h, batch b; its rows; the key
 // tiles the CTA's rows can see (FA2 Algorithm 1 line 6's range, cut by the causal mask). Numbered
-// as a (Tr, heads, batch) grid would be, query tiles fastest, so that CTAs working at the same time
-// share a head's K and V in L2; under a causal mask the later query tiles (more keys) first.
+// by scheduled_tile (common/tiling.hpp): a head's query tiles side by side, so that CTAs working at
+// the same time share its K and V in L2, under a causal mask the later query tiles (more keys)
+// first, and the last `tail` heads' tiles longest first across those heads.
 struct WorkTile {
     int i;
     std::int64_t h, b;
@@ -64,10 +65,12 @@ struct WorkTile {
     int Tc_seen;
 };
 template <int Br, int Bc>
-__device__ __forceinline__ WorkTile work_tile(const AttentionProblem& p, int Tr, int item) {
+__device__ __forceinline__ WorkTile work_tile(const AttentionProblem& p, int Tr, int tail,
+                                              int item) {
     WorkTile t;
-    const int head_of_all = item / Tr;
-    t.i = int(longest_first(p.causal, item % Tr, Tr));
+    const ScheduledTile<int> s = scheduled_tile(item, Tr, int(p.heads * p.batch), tail);
+    const int head_of_all = s.unit;
+    t.i = int(longest_first(p.causal, s.rank, Tr));
     t.h = head_of_all % p.heads;
     t.b = head_of_all / p.heads;
     const int row_begin = t.i * Br;
