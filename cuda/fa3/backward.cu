@@ -29,9 +29,7 @@ void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
     cuda::allow_dynamic_shared_memory(kernel, kSmem);
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
                     static_cast<unsigned>(p.batch * p.heads_kv));
-    Fa3BackwardParams scheduled = params;
-    scheduled.tail = int(schedule_tail(p.causal, grid.x, grid.y, cuda::device_limits().sm_count));
-    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(scheduled);
+    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
     FA_CUDA_CHECK_LAUNCH();
 }
 
@@ -46,6 +44,8 @@ void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool det
     params.k = tile_map(args.K, t, p.batch, p.heads_kv, p.seq_kv, p.dim, args.k_at, Cfg::Bc);
     params.v = tile_map(args.V, t, p.batch, p.heads_kv, p.seq_kv, p.dim, args.v_at, Cfg::Bc);
     params.dq_sum = sum_map(args.dQ_sum, p.batch, p.heads, p.seq_q, p.dim, 64);
+    params.tail = int(schedule_tail(p.causal, tile_count(p.seq_kv, Cfg::Bc), p.batch * p.heads_kv,
+                                    cuda::device_limits().sm_count));
     if (params.base.problem.block_mask.active())
         deterministic ? launch_kernel<Cfg, true, true>(params, stream)
                       : launch_kernel<Cfg, true, false>(params, stream);
