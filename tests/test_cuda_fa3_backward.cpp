@@ -1,8 +1,8 @@
 // tests/test_cuda_fa3_backward.cpp — cuda-fa3's backward (wgmma, Hopper) against the float64
 // backward reference by the 2x rule, as cuda-tc's backward is checked
 // (tests/test_cuda_tc_backward.cpp, whose opening comment states the rule): fresh random inputs,
-// poisoned outputs, shapes that are not multiples of its tiles (Br = 64 queries, Bc = 128 keys,
-// 64 keys per warpgroup). Exits 77 without a CUDA device; without cuda-fa3 (a build without
+// poisoned outputs, shapes that are not multiples of its tiles (Br = 64 or 128 queries, Bc = 128
+// keys, 64 keys per warpgroup; at d = 256 Bc = 64, the warpgroups splitting d). Exits 77 without a CUDA device; without cuda-fa3 (a build without
 // sm_90a, or a GPU that is not compute capability 9.0) every case says so and checks nothing else.
 #include "catch.hpp"
 
@@ -31,7 +31,7 @@ TEST_CASE("cuda-fa3 backward matches float64 by the 2x rule on odd shapes") {
     if (!b) return;
     REQUIRE(b->has_backward());
     for (DType dtype : kDtypes)
-        for (std::int64_t d : {64, 128})
+        for (std::int64_t d : {64, 128, 256})
             for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
                      {1, 1}, {1, 203}, {7, 113}, {113, 7}, {113, 113}, {203, 517}, {517, 203}})
                 for (bool causal : {false, true})
@@ -43,7 +43,7 @@ TEST_CASE("cuda-fa3 backward: many tiles (N = 1023), GQA and MQA, any scale, lon
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     for (DType dtype : kDtypes) {
-        for (std::int64_t d : {64, 128})
+        for (std::int64_t d : {64, 128, 256})
             for (bool causal : {false, true})
                 check_backward_against_reference(*b, test::make_problem(1, 2, 1, 1023, 1023, d, causal),
                                                  dtype);
@@ -51,6 +51,7 @@ TEST_CASE("cuda-fa3 backward: many tiles (N = 1023), GQA and MQA, any scale, lon
             for (bool causal : {false, true})
                 check_backward_against_reference(*b, test::make_problem(2, 6, Hkv, 37, 153, 64, causal),
                                                  dtype);
+        check_backward_against_reference(*b, test::make_problem(2, 6, 2, 37, 153, 256, true), dtype);
         for (float scale : {0.0f, 0.05f, -0.6f, 1.5f}) {
             AttentionProblem p = test::make_problem(1, 2, 1, 157, 91, 64, true);
             p.scale = scale;
@@ -68,7 +69,8 @@ TEST_CASE("cuda-fa3 backward: block masks, and a fully masked row gets zero grad
     for (DType dtype : kDtypes)
         for (bool causal : {false, true})
             for (int repeat = 0; repeat < 3; ++repeat) {
-                AttentionProblem p = test::make_problem(1, 4, 2, 147, 290, 64, causal);
+                AttentionProblem p =
+                    test::make_problem(1, 4, 2, 147, 290, repeat == 2 ? 256 : 64, causal);
                 const std::int64_t bq = 1 + gen() % 80, bkv = 1 + gen() % 80;
                 const std::int64_t Tr = tile_count(p.seq_q, bq), Tc = tile_count(p.seq_kv, bkv);
                 std::vector<std::uint8_t> mask(Tr * Tc);
@@ -97,9 +99,9 @@ TEST_CASE("cuda-fa3 backward: FLASHATTN_DETERMINISTIC=1 gives the same bits on e
     deterministic.set("1");
     std::vector<std::uint8_t> mask = {1, 0, 1, 1, 1, 0, 0, 1, 1};  // 3 x 3 blocks of 100 x 150
     for (DType dtype : kDtypes)
-        for (int variant = 0; variant < 3; ++variant) {
-            AttentionProblem p = test::make_problem(2, 4, 2, 300, 450, variant == 0 ? 128 : 64,
-                                                    variant == 1);
+        for (int variant = 0; variant < 4; ++variant) {
+            const std::int64_t d = variant == 0 ? 128 : variant == 3 ? 256 : 64;
+            AttentionProblem p = test::make_problem(2, 4, 2, 300, 450, d, variant % 2 == 1);
             if (variant == 2) p.block_mask = {mask.data(), 100, 150};
             const std::uint64_t seed = test::next_seed();
             const ProblemData in = random_problem_data(p, seed);
@@ -198,16 +200,6 @@ TEST_CASE("cuda-fa3 backward rejects what it cannot run, naming the field") {
     BackwardInputs bin{in.Q.data(), in.K.data(), in.V.data(), O.data(), lse.data(), dO.data()};
     CHECK_THROWS_WITH(run_backward(*b, p, bin, dQ.data(), dK.data(), dV.data(), DType::f16),
                       Catch::Contains("dim = 32"));
-    {  // d = 256 has a forward but no backward (its dK_j, dV_j would not fit in registers)
-        const AttentionProblem p256 = test::make_problem(1, 1, 1, 3, 3, 256);
-        const ProblemData in256 = random_problem_data(p256, 3);
-        const std::vector<float> x(p256.q_elements(), 1.0f), l(p256.lse_elements());
-        std::vector<float> g(p256.q_elements());
-        const BackwardInputs b256{in256.Q.data(), in256.K.data(), in256.V.data(), x.data(),
-                                  l.data(), x.data()};
-        CHECK_THROWS_WITH(run_backward(*b, p256, b256, g.data(), g.data(), g.data(), DType::f16),
-                          Catch::Contains("dim = 256"));
-    }
     const AttentionProblem p64 = test::make_problem(1, 1, 1, 4, 4, 64);
     const ProblemData in64 = random_problem_data(p64, 2);
     bin = {in64.Q.data(), in64.K.data(), in64.V.data(), O.data(), lse.data(), dO.data()};
@@ -221,11 +213,11 @@ TEST_CASE("cuda-fa3 backward rejects what it cannot run, naming the field") {
 TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
-    for (const char* variant : {"d64-Br128-ring3", "d64-Br128", "d64-Br64", "d128-Br64"}) {
+    for (const char* variant : {"d64-Br128-ring3", "d64-Br128", "d64-Br64", "d128-Br64", "d256-Br64"}) {
         INFO("FLASHATTN_VARIANT=cuda-fa3-backward=" << variant);
         const test::ScopedEnv env("FLASHATTN_VARIANT");
         env.set(std::string("cuda-fa3-backward=") + variant);
-        const std::int64_t d = variant[1] == '6' ? 64 : 128;
+        const std::int64_t d = std::stoi(variant + 1);  // "d<dim>-..."
         for (bool causal : {false, true}) {
             check_backward_against_reference(*b, test::make_problem(1, 2, 1, 301, 257, d, causal),
                                              DType::f16);

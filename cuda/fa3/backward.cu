@@ -63,8 +63,8 @@ void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& ar
         launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots>>(params, args, deterministic, stream);
 }
 
-// The compiled tiles per head dim, Bc = 128 keys each, with a ring of 2 slots for Q_i, dO_i, L_i,
-// D_i or 3 (-ring3): the default (first listed for a d) is the one measured fastest in
+// The compiled tiles per head dim, Bc = 128 keys each (64 at d = 256, whose warpgroups split the
+// columns: Fa3BackwardTile), with a ring of 2 slots for Q_i, dO_i, L_i, D_i or 3 (-ring3): the default (first listed for a d) is the one measured fastest in
 // docs/cuda_fa3.md ("backward"); FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
 struct Variant {
     const char* name;
@@ -77,6 +77,7 @@ const Variant kVariants[] = {
     {"d64-Br128", "", 64, 128, run_variant<64, 128>},
     {"d64-Br64", "", 64, 64, run_variant<64, 64>},
     {"d128-Br64", "", 128, 64, run_variant<128, 64>},
+    {"d256-Br64", "", 256, 64, run_variant<256, 64>},
 };
 
 const Variant& choose_variant(const AttentionProblem& p) {
@@ -88,22 +89,19 @@ const Variant& choose_variant(const AttentionProblem& p) {
 }  // namespace
 
 void fa3_check_backward_problem(const AttentionProblem& p, DType dtype) {
-    fa3_check_inputs(p, dtype);
-    // dK_j and dV_j stay in registers for the whole loop: 2 x D / 2 floats per thread, which at
-    // d = 256 is every register there is.
-    if (p.dim != 64 && p.dim != 128)
-        throw std::invalid_argument("dim = " + std::to_string(p.dim) +
-                                    ": cuda-fa3's backward supports head dim 64 or 128");
+    fa3_check_inputs(p, dtype);  // head dim 64, 128 or 256, as the forward
     if (p.heads > 0x7fffffff)
         throw std::invalid_argument("heads = " + std::to_string(p.heads) +
                                     ": cuda-fa3's backward indexes heads in 32 bits");
     if (p.batch * p.heads_kv > 65535)
         throw std::invalid_argument("batch*heads_kv = " + std::to_string(p.batch * p.heads_kv) +
                                     ": cuda-fa3's backward grid allows at most 65535");
-    // The kernel numbers its CTAs (Bc = 128 keys each) with int in scheduled_tile's order.
-    const std::int64_t ctas = tile_count(p.seq_kv, 128) * p.batch * p.heads_kv;
+    // The kernel numbers its CTAs (Bc keys each) with int in scheduled_tile's order.
+    const int Bc = p.dim == 256 ? 64 : 128;
+    const std::int64_t ctas = tile_count(p.seq_kv, Bc) * p.batch * p.heads_kv;
     if (ctas > (std::int64_t{1} << 30))
-        throw std::invalid_argument("batch x heads_kv x ceil(seq_kv / 128) = " + std::to_string(ctas) +
+        throw std::invalid_argument("batch x heads_kv x ceil(seq_kv / " + std::to_string(Bc) +
+                                    ") = " + std::to_string(ctas) +
                                     ": cuda-fa3's backward numbers its CTAs with int, at most 2^30");
 }
 

@@ -17,14 +17,14 @@
 //   * dQ_i = dS K_j reads both operands from shared memory as MN-major: dS^T as stored
 //     (keys x queries) and K_j (keys x d). dQ_i (Br x d) is cut into 64 x 64 blocks, one per
 //     warpgroup in the default tiles (d = 64 with Br = 128, d = 128 with Br = 64), each written to
-//     shared memory and added to dQ's fp32 sum in HBM by TMA's reduce-add (add_dq_block; cuda-tc
+//     shared memory and added to dQ's fp32 sum in HBM by TMA's reduce-add (stage_dq_block, send_dq_blocks; cuda-tc
 //     adds with per-thread atomics), in a fixed order in deterministic mode.
 //
 // Algorithm 2 lines: L4 D_i (delta_kernel, before) | L5 one CTA per (j, K/V head, batch) | L6 K_j,
 // V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) | L8 the step loop (query head,
 // query tile) | L9 Q_i, dO_i (TMA, ring of kSlots), L_i, D_i (cp.async) | L10 S^T = K_j Q_i^T |
 // L11, L14 probabilities_and_score_gradients | L12 dV_j += P^T dO_i | L13 dP^T = V_j dO_i^T | L15
-// dQ_i += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
+// dQ_i += scale dS K_j (stage_dq_block, send_dq_blocks) | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
 //
 // Every product is waited for where it is issued, and every thread computes (thread 0 also issues
 // the copies): no producer warpgroup, no overlap of a step's products with its own or the next
@@ -52,8 +52,15 @@ namespace flashattn::fa3 {
 
 using cuda::BackwardParams;
 
-// One CTA: two warpgroups of 64 keys each (Bc = 128), query tiles of Br = 64 or 128 rows (1 or 2
-// panels of dS^T), head dim D = 64 or 128 (1 or 2 panels).
+// One CTA: two warpgroups. At D = 64 and 128 each owns 64 keys (Bc = 128) and all D columns of
+// their dK_j, dV_j: 2 x D / 2 floats per thread. At D = 256 that would be 256 floats, every register
+// there is; so there the tile has Bc = 64 keys, both warpgroups hold all 64, and they split the
+// columns: warpgroup c keeps dK_j and dV_j for columns 128 c .. 128 c + 127 (128 floats per
+// thread, as at D = 128). Both then need all of P^T and dS^T as their register A operand, and
+// both compute them: S^T and dP^T are issued twice, seven products' work for five (the price of
+// keeping this kernel's form; FlashAttention-3 instead splits the queries between its warpgroups
+// and passes P and dS through shared memory). Query tiles of Br = 64 or 128 rows (1 or 2 panels
+// of dS^T), head dim D = 64, 128 or 256 (1, 2 or 4 panels).
 template <class T_, int D_, int Br_, int kSlots_ = 2>
 struct Fa3BackwardTile {
     using T = T_;
@@ -61,22 +68,34 @@ struct Fa3BackwardTile {
     static constexpr int Br = Br_;
     // The ring of Q_i, dO_i, L_i, D_i: step t + kSlots - 1 is asked for as step t starts.
     static constexpr int kSlots = kSlots_;
-    static constexpr int Bc = 128;
-    static constexpr int kWarpgroups = Bc / 64;
+    static constexpr int kWarpgroups = 2;
     static constexpr int kThreads = 128 * kWarpgroups;
+    // Warpgroups that share one group of 64 keys and split D between them (above).
+    static constexpr int kColumnGroups = D == 256 ? 2 : 1;
+    static constexpr int Bc = 64 * kWarpgroups / kColumnGroups;
+    static constexpr int Dw = D / kColumnGroups;  // a warpgroup's columns of dK_j and dV_j
     static constexpr int kPanels = D / 64;
     // dQ_i's 64 x 64 blocks, (Br / 64) x (D / 64), each summed over all Bc keys by one
-    // warpgroup (with a single block the second warpgroup has none: splitting the keys would add
-    // twice as much to dQ, and two warpgroups adding to the same dQ_i in turn need an order).
+    // warpgroup, kDqBlocksPerWarpgroup of them each (with a single block the second warpgroup has
+    // none: splitting the keys would add twice as much to dQ, and two warpgroups adding to the
+    // same dQ_i in turn need an order).
     static constexpr int kDqBlocks = (Br / 64) * kPanels;
-    // A dQ block in shared memory (add_dq_block): 64 x 64 floats as two TMA boxes of 32 columns.
+    static constexpr int kDqBlocksPerWarpgroup = (kDqBlocks + kWarpgroups - 1) / kWarpgroups;
+    // A dQ block in shared memory (stage_dq_block): 64 x 64 floats as two TMA boxes of 32 columns.
     static constexpr int kDqBlockFloats = 64 * 64;
+    // At D = 256 shared memory has no room for the dQ blocks (K_j, V_j and two slots of Q_i, dO_i
+    // take 192 KB): they are written into the step's own slot of Q_i and dO_i (64 KB, exactly the
+    // four blocks), whose tiles no product reads once dK_j's is done. The copy engine must then
+    // have read them before the next step asks for new tiles into that slot.
+    static constexpr bool kDqInSlot = D == 256;
     static constexpr std::uint32_t kKeyTileBytes = Bc * D * sizeof(T_);    // K_j or V_j
     static constexpr std::uint32_t kStepBytes = 2 * Br * D * sizeof(T_);  // Q_i and dO_i
-    static_assert(D == 64 || D == 128, "cuda-fa3 backward: D = 64 or 128");
+    static_assert(D == 64 || D == 128 || D == 256, "cuda-fa3 backward: D = 64, 128 or 256");
     static_assert(Br == 64 || Br == 128, "cuda-fa3 backward: Br = 64 or 128 (the N of S^T)");
-    static_assert(kDqBlocks <= kWarpgroups, "a dQ block per warpgroup at most");
-    static_assert(kSlots == 2 || kSlots == 3, "cuda-fa3 backward: a ring of 2 or 3 slots");
+    static_assert(kDqBlocksPerWarpgroup * kWarpgroups == kDqBlocks || kDqBlocks < kWarpgroups,
+                  "dQ's blocks shared evenly between the warpgroups");
+    static_assert(!kDqInSlot || (Br == 64 && kDqBlocks * kDqBlockFloats * 4 == kStepBytes),
+                  "the dQ blocks fill exactly one slot of Q_i and dO_i");
 };
 
 // The barriers: K_j and V_j have landed; slot s's Q_i and dO_i have landed.
@@ -93,12 +112,13 @@ struct Fa3BackwardBarriers {
 
 // Shared memory, from a 1024-byte boundary (the 128-byte swizzle repeats every 8 rows): K_j, V_j
 // (Bc x D each), kSlots slots of Q_i and dO_i (Br x D each), dS^T (Bc x Br), the dQ blocks (fp32,
-// 64 x 64 each), kSlots slots of L_i and D_i (Br floats each), the barriers.
+// 64 x 64 each; none at D = 256, kDqInSlot), kSlots slots of L_i and D_i (Br floats each), the
+// barriers.
 template <class Cfg>
 constexpr int backward_smem_bytes() {
     return int((2 * Cfg::Bc * Cfg::D + 2 * Cfg::kSlots * Cfg::Br * Cfg::D + Cfg::Bc * Cfg::Br) *
                sizeof(typename Cfg::T)) +
-           int(Cfg::kDqBlocks * Cfg::kDqBlockFloats * sizeof(float)) +
+           int((Cfg::kDqInSlot ? 0 : Cfg::kDqBlocks) * Cfg::kDqBlockFloats * sizeof(float)) +
            int(2 * Cfg::kSlots * Cfg::Br * sizeof(float)) + int(sizeof(Fa3BackwardBarriers)) +
            1024;
 }
@@ -108,7 +128,7 @@ constexpr int backward_smem_bytes() {
 struct Fa3BackwardParams {
     BackwardParams base;
     CUtensorMap q, k, v, dO;
-    CUtensorMap dq_sum;  // base.dQ, fp32, boxes of 32 columns x 64 rows (add_dq_block)
+    CUtensorMap dq_sum;  // base.dQ, fp32, boxes of 32 columns x 64 rows (stage_dq_block)
     int tail;            // K/V heads whose key tiles end the grid longest first (scheduled_tile)
 };
 
@@ -132,27 +152,19 @@ __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
         }
 }
 
-// Algorithm 2 L15's addition of one 64 x 64 block of dQ_i (a warpgroup's fp32 accumulator acc;
-// rows row0 .., columns col0 .. of head h, batch entry b) to dQ in HBM, through shared memory: the
-// warpgroup writes scale acc to its block sdq, as two boxes of 32 columns in the 128-byte swizzle
-// (16-byte chunk c of row r at c ^ (r % 8): the eight rows of a store land in different banks),
-// and one thread hands both boxes to the copy engine's reduce-add, which adds them to dQ with no
-// further work from the threads (FlashAttention-3 adds dQ from shared memory with TMA too).
-// Per-thread atomics, cuda-tc's way, take 16 eight-byte atomics per thread and block, and their
-// queue holds the warps back (docs/cuda_fa3.md measures both). Rows past N_q lie outside the map
-// and are not added. In kDeterministic mode the thread waits until its additions are done (the
-// next key tile's turn comes after them); otherwise it waits, at its next block, only until the
-// copy engine has read this one.
-template <class Cfg, bool kDeterministic>
-__device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, float* sdq,
-                                             const float (&acc)[8][4], std::int64_t b,
-                                             std::int64_t h, int row0, int col0, int wg,
-                                             int wg_warp, int lane) {
-    const bool issuer = wg_warp == 0 && lane == 0;
-    // The block's previous contents have been read (the wait is for a copy issued a step ago).
-    if (issuer) hopper::bulk_wait_read<0>();
-    hopper::named_barrier_sync(1 + wg, 128);
-    const float scale = params.base.scale;
+// Algorithm 2 L15's addition of dQ_i's 64 x 64 blocks to dQ in HBM, through shared memory, in two
+// parts: each block's fp32 accumulator acc is written by its warpgroup (stage_dq_block), and then
+// one thread hands the warpgroup's blocks to the copy engine's reduce-add (send_dq_blocks), which
+// adds them to dQ with no further work from the threads (FlashAttention-3 adds dQ from shared
+// memory with TMA too). Per-thread atomics, cuda-tc's way, take 16 eight-byte atomics per thread
+// and block, and their queue holds the warps back (docs/cuda_fa3.md measures both). Rows past N_q
+// lie outside the map and are not added.
+//
+// A block is written as scale acc, two boxes of 32 columns in the 128-byte swizzle (16-byte chunk
+// c of row r at c ^ (r % 8): the eight rows of a store land in different banks).
+template <class Cfg>
+__device__ __forceinline__ void stage_dq_block(float* sdq, const float (&acc)[8][4], float scale,
+                                               int wg_warp, int lane) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = 16 * wg_warp + lane / 4 + 8 * r;
@@ -160,17 +172,41 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
         for (int nt = 0; nt < 8; ++nt) {
             // Columns 8 nt + 2 (lane % 4) (+1): box nt / 4, 16-byte chunk `chunk` of its row.
             const int chunk = 2 * (nt % 4) + (lane % 4) / 2;
-            float* at = sdq + (nt / 4) * 64 * 32 + row * 32 + (chunk ^ (row % 8)) * 4 +
-                        2 * (lane % 2);
-            *reinterpret_cast<float2*>(at) =
-                make_float2(scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
+            float* at = sdq + (nt / 4) * 64 * 32 + row * 32 + (chunk ^ (row % 8)) * 4 + 2 * (lane % 2);
+            *reinterpret_cast<float2*>(at) = make_float2(scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
         }
     }
+}
+
+// Where the warpgroup's staging area is its own (Cfg::kDqInSlot false), it waits, before writing
+// it again, until the copy engine has read what it sent a step ago.
+template <class Cfg>
+__device__ __forceinline__ void wait_dq_staging_read(int wg, int wg_warp, int lane) {
+    if (wg_warp == 0 && lane == 0) hopper::bulk_wait_read<0>();
+    hopper::named_barrier_sync(1 + wg, 128);
+}
+
+// The warpgroup's kBlocks staged blocks to the reduce-add: dQ_i's block block0 + q (rows
+// row0 + 64 ((block0 + q) / kPanels) .., columns 64 ((block0 + q) % kPanels) .. of head h, batch
+// entry b) at sdq + q 64 x 64. In kDeterministic mode the thread waits
+// until its additions are done (the next key tile's turn comes after them); otherwise the wait
+// for the copy engine's reads comes before the staging area is written again
+// (wait_dq_staging_read, or at D = 256 before the next copy into the step's slot).
+template <class Cfg, bool kDeterministic, int kBlocks>
+__device__ __forceinline__ void send_dq_blocks(const Fa3BackwardParams& params, float* sdq,
+                                               std::int64_t b, std::int64_t h, int row0,
+                                               int block0, int wg, int wg_warp, int lane) {
     hopper::fence_proxy_async();  // the stores, read next by the copy engine
     hopper::named_barrier_sync(1 + wg, 128);
-    if (!issuer) return;
-    hopper::tma_reduce_add_4d(&params.dq_sum, sdq, col0, row0, int(h), int(b));
-    hopper::tma_reduce_add_4d(&params.dq_sum, sdq + 64 * 32, col0 + 32, row0, int(h), int(b));
+    if (wg_warp != 0 || lane != 0) return;
+#pragma unroll
+    for (int q = 0; q < kBlocks; ++q) {
+        float* block = sdq + q * Cfg::kDqBlockFloats;
+        const int row = row0 + 64 * ((block0 + q) / Cfg::kPanels);
+        const int col = 64 * ((block0 + q) % Cfg::kPanels);
+        hopper::tma_reduce_add_4d(&params.dq_sum, block, col, row, int(h), int(b));
+        hopper::tma_reduce_add_4d(&params.dq_sum, block + 64 * 32, col + 32, row, int(h), int(b));
+    }
     hopper::bulk_commit();
     if constexpr (kDeterministic) {
         hopper::bulk_wait<0>();
@@ -189,7 +225,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fa3_backward_kernel(const __grid_constant__ Fa3BackwardParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = typename Cfg::T;
-    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D, kPanels = Cfg::kPanels;
+    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D, Dw = Cfg::Dw, kPanels = Cfg::kPanels;
     extern __shared__ uint4 smem_raw[];
     const std::uintptr_t raw = reinterpret_cast<std::uintptr_t>(smem_raw);
     T* sK = reinterpret_cast<T*>((raw + 1023) & ~std::uintptr_t(1023));
@@ -197,8 +233,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     T* sQ = sV + Bc * D;                  // kSlots slots of Br x D
     T* sdO = sQ + Cfg::kSlots * Br * D;  // kSlots slots of Br x D
     T* sdS = sdO + Cfg::kSlots * Br * D;  // Bc x Br
-    float* sdQ = reinterpret_cast<float*>(sdS + Bc * Br);        // kDqBlocks x 64 x 64
-    float* sL = sdQ + Cfg::kDqBlocks * Cfg::kDqBlockFloats;  // kSlots slots of Br
+    float* sdQ = reinterpret_cast<float*>(sdS + Bc * Br);  // kDqBlocks x 64 x 64 (or none)
+    float* sL = sdQ + (Cfg::kDqInSlot ? 0 : Cfg::kDqBlocks) * Cfg::kDqBlockFloats;  // kSlots x Br
     float* sDelta = sL + Cfg::kSlots * Br;
     auto* bars = reinterpret_cast<Fa3BackwardBarriers*>(sDelta + Cfg::kSlots * Br);
 
@@ -206,6 +242,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const AttentionProblem& p = bp.problem;
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int wg = warp / 4, wg_warp = warp % 4;
+    // The warpgroup's group of 64 keys, and its share of the columns of dK_j and dV_j (0 but at
+    // D = 256: Fa3BackwardTile).
+    const int key_group = wg / Cfg::kColumnGroups, column_group = wg % Cfg::kColumnGroups;
     const int seq_q = int(p.seq_q), seq_kv = int(p.seq_kv);
     const int Tr = int(tile_count(seq_q, Br));
 
@@ -220,9 +259,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int b = sched.unit / int(p.heads_kv), g = sched.unit % int(p.heads_kv);
     const int G = int(p.group_size()), h0 = g * G;
     const TileRange cols = {j * Bc, min(j * Bc + Bc, seq_kv)};
-    const int wg_key0 = j * Bc + 64 * wg;
+    const int wg_key0 = j * Bc + 64 * key_group;
     const TileRange wg_cols = {min(wg_key0, seq_kv), min(wg_key0 + 64, seq_kv)};
-    const int key0 = 64 * wg + 16 * wg_warp;  // this warp's first key within the tile
+    const int key0 = 64 * key_group + 16 * wg_warp;  // this warp's first key within the tile
 
     if (threadIdx.x == 0) bars->init(), bars->key_tile = j;
     __syncthreads();
@@ -283,8 +322,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
     }
 
-    // L7: dK_j = 0, dV_j = 0: this warp's 16 keys x D.
-    float dK[D / 8][4], dV[D / 8][4];
+    // L7: dK_j = 0, dV_j = 0: this warp's 16 keys x the warpgroup's Dw columns.
+    float dK[Dw / 8][4], dV[Dw / 8][4];
     zero(dK);
     zero(dV);
 
@@ -292,7 +331,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bool keys_landed = false;
     while (h < h0 + G) {
         // This step's tiles have landed, and every warpgroup is done with the previous step (its
-        // slot, which the next copy overwrites, and dS^T, which this step rewrites).
+        // slot, which the next copy overwrites, and dS^T, which this step rewrites); with the dQ
+        // blocks in that slot, the copy engine has read them.
+        if constexpr (Cfg::kDqInSlot)
+            if (wg_warp == 0 && lane == 0) hopper::bulk_wait_read<0>();
         cp_async_wait<Cfg::kSlots - 2>();
         hopper::mbarrier_wait(&bars->step[ring.stage], ring.phase);
         if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
@@ -312,8 +354,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                         : TileVisibility::none;
         if (seen != TileVisibility::none) {
             float S[Br / 8][4], dP[Br / 8][4];
-            issue_ab_t<T, Br, kPanels>(S, sK_j + 64 * wg * 64, Bc * 64, sQ_i, Br * 64);    // L10
-            issue_ab_t<T, Br, kPanels>(dP, sV_j + 64 * wg * 64, Bc * 64, sdO_i, Br * 64);  // L13
+            const int k_rows = 64 * key_group * 64;
+            issue_ab_t<T, Br, kPanels>(S, sK_j + k_rows, Bc * 64, sQ_i, Br * 64);    // L10
+            issue_ab_t<T, Br, kPanels>(dP, sV_j + k_rows, Bc * 64, sdO_i, Br * 64);  // L13
             hopper::wgmma_wait<0>();
             hopper::wgmma_fence_registers(S);
             hopper::wgmma_fence_registers(dP);
@@ -325,12 +368,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             else
                 cuda::probabilities_and_score_gradients<Br, kBlockMask, false, false, true>(
                     S, dP, sL_i, sD_i, bp, rows.begin, key_tile() * Bc + key0, lane);
+            // dV_j and dK_j's columns Dw column_group ..: panels Dw / 64 column_group ..
+            constexpr int kWgPanels = Dw / 64;
+            const int d_panel0 = kWgPanels * column_group * Br * 64;
             std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
             pack_a<T, Br / 16>(aP, S);
-            issue_a_regs_b<T, Br / 16, kPanels>(dV, aP, sdO_i, Br * 64);  // L12
+            issue_a_regs_b<T, Br / 16, kWgPanels>(dV, aP, sdO_i + d_panel0, Br * 64);  // L12
             pack_a<T, Br / 16>(adS, dP);
-            issue_a_regs_b<T, Br / 16, kPanels>(dK, adS, sQ_i, Br * 64);  // L16 (unscaled)
-            store_score_gradients<Cfg>(sdS, adS, key0, lane);
+            issue_a_regs_b<T, Br / 16, kWgPanels>(dK, adS, sQ_i + d_panel0, Br * 64);  // L16
+            if (column_group == 0) store_score_gradients<Cfg>(sdS, adS, key0, lane);
             hopper::wgmma_wait<0>();
             hopper::wgmma_fence_registers(dV);
             hopper::wgmma_fence_registers(dK);
@@ -338,7 +384,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             hopper::wgmma_fence_registers(adS);
         } else {
             const std::uint32_t zero[Br / 16][4] = {};
-            store_score_gradients<Cfg>(sdS, zero, key0, lane);
+            if (column_group == 0) store_score_gradients<Cfg>(sdS, zero, key0, lane);
         }
         hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
         __syncthreads();              // dS^T complete
@@ -347,17 +393,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         int* turn = nullptr;
         if constexpr (kDeterministic)
             turn = cuda::wait_dq_turn<kBlockMask>(bp, b, h, Tr, i, rows, key_tile(), Bc);
-        // Block wg: rows 64 rb .., columns 64 cb .., keys 0 .. Bc - 1. Where every warpgroup has a
-        // block the test is left out at compile time: a branch around a wgmma measured ~20% slower
-        // at d = 128.
-        if (Cfg::kDqBlocks == Cfg::kWarpgroups || wg < Cfg::kDqBlocks) {
-            const int rb = wg / kPanels, cb = wg % kPanels;
-            float acc[8][4];
-            issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK) + cb * Bc * 64);
-            hopper::wgmma_wait<0>();
-            hopper::wgmma_fence_registers(acc);
-            add_dq_block<Cfg, kDeterministic>(params, sdQ + wg * Cfg::kDqBlockFloats, acc, b, h,
-                                              rows.begin + 64 * rb, 64 * cb, wg, wg_warp, lane);
+        // Warpgroup wg's blocks wg kPer .. wg kPer + kPer - 1, block c: rows 64 (c / kPanels) ..,
+        // columns 64 (c % kPanels) .., keys 0 .. Bc - 1. Where every warpgroup has a block the
+        // test is left out at compile time: a branch around a wgmma measured ~20% slower at
+        // d = 128.
+        constexpr int kPer = Cfg::kDqBlocksPerWarpgroup;
+        if (Cfg::kDqBlocks >= Cfg::kWarpgroups || wg < Cfg::kDqBlocks) {
+            // Where the blocks go first: the warpgroup's own in sdQ, or at D = 256 (kDqInSlot)
+            // warpgroup 0's in this step's Q_i and warpgroup 1's in its dO_i (32 KB each).
+            float* const staging =
+                Cfg::kDqInSlot
+                    ? reinterpret_cast<float*>((wg == 0 ? sQ : sdO) + ring.stage * Br * D)
+                    : sdQ + wg * kPer * Cfg::kDqBlockFloats;
+            // One block at a time, 32 accumulators (unrolled, ptxas spilled 316 bytes per thread at
+            // d = 256, against 24 so).
+#pragma unroll 1
+            for (int q = 0; q < kPer; ++q) {
+                const int rb = (wg * kPer + q) / kPanels, cb = (wg * kPer + q) % kPanels;
+                float acc[8][4];
+                issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64,
+                                           fresh(sK) + cb * Bc * 64);
+                hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(acc);
+                if (!Cfg::kDqInSlot && q == 0) wait_dq_staging_read<Cfg>(wg, wg_warp, lane);
+                stage_dq_block<Cfg>(staging + q * Cfg::kDqBlockFloats, acc, bp.scale, wg_warp,
+                                    lane);
+            }
+            send_dq_blocks<Cfg, kDeterministic, kPer>(params, staging, b, h, rows.begin, wg * kPer,
+                                                      wg, wg_warp, lane);
         }
         if constexpr (kDeterministic) cuda::pass_dq_turn(turn);
         h = h_ask[0], i = i_ask[0];
@@ -378,7 +441,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     hopper::bulk_wait_read<0>();
 
     // L18. Q was read times q_sign (so S^T had the right sign): dK's scale is |scale|.
-    cuda::write_key_gradients<D>(bp, dK, dV, bp.abs_scale, b, g, key_tile() * Bc + key0, lane);
+    cuda::write_key_gradients<Dw>(bp, dK, dV, bp.abs_scale, b, g, key_tile() * Bc + key0, lane,
+                                  Dw * column_group);
 #endif
 }
 

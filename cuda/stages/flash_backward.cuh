@@ -250,14 +250,15 @@ __device__ __forceinline__ void add_dq_piece(const BackwardParams& params, float
 }
 
 // Algorithm 2 L18: dK_j = dk_scale sum dS^T Q, dV_j of K/V head g, batch entry b, where
-// params.dk_layout and dv_layout put them, in params.grad_dtype; rows past N_kv and columns past d
-// are not written.
+// params.dk_layout and dv_layout put them, in params.grad_dtype: the D columns col0 .. col0 + D - 1
+// that the caller holds (all of them but in cuda-fa3 at d = 256, whose warpgroups hold 128 each);
+// rows past N_kv and columns past d are not written.
 template <int D>
 __device__ __forceinline__ void write_key_gradients(const BackwardParams& params,
                                                     const float (&dK)[D / 8][4],
                                                     const float (&dV)[D / 8][4], float dk_scale,
                                                     std::int64_t b, std::int64_t g, int key0,
-                                                    int lane) {
+                                                    int lane, int col0 = 0) {
     const AttentionProblem& p = params.problem;
     const int d = int(p.dim);
     const DType t = params.grad_dtype;
@@ -266,12 +267,12 @@ __device__ __forceinline__ void write_key_gradients(const BackwardParams& params
         const int key = key0 + lane / 4 + 8 * r;
         if (key >= p.seq_kv) continue;
         const std::int64_t dK_row = params.dk_layout.offset(b, g) +
-                                    std::int64_t(key) * params.dk_layout.row + 2 * (lane % 4);
+                                    std::int64_t(key) * params.dk_layout.row + col0 + 2 * (lane % 4);
         const std::int64_t dV_row = params.dv_layout.offset(b, g) +
-                                    std::int64_t(key) * params.dv_layout.row + 2 * (lane % 4);
+                                    std::int64_t(key) * params.dv_layout.row + col0 + 2 * (lane % 4);
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
-            if (d == D) {
+            if (d % 2 == 0 && col0 + D <= d) {
                 mma::store_output_pair(params.dK, t, dK_row + 8 * dt, dk_scale * dK[dt][2 * r],
                                        dk_scale * dK[dt][2 * r + 1]);
                 mma::store_output_pair(params.dV, t, dV_row + 8 * dt, dV[dt][2 * r],
@@ -279,7 +280,7 @@ __device__ __forceinline__ void write_key_gradients(const BackwardParams& params
             } else {  // padded d (possibly odd: no paired stores)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                    if (8 * dt + 2 * (lane % 4) + e < d) {
+                    if (col0 + 8 * dt + 2 * (lane % 4) + e < d) {
                         mma::store_output(params.dK, t, dK_row + 8 * dt + e,
                                           dk_scale * dK[dt][2 * r + e]);
                         mma::store_output(params.dV, t, dV_row + 8 * dt + e, dV[dt][2 * r + e]);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """cuda/tools/compare_backward.py — the backward pass of our CUDA backends beside PyTorch's.
 
-For each shape (FlashAttention's benchmark grid: 16k tokens, hidden 2048, d = 64 and 128, N = 1024
-... 8192, causal and not; --quick: N = 1024 and 4096 only), it times
+For each shape (FlashAttention's benchmark grid: 16k tokens, hidden 2048, d = 64 and 128 (--dims
+64,128,256 adds d = 256), N = 1024 ... 8192, causal and not; --quick: N = 1024 and 4096 only), it
+times
   * `flashattn bench --pass backward --json` for our backends (one process, rounds interleaved,
     the backward alone after its forward): --dtype fp32: cuda-standard and cuda-fa2; fp16 / bf16:
     cuda-tc and cuda-fa3 (Hopper; left out where the binary has no cuda-fa3), and
@@ -11,10 +12,11 @@ For each shape (FlashAttention's benchmark grid: 16k tokens, hidden 2048, d = 64
     torch.autograd.grad(O, (Q, K, V), dO) timed alone with CUDA events after warm-up, median of
     --repeat,
 and prints TFLOP/s (FLOPs = 2.5 x 4 B H N^2 d, halved for causal) and the ratios ours / torch
-(a ratio > 1: ours is faster).
+(a ratio > 1: ours is faster). A backend without a backward at a shape (cuda-tc at d = 256) is left
+out there: its cells read nan.
 
 Usage: cuda/tools/compare_backward.py --bin-dir build/gpu/bin [--dtype fp32|fp16|bf16] [--quick]
-           [--repeat R] [--json FILE]
+           [--dims 64,128] [--repeat R] [--json FILE]
 """
 import argparse
 import json
@@ -40,9 +42,9 @@ OUR_DTYPE = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def shapes(quick):
+def shapes(quick, dims):
     out = []
-    for d in (64, 128):
+    for d in dims:
         for N in ((1024, 4096) if quick else (1024, 2048, 4096, 8192)):
             for causal in (False, True):
                 B, H = 16384 // N, 2048 // d
@@ -56,6 +58,20 @@ def flops(B, H, N, d, causal):
 
 
 def ours(bin_dir, backends, dtype, B, H, N, d, causal, repeat):
+    """Median ms per backend, from one bench run; where that fails, each backend alone, nan for
+    those that refuse the shape."""
+    try:
+        return bench(bin_dir, backends, dtype, B, H, N, d, causal, repeat)
+    except RuntimeError:
+        if len(backends) == 1:
+            return {backends[0]: math.nan}
+        out = {}
+        for name in backends:
+            out.update(ours(bin_dir, [name], dtype, B, H, N, d, causal, repeat))
+        return out
+
+
+def bench(bin_dir, backends, dtype, B, H, N, d, causal, repeat):
     cmd = [f"{bin_dir}/flashattn", "bench", "--backends", ",".join(backends), "--pass", "backward",
            "--dtype", OUR_DTYPE[dtype],
            "--batch", str(B), "--heads", str(H), "--seq", str(N), "--dim", str(d),
@@ -99,6 +115,7 @@ def main():
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--dtype", choices=sorted(PLANS), default="fp32")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dims", default="64,128", help="head dims, comma-separated (64,128,256)")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -113,7 +130,7 @@ def main():
     head = [f"{n:>10}" for n in mine] + [f"{short(t):>10}" for t in theirs] + \
            [f"{n.replace('cuda-', '')}/{short(t)}".rjust(12) for n, t in pairs]
     print(f"{'B':>3} {'H':>3} {'N':>5} {'d':>4} {'causal':>6} | " + " ".join(head))
-    for B, H, N, d, causal in shapes(a.quick):
+    for B, H, N, d, causal in shapes(a.quick, [int(x) for x in a.dims.split(",")]):
         f = flops(B, H, N, d, causal)
         ms = ours(a.bin_dir, mine, a.dtype, B, H, N, d, causal, a.repeat)
         for t in theirs:
@@ -129,7 +146,8 @@ def main():
         print(f"{B:>3} {H:>3} {N:>5} {d:>4} {str(causal):>6} | " + " ".join(cells), flush=True)
         torch.cuda.empty_cache()
     for n, t in pairs:
-        ratios = [r["ms"][t] / r["ms"][n] for r in rows if not math.isnan(r["ms"][t])]
+        ratios = [r["ms"][t] / r["ms"][n] for r in rows
+                  if not math.isnan(r["ms"][t]) and not math.isnan(r["ms"][n])]
         if ratios:
             print(f"# {n} / torch {t} backward: geomean {geomean(ratios):.2f}, min {min(ratios):.2f}")
     if a.json:

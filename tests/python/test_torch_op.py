@@ -417,10 +417,34 @@ def test_cuda_fa3_reads_projection_views_where_they_lie(dtype, d, offset, monkey
                               (*views, o.detach(), lse, do) + args[3:])
 
 
+def test_cuda_fa3_gradients_at_head_dim_256():
+    """cuda-fa3's backward at d = 256 (its warpgroups split d) through autograd, GQA, causal, odd
+    lengths: within 2x of SDPA's own error against float64 on the same rounded inputs (+ a floor
+    of bf16's unit roundoff times the gradient's size)."""
+    needs_cuda()
+    if "cuda-fa3" not in flashattn.backends():
+        pytest.skip("no cuda-fa3 (a build without sm_90a, or not a Hopper GPU)")
+    q, k, v, do = tensors((1, 4, 150, 256), (1, 2, 203, 256), (1, 2, 203, 256), (1, 4, 150, 256),
+                          device="cuda", dtype=torch.bfloat16)
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    flashattn.attention(*xs, causal=True, backend="cuda-fa3").backward(do)
+    ys = [x.clone().requires_grad_() for x in (q, k, v)]
+    mask = torch.tensor(reference.visible(150, 203, True), device="cuda")
+    torch.nn.functional.scaled_dot_product_attention(
+        ys[0], ys[1].repeat_interleave(2, 1), ys[2].repeat_interleave(2, 1),
+        attn_mask=mask).backward(do)
+    rounded = [x.detach().double().cpu().numpy() for x in (q, k, v, do)]
+    refs = reference.attention_backward(*rounded, causal=True)
+    for name, x, y, ref in zip("QKV", xs, ys, refs):
+        error = max_error(x.grad.double().cpu().numpy(), ref)
+        bound = 2 * max_error(y.grad.double().cpu().numpy(), ref) + 2**-8 * np.abs(ref).max() / 100
+        assert error <= bound, f"d{name}: error {error:.3g} > bound {bound:.3g}"
+
+
 def test_the_default_backend_is_the_fastest_for_the_device():
     """float32 on cuda-fa2; float16/bfloat16 on cuda-fa3 on Hopper for d = 64, 128 and 256 (its
-    backward for 64 and 128), else cuda-tc, and cuda-tc for a decoding forward (at most 64 query
-    rows), whose keys it splits; the default gives the same bits as naming that backend."""
+    backward too), else cuda-tc, and cuda-tc for a decoding forward (at most 64 query rows), whose
+    keys it splits; the default gives the same bits as naming that backend."""
     needs_cuda()
     device = torch.device("cuda", torch.cuda.current_device())
     hopper = torch.cuda.get_device_capability(device) == (9, 0)
@@ -436,8 +460,8 @@ def test_the_default_backend_is_the_fastest_for_the_device():
         name = flashattn._TORCH_DTYPES[dtype]
         shape = (1, 4, rows, d)
         assert flashattn._default_cuda_backend(name, device, shape, False) == expected
-        if d == 256:  # no backward on cuda-fa3 there
-            assert flashattn._default_cuda_backend(name, device, shape, True) == "cuda-tc"
+        if d == 256:  # the backward's default as the forward's (cuda-tc has none at d = 256)
+            assert flashattn._default_cuda_backend(name, device, shape, True) == expected
         q, k, v = tensors(shape, (1, 2, 300, d), (1, 2, 300, d), device="cuda", dtype=dtype)
         assert torch.equal(flashattn.attention(q, k, v, causal=True),
                            flashattn.attention(q, k, v, causal=True, backend=expected))

@@ -28,7 +28,7 @@ Where it runs:
     device and dtype:
       float32                    cuda-fa2 (forward and backward);
       float16 / bfloat16         forward: cuda-fa3 on Hopper (compute capability 9.0, a build with
-                                 sm_90a) for d = 64 and 128, else cuda-tc, and cuda-tc for
+                                 sm_90a) for d = 64, 128 and 256, else cuda-tc, and cuda-tc for
                                  a decoding forward (at most 64 query rows: it splits the keys
                                  and reads K/V once per GQA group, docs/decoding.md); backward:
                                  cuda-fa3's where it has one, else cuda-tc's (it works from any
@@ -587,10 +587,9 @@ def _cpu_backward(q, k, v, o, lse, do, plan, options):
 
 # --- PyTorch tensors on a GPU ---------------------------------------------------------------
 
-# cuda-fa3's head dimensions (cuda/fa3/backend.cu and backward.cu, the checks): the default sends
-# other d to cuda-tc.
+# cuda-fa3's head dimensions, forward and backward (cuda/fa3/backend.cu and backward.cu, the
+# checks): the default sends other d to cuda-tc.
 _FA3_HEAD_DIMS = (64, 128, 256)
-_FA3_BACKWARD_HEAD_DIMS = (64, 128)
 _CAPABILITY = {}  # device index -> (major, minor), asked once per device
 
 
@@ -620,7 +619,7 @@ def _default_cuda_backend(dtype, device, shape, backward):
     # backend.)
     decoding = not backward and type(rows) is int and rows <= _DECODE_ROWS
     if (fa3 is not None and fa3["device_arrays"] and (fa3["backward"] or not backward)
-            and d in (_FA3_BACKWARD_HEAD_DIMS if backward else _FA3_HEAD_DIMS) and not decoding
+            and d in _FA3_HEAD_DIMS and not decoding
             and _capability(device) == (9, 0)):
         return "cuda-fa3"
     return "cuda-tc"
@@ -1042,8 +1041,8 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     that precision, as `flashattn run --dtype` does; outputs have the input's dtype), or PyTorch
     CUDA tensors (computed on their GPU, asynchronously on PyTorch's current stream, results on
     the same device): float32 on cuda-fa2; float16 and bfloat16 on cuda-fa3 on a Hopper GPU for
-    d = 64, 128 and 256 and more than 64 query rows (its backward too, after any forward, for
-    d = 64 and 128), else on cuda-tc (d in 32, 64, 96, 128, and 256 forward only; decoding: split
+    d = 64, 128 and 256 and more than 64 query rows (its backward too, after any forward), else on
+    cuda-tc (d in 32, 64, 96, 128, and 256 forward only; decoding: split
     keys, GQA groups packed). cuda-fa3 reads strided tensors (such as q, k, v viewed out of one
     projection) where they lie; outputs of CUDA tensors follow their inputs' order as SDPA's do,
     so O of a q viewed as (B, H, N, d) out of (B, N, H, d) memory is such a view too.
