@@ -17,14 +17,14 @@
 //   * dQ_i = dS K_j reads both operands from shared memory as MN-major: dS^T as stored
 //     (keys x queries) and K_j (keys x d). dQ_i (Br x d) is cut into 64 x 64 blocks, one per
 //     warpgroup in the default tiles (d = 64 with Br = 128, d = 128 with Br = 64), each written to
-//     shared memory and added to dQ's fp32 sum in HBM by TMA's reduce-add (stage_dq_block, send_dq_blocks; cuda-tc
+//     shared memory and added to dQ's fp32 sum in HBM by TMA's reduce-add (add_dq_block; cuda-tc
 //     adds with per-thread atomics), in a fixed order in deterministic mode.
 //
 // Algorithm 2 lines: L4 D_i (delta_kernel, before) | L5 one CTA per (j, K/V head, batch) | L6 K_j,
 // V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) | L8 the step loop (query head,
 // query tile) | L9 Q_i, dO_i (TMA, ring of kSlots), L_i, D_i (cp.async) | L10 S^T = K_j Q_i^T |
 // L11, L14 probabilities_and_score_gradients | L12 dV_j += P^T dO_i | L13 dP^T = V_j dO_i^T | L15
-// dQ_i += scale dS K_j (stage_dq_block, send_dq_blocks) | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
+// dQ_i += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
 //
 // Every product is waited for where it is issued, and every thread computes (thread 0 also issues
 // the copies): no producer warpgroup, no overlap of a step's products with its own or the next
@@ -81,7 +81,7 @@ struct Fa3BackwardTile {
     // same dQ_i in turn need an order).
     static constexpr int kDqBlocks = (Br / 64) * kPanels;
     static constexpr int kDqBlocksPerWarpgroup = (kDqBlocks + kWarpgroups - 1) / kWarpgroups;
-    // A dQ block in shared memory (stage_dq_block): 64 x 64 floats as two TMA boxes of 32 columns.
+    // A dQ block in shared memory (add_dq_block): 64 x 64 floats as two TMA boxes of 32 columns.
     static constexpr int kDqBlockFloats = 64 * 64;
     // At D = 256 shared memory has no room for the dQ blocks (K_j, V_j and two slots of Q_i, dO_i
     // take 192 KB): they are written into the step's own slot of Q_i and dO_i (64 KB, exactly the
@@ -128,7 +128,7 @@ constexpr int backward_smem_bytes() {
 struct Fa3BackwardParams {
     BackwardParams base;
     CUtensorMap q, k, v, dO;
-    CUtensorMap dq_sum;  // base.dQ, fp32, boxes of 32 columns x 64 rows (stage_dq_block)
+    CUtensorMap dq_sum;  // base.dQ, fp32, boxes of 32 columns x 64 rows (add_dq_block)
     int tail;            // K/V heads whose key tiles end the grid longest first (scheduled_tile)
 };
 
@@ -152,19 +152,30 @@ __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
         }
 }
 
-// Algorithm 2 L15's addition of dQ_i's 64 x 64 blocks to dQ in HBM, through shared memory, in two
-// parts: each block's fp32 accumulator acc is written by its warpgroup (stage_dq_block), and then
-// one thread hands the warpgroup's blocks to the copy engine's reduce-add (send_dq_blocks), which
-// adds them to dQ with no further work from the threads (FlashAttention-3 adds dQ from shared
-// memory with TMA too). Per-thread atomics, cuda-tc's way, take 16 eight-byte atomics per thread
-// and block, and their queue holds the warps back (docs/cuda_fa3.md measures both). Rows past N_q
-// lie outside the map and are not added.
-//
-// A block is written as scale acc, two boxes of 32 columns in the 128-byte swizzle (16-byte chunk
-// c of row r at c ^ (r % 8): the eight rows of a store land in different banks).
-template <class Cfg>
-__device__ __forceinline__ void stage_dq_block(float* sdq, const float (&acc)[8][4], float scale,
-                                               int wg_warp, int lane) {
+// Algorithm 2 L15's addition of one 64 x 64 block of dQ_i (a warpgroup's fp32 accumulator acc;
+// rows row0 .., columns col0 .. of head h, batch entry b) to dQ in HBM, through shared memory: the
+// warpgroup writes scale acc to its block sdq, as two boxes of 32 columns in the 128-byte swizzle
+// (16-byte chunk c of row r at c ^ (r % 8): the eight rows of a store land in different banks),
+// and one thread hands both boxes to the copy engine's reduce-add, which adds them to dQ with no
+// further work from the threads (FlashAttention-3 adds dQ from shared memory with TMA too).
+// Per-thread atomics, cuda-tc's way, take 16 eight-byte atomics per thread and block, and their
+// queue holds the warps back (docs/cuda_fa3.md measures both). Rows past N_q lie outside the map
+// and are not added. In kDeterministic mode the thread waits until its additions are done (the
+// next key tile's turn comes after them); otherwise it waits, at its next block, only until the
+// copy engine has read this one. At D = 256 (Cfg::kDqInSlot) sdq lies in the step's slot of Q_i
+// and dO_i, and the kernel waits for that read before the slot's next copy instead.
+template <class Cfg, bool kDeterministic>
+__device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, float* sdq,
+                                             const float (&acc)[8][4], std::int64_t b,
+                                             std::int64_t h, int row0, int col0, int wg,
+                                             int wg_warp, int lane) {
+    const bool issuer = wg_warp == 0 && lane == 0;
+    if constexpr (!Cfg::kDqInSlot) {
+        // The block's previous contents have been read (the wait is for a copy issued a step ago).
+        if (issuer) hopper::bulk_wait_read<0>();
+        hopper::named_barrier_sync(1 + wg, 128);
+    }
+    const float scale = params.base.scale;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = 16 * wg_warp + lane / 4 + 8 * r;
@@ -172,41 +183,17 @@ __device__ __forceinline__ void stage_dq_block(float* sdq, const float (&acc)[8]
         for (int nt = 0; nt < 8; ++nt) {
             // Columns 8 nt + 2 (lane % 4) (+1): box nt / 4, 16-byte chunk `chunk` of its row.
             const int chunk = 2 * (nt % 4) + (lane % 4) / 2;
-            float* at = sdq + (nt / 4) * 64 * 32 + row * 32 + (chunk ^ (row % 8)) * 4 + 2 * (lane % 2);
-            *reinterpret_cast<float2*>(at) = make_float2(scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
+            float* at = sdq + (nt / 4) * 64 * 32 + row * 32 + (chunk ^ (row % 8)) * 4 +
+                        2 * (lane % 2);
+            *reinterpret_cast<float2*>(at) =
+                make_float2(scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
         }
     }
-}
-
-// Where the warpgroup's staging area is its own (Cfg::kDqInSlot false), it waits, before writing
-// it again, until the copy engine has read what it sent a step ago.
-template <class Cfg>
-__device__ __forceinline__ void wait_dq_staging_read(int wg, int wg_warp, int lane) {
-    if (wg_warp == 0 && lane == 0) hopper::bulk_wait_read<0>();
-    hopper::named_barrier_sync(1 + wg, 128);
-}
-
-// The warpgroup's kBlocks staged blocks to the reduce-add: dQ_i's block block0 + q (rows
-// row0 + 64 ((block0 + q) / kPanels) .., columns 64 ((block0 + q) % kPanels) .. of head h, batch
-// entry b) at sdq + q 64 x 64. In kDeterministic mode the thread waits
-// until its additions are done (the next key tile's turn comes after them); otherwise the wait
-// for the copy engine's reads comes before the staging area is written again
-// (wait_dq_staging_read, or at D = 256 before the next copy into the step's slot).
-template <class Cfg, bool kDeterministic, int kBlocks>
-__device__ __forceinline__ void send_dq_blocks(const Fa3BackwardParams& params, float* sdq,
-                                               std::int64_t b, std::int64_t h, int row0,
-                                               int block0, int wg, int wg_warp, int lane) {
     hopper::fence_proxy_async();  // the stores, read next by the copy engine
     hopper::named_barrier_sync(1 + wg, 128);
-    if (wg_warp != 0 || lane != 0) return;
-#pragma unroll
-    for (int q = 0; q < kBlocks; ++q) {
-        float* block = sdq + q * Cfg::kDqBlockFloats;
-        const int row = row0 + 64 * ((block0 + q) / Cfg::kPanels);
-        const int col = 64 * ((block0 + q) % Cfg::kPanels);
-        hopper::tma_reduce_add_4d(&params.dq_sum, block, col, row, int(h), int(b));
-        hopper::tma_reduce_add_4d(&params.dq_sum, block + 64 * 32, col + 32, row, int(h), int(b));
-    }
+    if (!issuer) return;
+    hopper::tma_reduce_add_4d(&params.dq_sum, sdq, col0, row0, int(h), int(b));
+    hopper::tma_reduce_add_4d(&params.dq_sum, sdq + 64 * 32, col0 + 32, row0, int(h), int(b));
     hopper::bulk_commit();
     if constexpr (kDeterministic) {
         hopper::bulk_wait<0>();
@@ -399,14 +386,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // d = 128.
         constexpr int kPer = Cfg::kDqBlocksPerWarpgroup;
         if (Cfg::kDqBlocks >= Cfg::kWarpgroups || wg < Cfg::kDqBlocks) {
-            // Where the blocks go first: the warpgroup's own in sdQ, or at D = 256 (kDqInSlot)
-            // warpgroup 0's in this step's Q_i and warpgroup 1's in its dO_i (32 KB each).
-            float* const staging =
-                Cfg::kDqInSlot
-                    ? reinterpret_cast<float*>((wg == 0 ? sQ : sdO) + ring.stage * Br * D)
-                    : sdQ + wg * kPer * Cfg::kDqBlockFloats;
-            // One block at a time, 32 accumulators (unrolled, ptxas spilled 316 bytes per thread at
-            // d = 256, against 24 so).
+            // One block at a time (32 accumulators; with both of d = 256's blocks in registers
+            // at once ptxas spilled 316 bytes per thread, against 24 so), each first written to
+            // the warpgroup's own area of sdQ, or at D = 256 (kDqInSlot) to this step's slot:
+            // warpgroup 0's blocks to its Q_i, warpgroup 1's to its dO_i (32 KB each).
 #pragma unroll 1
             for (int q = 0; q < kPer; ++q) {
                 const int rb = (wg * kPer + q) / kPanels, cb = (wg * kPer + q) % kPanels;
@@ -415,12 +398,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                            fresh(sK) + cb * Bc * 64);
                 hopper::wgmma_wait<0>();
                 hopper::wgmma_fence_registers(acc);
-                if (!Cfg::kDqInSlot && q == 0) wait_dq_staging_read<Cfg>(wg, wg_warp, lane);
-                stage_dq_block<Cfg>(staging + q * Cfg::kDqBlockFloats, acc, bp.scale, wg_warp,
-                                    lane);
+                float* staging = sdQ + (wg * kPer + q) * Cfg::kDqBlockFloats;
+                if constexpr (Cfg::kDqInSlot)
+                    staging = reinterpret_cast<float*>((wg == 0 ? sQ : sdO) + ring.stage * Br * D) +
+                              q * Cfg::kDqBlockFloats;
+                add_dq_block<Cfg, kDeterministic>(params, staging, acc, b, h, rows.begin + 64 * rb,
+                                                  64 * cb, wg, wg_warp, lane);
             }
-            send_dq_blocks<Cfg, kDeterministic, kPer>(params, staging, b, h, rows.begin, wg * kPer,
-                                                      wg, wg_warp, lane);
         }
         if constexpr (kDeterministic) cuda::pass_dq_turn(turn);
         h = h_ask[0], i = i_ask[0];

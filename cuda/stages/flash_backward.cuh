@@ -272,7 +272,7 @@ __device__ __forceinline__ void write_key_gradients(const BackwardParams& params
                                     std::int64_t(key) * params.dv_layout.row + col0 + 2 * (lane % 4);
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
-            if (d % 2 == 0 && col0 + D <= d) {
+            if (d == D || (d % 2 == 0 && col0 + D <= d)) {  // all D columns inside d
                 mma::store_output_pair(params.dK, t, dK_row + 8 * dt, dk_scale * dK[dt][2 * r],
                                        dk_scale * dK[dt][2 * r + 1]);
                 mma::store_output_pair(params.dV, t, dV_row + 8 * dt, dV[dt][2 * r],
