@@ -15,7 +15,7 @@ bool fa3_available();
 // 128, inside the tensor-core kernels' grid limits; std::invalid_argument naming the field.
 void fa3_check_inputs(const AttentionProblem& p, DType dtype);
 
-// "cuda-fa3": fp16/bf16, d = 64, 128 or 256 forward, 64 or 128 backward; host arrays (prepare,
+// "cuda-fa3": fp16/bf16, d = 64, 128 or 256, forward and backward; host arrays (prepare,
 // prepare_backward) or device arrays (run_device, run_backward_device, asynchronous on the
 // caller's stream).
 Backend fa3_backend();

@@ -12,7 +12,7 @@
 namespace flashattn::fa3 {
 
 // Throws std::invalid_argument naming the field for a problem (or dtype) the backward cannot run:
-// fp16/bf16, d = 64 or 128.
+// fp16/bf16, d = 64, 128 or 256.
 void fa3_check_backward_problem(const AttentionProblem& p, DType dtype);
 
 // How many counters the deterministic mode needs (one per query tile and query head).

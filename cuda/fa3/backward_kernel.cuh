@@ -10,15 +10,16 @@
 // transposed products (S^T, dP^T: rows = keys), so that P^T and dS^T are already the register A
 // operand of dV_j += P^T dO_i and dK_j += dS^T Q_i. What wgmma changes:
 //   * a warpgroup (4 warps, 128 threads) owns 64 keys, and its products are 64 x N: two
-//     warpgroups make Bc = 128. Whether a warpgroup skips or masks a tile is decided per
-//     warpgroup (a wgmma is collective); P, dS and the masks are still per element.
+//     warpgroups make Bc = 128. (At d = 256 both warpgroups own the same 64 keys and split
+//     dK_j, dV_j's columns: Fa3BackwardTile.) Whether a warpgroup skips or masks a tile is decided
+//     per warpgroup (a wgmma is collective); P, dS and the masks are still per element.
 //   * S^T, dP^T read K_j, V_j, Q_i and dO_i from shared memory (K-major, no ldmatrix); dV_j and dK_j
 //     read dO_i and Q_i as MN-major B operands, as the forward's P V reads V_j.
 //   * dQ_i = dS K_j reads both operands from shared memory as MN-major: dS^T as stored
 //     (keys x queries) and K_j (keys x d). dQ_i (Br x d) is cut into 64 x 64 blocks, one per
-//     warpgroup in the default tiles (d = 64 with Br = 128, d = 128 with Br = 64), each written to
-//     shared memory and added to dQ's fp32 sum in HBM by TMA's reduce-add (add_dq_block; cuda-tc
-//     adds with per-thread atomics), in a fixed order in deterministic mode.
+//     warpgroup in the default tiles (d = 64 with Br = 128, d = 128 with Br = 64; two at d = 256),
+//     each written to shared memory and added to dQ's fp32 sum in HBM by TMA's reduce-add
+//     (add_dq_block; cuda-tc adds with per-thread atomics), in a fixed order in deterministic mode.
 //
 // Algorithm 2 lines: L4 D_i (delta_kernel, before) | L5 one CTA per (j, K/V head, batch) | L6 K_j,
 // V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) | L8 the step loop (query head,
@@ -96,6 +97,7 @@ struct Fa3BackwardTile {
                   "dQ's blocks shared evenly between the warpgroups");
     static_assert(!kDqInSlot || (Br == 64 && kDqBlocks * kDqBlockFloats * 4 == kStepBytes),
                   "the dQ blocks fill exactly one slot of Q_i and dO_i");
+    static_assert(kSlots == 2 || kSlots == 3, "cuda-fa3 backward: a ring of 2 or 3 slots");
 };
 
 // The barriers: K_j and V_j have landed; slot s's Q_i and dO_i have landed.
@@ -387,7 +389,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         constexpr int kPer = Cfg::kDqBlocksPerWarpgroup;
         if (Cfg::kDqBlocks >= Cfg::kWarpgroups || wg < Cfg::kDqBlocks) {
             // One block at a time (32 accumulators; with both of d = 256's blocks in registers
-            // at once ptxas spilled 316 bytes per thread, against 24 so), each first written to
+            // at once ptxas spilled 316 bytes per thread, against 12 so), each first written to
             // the warpgroup's own area of sdQ, or at D = 256 (kDqInSlot) to this step's slot:
             // warpgroup 0's blocks to its Q_i, warpgroup 1's to its dO_i (32 KB each).
 #pragma unroll 1
