@@ -199,8 +199,7 @@ Backend fa3_backend() {
     b.summary =
         "FlashAttention-3 on Hopper: wgmma, TMA copies into an mbarrier ring, a producer warpgroup "
         "and two consumer warpgroups (three at d = 64), softmax overlapped with P V (and ping-pong "
-        "at d = 128), persistent CTAs; fp16/bf16, d = 64, 128 or 256; backward on wgmma too "
-        "(d = 64, 128)";
+        "at d = 128), persistent CTAs; fp16/bf16, d = 64, 128 or 256; backward on wgmma too";
     b.dtypes = {DType::f16, DType::bf16};
     b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
