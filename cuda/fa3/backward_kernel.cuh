@@ -62,7 +62,7 @@ using cuda::BackwardParams;
 // keeping this kernel's form; FlashAttention-3 instead splits the queries between its warpgroups
 // and passes P and dS through shared memory). Query tiles of Br = 64 or 128 rows (1 or 2 panels
 // of dS^T), head dim D = 64, 128 or 256 (1, 2 or 4 panels).
-template <class T_, int D_, int Br_, int kSlots_ = 2>
+template <class T_, int D_, int Br_, int kSlots_ = 2, bool kQuerySplit_ = false>
 struct Fa3BackwardTile {
     using T = T_;
     static constexpr int D = D_;
@@ -89,6 +89,12 @@ struct Fa3BackwardTile {
     // four blocks), whose tiles no product reads once dK_j's is done. The copy engine must then
     // have read them before the next step asks for new tiles into that slot.
     static constexpr bool kDqInSlot = D == 256;
+    // At D = 256, instead of both warpgroups computing all of S^T and dP^T, each computes them for
+    // half of the queries (Brw of them) and writes its half of P^T and dS^T to shared memory, from
+    // which both read all of them as the A operand of their dV_j and dK_j columns: five products'
+    // work, one more barrier per step, and P^T through shared memory (FlashAttention-3's way).
+    static constexpr bool kQuerySplit = kQuerySplit_;
+    static constexpr int Brw = kQuerySplit ? Br / 2 : Br;
     static constexpr std::uint32_t kKeyTileBytes = Bc * D * sizeof(T_);    // K_j or V_j
     static constexpr std::uint32_t kStepBytes = 2 * Br * D * sizeof(T_);  // Q_i and dO_i
     static_assert(D == 64 || D == 128 || D == 256, "cuda-fa3 backward: D = 64, 128 or 256");
@@ -98,6 +104,7 @@ struct Fa3BackwardTile {
     static_assert(!kDqInSlot || (Br == 64 && kDqBlocks * kDqBlockFloats * 4 == kStepBytes),
                   "the dQ blocks fill exactly one slot of Q_i and dO_i");
     static_assert(kSlots == 2 || kSlots == 3, "cuda-fa3 backward: a ring of 2 or 3 slots");
+    static_assert(!kQuerySplit || (D == 256 && Br == 64), "the query split: d = 256, Br = 64");
 };
 
 // The barriers: K_j and V_j have landed; slot s's Q_i and dO_i have landed.
@@ -120,6 +127,7 @@ template <class Cfg>
 constexpr int backward_smem_bytes() {
     return int((2 * Cfg::Bc * Cfg::D + 2 * Cfg::kSlots * Cfg::Br * Cfg::D + Cfg::Bc * Cfg::Br) *
                sizeof(typename Cfg::T)) +
+           int((Cfg::kQuerySplit ? Cfg::Bc * Cfg::Br : 0) * sizeof(typename Cfg::T)) +  // P^T
            int((Cfg::kDqInSlot ? 0 : Cfg::kDqBlocks) * Cfg::kDqBlockFloats * sizeof(float)) +
            int(2 * Cfg::kSlots * Cfg::Br * sizeof(float)) + int(sizeof(Fa3BackwardBarriers)) +
            1024;
@@ -139,17 +147,20 @@ struct Fa3BackwardParams {
 // Br / 64 panels (Bc rows of keys x 64 queries each) in the 128-byte swizzle (16-byte chunk c of
 // row r at c ^ (r % 8)). Reading the registers while that product still runs is allowed (a wgmma
 // only forbids writing them), so the stores overlap it.
-template <class Cfg>
+// kCols query columns from col0 (a multiple of 8) on: Br, or a warpgroup's Brw where the
+// warpgroups split the queries (kQuerySplit, which stores P^T the same way).
+template <class Cfg, int kCols = Cfg::Br>
 __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
-                                                      const std::uint32_t (&adS)[Cfg::Br / 16][4],
-                                                      int key0, int lane) {
+                                                      const std::uint32_t (&adS)[kCols / 16][4],
+                                                      int key0, int lane, int col0 = 0) {
 #pragma unroll
-    for (int nt = 0; nt < Cfg::Br / 8; ++nt)
+    for (int nt = 0; nt < kCols / 8; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int key = key0 + lane / 4 + 8 * r;
-            *reinterpret_cast<std::uint32_t*>(sdS + (nt / 8) * Cfg::Bc * 64 + key * 64 +
-                                              ((nt % 8) ^ (key % 8)) * 8 + 2 * (lane % 4)) =
+            const int tile = col0 / 8 + nt;  // the 8 columns' 16-byte chunk, over all panels
+            *reinterpret_cast<std::uint32_t*>(sdS + (tile / 8) * Cfg::Bc * 64 + key * 64 +
+                                              ((tile % 8) ^ (key % 8)) * 8 + 2 * (lane % 4)) =
                 adS[nt / 2][2 * (nt % 2) + r];
         }
 }
@@ -222,7 +233,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     T* sQ = sV + Bc * D;                  // kSlots slots of Br x D
     T* sdO = sQ + Cfg::kSlots * Br * D;  // kSlots slots of Br x D
     T* sdS = sdO + Cfg::kSlots * Br * D;  // Bc x Br
-    float* sdQ = reinterpret_cast<float*>(sdS + Bc * Br);  // kDqBlocks x 64 x 64 (or none)
+    T* sP = sdS + Bc * Br;                 // Bc x Br (kQuerySplit), else none
+    float* sdQ = reinterpret_cast<float*>(sP + (Cfg::kQuerySplit ? Bc * Br : 0));  // kDqBlocks x 64 x 64 (or none)
     float* sL = sdQ + (Cfg::kDqInSlot ? 0 : Cfg::kDqBlocks) * Cfg::kDqBlockFloats;  // kSlots x Br
     float* sDelta = sL + Cfg::kSlots * Br;
     auto* bars = reinterpret_cast<Fa3BackwardBarriers*>(sDelta + Cfg::kSlots * Br);
@@ -341,42 +353,88 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const TileVisibility seen = wg_cols.size() > 0
                                         ? mma::visibility<kBlockMask>(p, rows, wg_cols)
                                         : TileVisibility::none;
-        if (seen != TileVisibility::none) {
-            float S[Br / 8][4], dP[Br / 8][4];
-            const int k_rows = 64 * key_group * 64;
-            issue_ab_t<T, Br, kPanels>(S, sK_j + k_rows, Bc * 64, sQ_i, Br * 64);    // L10
-            issue_ab_t<T, Br, kPanels>(dP, sV_j + k_rows, Bc * 64, sdO_i, Br * 64);  // L13
-            hopper::wgmma_wait<0>();
-            hopper::wgmma_fence_registers(S);
-            hopper::wgmma_fence_registers(dP);
-            const float* sL_i = sL + ring.stage * Br;
-            const float* sD_i = sDelta + ring.stage * Br;
-            if (seen == TileVisibility::partial || rows.size() < Br || wg_cols.size() < 64)
-                cuda::probabilities_and_score_gradients<Br, kBlockMask, true, false, true>(
-                    S, dP, sL_i, sD_i, bp, rows.begin, key_tile() * Bc + key0, lane);
-            else
-                cuda::probabilities_and_score_gradients<Br, kBlockMask, false, false, true>(
-                    S, dP, sL_i, sD_i, bp, rows.begin, key_tile() * Bc + key0, lane);
-            // dV_j and dK_j's columns Dw column_group ..: panels Dw / 64 column_group ..
-            constexpr int kWgPanels = Dw / 64;
-            const int d_panel0 = kWgPanels * column_group * Br * 64;
-            std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
-            pack_a<T, Br / 16>(aP, S);
-            issue_a_regs_b<T, Br / 16, kWgPanels>(dV, aP, sdO_i + d_panel0, Br * 64);  // L12
-            pack_a<T, Br / 16>(adS, dP);
-            issue_a_regs_b<T, Br / 16, kWgPanels>(dK, adS, sQ_i + d_panel0, Br * 64);  // L16
-            if (column_group == 0) store_score_gradients<Cfg>(sdS, adS, key0, lane);
-            hopper::wgmma_wait<0>();
-            hopper::wgmma_fence_registers(dV);
-            hopper::wgmma_fence_registers(dK);
-            hopper::wgmma_fence_registers(aP);
-            hopper::wgmma_fence_registers(adS);
+        // dV_j and dK_j's columns Dw column_group ..: panels Dw / 64 column_group ..
+        constexpr int kWgPanels = Dw / 64;
+        const int d_panel0 = kWgPanels * column_group * Br * 64;
+        if constexpr (Cfg::kQuerySplit) {
+            // Warpgroup wg's queries of the tile: Brw wg .. Brw wg + Brw - 1 (Fa3BackwardTile).
+            constexpr int Brw = Cfg::Brw;
+            const int q0 = Brw * wg;
+            const TileRange wg_rows = {min(rows.begin + q0, rows.end),
+                                       min(rows.begin + q0 + Brw, rows.end)};
+            const TileVisibility wg_seen = seen != TileVisibility::none && wg_rows.size() > 0
+                                               ? mma::visibility<kBlockMask>(p, wg_rows, wg_cols)
+                                               : TileVisibility::none;
+            if (wg_seen != TileVisibility::none) {
+                float S[Brw / 8][4], dP[Brw / 8][4];
+                issue_ab_t<T, Brw, kPanels>(S, sK_j, Bc * 64, sQ_i + q0 * 64, Br * 64);    // L10
+                issue_ab_t<T, Brw, kPanels>(dP, sV_j, Bc * 64, sdO_i + q0 * 64, Br * 64);  // L13
+                hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(S);
+                hopper::wgmma_fence_registers(dP);
+                const float* sL_i = sL + ring.stage * Br + q0;
+                const float* sD_i = sDelta + ring.stage * Br + q0;
+                if (wg_seen == TileVisibility::partial || wg_rows.size() < Brw ||
+                    wg_cols.size() < 64)
+                    cuda::probabilities_and_score_gradients<Brw, kBlockMask, true, false, true>(
+                        S, dP, sL_i, sD_i, bp, wg_rows.begin, key_tile() * Bc + key0, lane);
+                else
+                    cuda::probabilities_and_score_gradients<Brw, kBlockMask, false, false, true>(
+                        S, dP, sL_i, sD_i, bp, wg_rows.begin, key_tile() * Bc + key0, lane);
+                std::uint32_t aP[Brw / 16][4], adS[Brw / 16][4];
+                pack_a<T, Brw / 16>(aP, S);
+                pack_a<T, Brw / 16>(adS, dP);
+                store_score_gradients<Cfg, Brw>(sP, aP, key0, lane, q0);
+                store_score_gradients<Cfg, Brw>(sdS, adS, key0, lane, q0);
+            } else {
+                const std::uint32_t zero[Brw / 16][4] = {};
+                store_score_gradients<Cfg, Brw>(sP, zero, key0, lane, q0);
+                store_score_gradients<Cfg, Brw>(sdS, zero, key0, lane, q0);
+            }
+            hopper::fence_proxy_async();  // P^T's and dS^T's stores, read next by the tensor cores
+            __syncthreads();              // both halves complete
+            if (seen != TileVisibility::none) {
+                issue_a_smem_b<T, Br / 16>(dV, fresh(sP), Bc * 64, sdO_i + d_panel0, Br * 64);  // L12
+                issue_a_smem_b<T, Br / 16>(dK, fresh(sdS), Bc * 64, sQ_i + d_panel0, Br * 64);  // L16
+                hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(dV);
+                hopper::wgmma_fence_registers(dK);
+            }
         } else {
-            const std::uint32_t zero[Br / 16][4] = {};
-            if (column_group == 0) store_score_gradients<Cfg>(sdS, zero, key0, lane);
+            if (seen != TileVisibility::none) {
+                float S[Br / 8][4], dP[Br / 8][4];
+                const int k_rows = 64 * key_group * 64;
+                issue_ab_t<T, Br, kPanels>(S, sK_j + k_rows, Bc * 64, sQ_i, Br * 64);    // L10
+                issue_ab_t<T, Br, kPanels>(dP, sV_j + k_rows, Bc * 64, sdO_i, Br * 64);  // L13
+                hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(S);
+                hopper::wgmma_fence_registers(dP);
+                const float* sL_i = sL + ring.stage * Br;
+                const float* sD_i = sDelta + ring.stage * Br;
+                if (seen == TileVisibility::partial || rows.size() < Br || wg_cols.size() < 64)
+                    cuda::probabilities_and_score_gradients<Br, kBlockMask, true, false, true>(
+                        S, dP, sL_i, sD_i, bp, rows.begin, key_tile() * Bc + key0, lane);
+                else
+                    cuda::probabilities_and_score_gradients<Br, kBlockMask, false, false, true>(
+                        S, dP, sL_i, sD_i, bp, rows.begin, key_tile() * Bc + key0, lane);
+                std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
+                pack_a<T, Br / 16>(aP, S);
+                issue_a_regs_b<T, Br / 16, kWgPanels>(dV, aP, sdO_i + d_panel0, Br * 64);  // L12
+                pack_a<T, Br / 16>(adS, dP);
+                issue_a_regs_b<T, Br / 16, kWgPanels>(dK, adS, sQ_i + d_panel0, Br * 64);  // L16
+                if (column_group == 0) store_score_gradients<Cfg>(sdS, adS, key0, lane);
+                hopper::wgmma_wait<0>();
+                hopper::wgmma_fence_registers(dV);
+                hopper::wgmma_fence_registers(dK);
+                hopper::wgmma_fence_registers(aP);
+                hopper::wgmma_fence_registers(adS);
+            } else {
+                const std::uint32_t zero[Br / 16][4] = {};
+                if (column_group == 0) store_score_gradients<Cfg>(sdS, zero, key0, lane);
+            }
         }
         hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
-        __syncthreads();              // dS^T complete
+        __syncthreads();  // dS^T complete (kQuerySplit: every product done with the step's slot)
 
         // L15: dQ_i += scale dS K_j; in kDeterministic mode after the key tiles before this one.
         int* turn = nullptr;

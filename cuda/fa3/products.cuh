@@ -88,6 +88,25 @@ __device__ __forceinline__ void issue_a_regs_b(float (&acc)[8 * kPanels][4],
     hopper::wgmma_commit();
 }
 
+// acc (64 x 128) += A B: A (64 rows) K-major from shared memory, kKSteps k-steps of 16 in panels
+// of 64 columns lying a_panel elements apart; B MN-major, two panels of 64 columns b_panel elements
+// apart, as issue_a_regs_b reads it. Backward at d = 256 with the queries split between the
+// warpgroups (Fa3BackwardTile's kQuerySplit): dV_j += P^T dO_i and dK_j += dS^T Q_i, P^T and dS^T
+// from shared memory (Algorithm 2 L12, L16).
+template <class T, int kKSteps>
+__device__ __forceinline__ void issue_a_smem_b(float (&acc)[16][4], const T* A, int a_panel,
+                                               const T* B, int b_panel) {
+    hopper::wgmma_fence_registers(acc);
+    hopper::wgmma_fence();
+    const std::uint32_t panel_bytes = std::uint32_t(b_panel * sizeof(T));
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+        hopper::wgmma_ss<T, 128, true, true>(
+            acc, hopper::smem_descriptor(A + (kk / 4) * a_panel + 16 * (kk % 4)),
+            hopper::smem_descriptor_panels(B + 16 * kk * 64, panel_bytes));
+    hopper::wgmma_commit();
+}
+
 // acc (64 x 64) = A B over kKSteps k-steps of 16, A and B both MN-major panels read from shared
 // memory: A's panel has k rows of 64 M values, B's k rows of 64 N values. Backward: dQ_i = dS K_j
 // with dS^T stored as (keys x queries) and K_j as (keys x d) (Algorithm 2 L15).

@@ -111,16 +111,30 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 // d (64 x N, fp32; warp w of the warpgroup holds rows 16 w + (g, g + 8), columns 8 i + 2t (+1),
 // i.e. m16n8's C layout tile by tile) += A B for one k-step of 16, A (64 x 16) and B (N x 16)
-// both read from shared memory "K-major" (the 16 k values of a row contiguous). N = 64, 80 or 128.
-// kAccumulate = false: d = A B (wgmma's scale-d operand 0), the first k-step of a product, so that
-// no instruction writes zeros into d first: ptxas would make that wait for every product still
-// running (warning C7517, "warpgroup.wait is injected").
-template <class T, int N, bool kAccumulate = true>
+// both read from shared memory "K-major" (the 16 k values of a row contiguous). N = 32, 64, 80 or
+// 128. kTransposeB: B (16 x N) is read "MN-major" instead (the N values of a k row contiguous, as
+// wgmma_rs reads it; N = 128 only). kAccumulate = false: d = A B (wgmma's scale-d operand 0), the
+// first k-step of a product, so that no instruction writes zeros into d first: ptxas would make
+// that wait for every product still running (warning C7517, "warpgroup.wait is injected").
+template <class T, int N, bool kAccumulate = true, bool kTransposeB = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b) {
-    static_assert(N == 64 || N == 80 || N == 128, "wgmma_ss: N = 64, 80 or 128");
+    static_assert(N == 32 || N == 64 || N == 80 || N == 128, "wgmma_ss: N = 32, 64, 80 or 128");
+    static_assert(!kTransposeB || N == 128, "wgmma_ss: an MN-major B at N = 128 only");
     constexpr bool kHalf = std::is_same_v<T, __half>;
     constexpr int kScaleD = kAccumulate ? 1 : 0;
-    if constexpr (N == 80 && kHalf)
+    constexpr int kTransB = kTransposeB ? 1 : 0;
+    if constexpr (N == 32 && kHalf)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, "
+                     "%6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, %18, 1, 1, 0, 0;\n"
+                     : FA3_ACC2(d, 0), FA3_ACC2(d, 2)
+                     : "l"(a), "l"(b), "n"(kScaleD));
+    else if constexpr (N == 32)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, "
+                     "%5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, %18, 1, 1, 0, "
+                     "0;\n"
+                     : FA3_ACC2(d, 0), FA3_ACC2(d, 2)
+                     : "l"(a), "l"(b), "n"(kScaleD));
+    else if constexpr (N == 80 && kHalf)
         asm volatile("wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {" FA3_R0_31
                      ", " FA3_R32_39 "}, %40, %41, %42, 1, 1, 0, 0;\n"
                      : FA3_ACC8(d, 0), FA3_ACC2(d, 8)
@@ -142,14 +156,14 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, 
                      : "l"(a), "l"(b), "n"(kScaleD));
     else if constexpr (kHalf)
         asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" FA3_R0_31
-                     ", " FA3_R32_63 "}, %64, %65, %66, 1, 1, 0, 0;\n"
+                     ", " FA3_R32_63 "}, %64, %65, %66, 1, 1, 0, %67;\n"
                      : FA3_ACC8(d, 0), FA3_ACC8(d, 8)
-                     : "l"(a), "l"(b), "n"(kScaleD));
+                     : "l"(a), "l"(b), "n"(kScaleD), "n"(kTransB));
     else
         asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" FA3_R0_31
-                     ", " FA3_R32_63 "}, %64, %65, %66, 1, 1, 0, 0;\n"
+                     ", " FA3_R32_63 "}, %64, %65, %66, 1, 1, 0, %67;\n"
                      : FA3_ACC8(d, 0), FA3_ACC8(d, 8)
-                     : "l"(a), "l"(b), "n"(kScaleD));
+                     : "l"(a), "l"(b), "n"(kScaleD), "n"(kTransB));
 }
 
 // d (64 x N, N = 64, 128 or 256) += A B for one k-step of 16: A (64 x 16) from registers (each
