@@ -59,9 +59,9 @@ using cuda::BackwardParams;
 // columns: warpgroup c keeps dK_j and dV_j for columns 128 c .. 128 c + 127 (128 floats per
 // thread, as at D = 128). Both then need all of P^T and dS^T as their register A operand, and
 // both compute them: S^T and dP^T are issued twice, seven products' work for five (the price of
-// keeping this kernel's form; FlashAttention-3 instead splits the queries between its warpgroups
-// and passes P and dS through shared memory). Query tiles of Br = 64 or 128 rows (1 or 2 panels
-// of dS^T), head dim D = 64, 128 or 256 (1, 2 or 4 panels).
+// keeping this kernel's form). kQuerySplit is the other way, FlashAttention-3's: the warpgroups
+// split the queries of S^T and dP^T, and P^T and dS^T go through shared memory. Query tiles of
+// Br = 64 or 128 rows (1 or 2 panels of dS^T), head dim D = 64, 128 or 256 (1, 2 or 4 panels).
 template <class T_, int D_, int Br_, int kSlots_ = 2, bool kQuerySplit_ = false>
 struct Fa3BackwardTile {
     using T = T_;
