@@ -142,6 +142,34 @@ struct Fa3BackwardParams {
     int tail;            // K/V heads whose key tiles end the grid longest first (scheduled_tile)
 };
 
+// Algorithm 2 L10, L13, L11 and L14 on a warpgroup's 64 keys and kCols queries: S^T = K_j Q_i^T
+// and dP^T = V_j dO_i^T (A operands from sK_j, sV_j, B from sQ_i, sdO_i, in the tiles' panels),
+// waited for, then P^T and dS^T in place, masked where the keys x queries tile is partly visible
+// or ragged. key_column() gives the warp's first key (read where it is used: the kernel says why).
+template <class Cfg, int kCols, bool kBlockMask, class KeyColumn>
+__device__ __forceinline__ void score_gradients(float (&S)[kCols / 8][4], float (&dP)[kCols / 8][4],
+                                                const typename Cfg::T* sK_j,
+                                                const typename Cfg::T* sV_j,
+                                                const typename Cfg::T* sQ_i,
+                                                const typename Cfg::T* sdO_i, const float* sL_i,
+                                                const float* sD_i, const BackwardParams& bp,
+                                                TileVisibility seen, TileRange rows,
+                                                TileRange cols, const KeyColumn& key_column,
+                                                int lane) {
+    using T = typename Cfg::T;
+    issue_ab_t<T, kCols, Cfg::kPanels>(S, sK_j, Cfg::Bc * 64, sQ_i, Cfg::Br * 64);    // L10
+    issue_ab_t<T, kCols, Cfg::kPanels>(dP, sV_j, Cfg::Bc * 64, sdO_i, Cfg::Br * 64);  // L13
+    hopper::wgmma_wait<0>();
+    hopper::wgmma_fence_registers(S);
+    hopper::wgmma_fence_registers(dP);
+    if (seen == TileVisibility::partial || rows.size() < kCols || cols.size() < 64)
+        cuda::probabilities_and_score_gradients<kCols, kBlockMask, true, false, true>(
+            S, dP, sL_i, sD_i, bp, rows.begin, key_column(), lane);
+    else
+        cuda::probabilities_and_score_gradients<kCols, kBlockMask, false, false, true>(
+            S, dP, sL_i, sD_i, bp, rows.begin, key_column(), lane);
+}
+
 // Algorithm 2 L15's left operand: a warp's 16 keys of dS^T, already rounded to T as the A operand
 // of dK_j's product (pack_a: k-step kk holds columns 16 kk .. 16 kk + 15), into shared memory as
 // Br / 64 panels (Bc rows of keys x 64 queries each) in the 128-byte swizzle (16-byte chunk c of
@@ -271,6 +299,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // the loop, and spilled them: 404 bytes of spill stores per thread at d = 64 and 84 at d = 128
     // (nvcc 13, sm_90a), 28 and 40 with this volatile read (docs/cuda_fa3.md).
     const auto key_tile = [&] { return *static_cast<volatile int*>(&bars->key_tile); };
+    const auto key_column = [&] { return key_tile() * Bc + key0; };  // the warp's first key
 
     // L6: K_j, V_j, once (rows past N_kv arrive as zeros).
     if (threadIdx.x == 0) {
@@ -367,20 +396,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                                : TileVisibility::none;
             if (wg_seen != TileVisibility::none) {
                 float S[Brw / 8][4], dP[Brw / 8][4];
-                issue_ab_t<T, Brw, kPanels>(S, sK_j, Bc * 64, sQ_i + q0 * 64, Br * 64);    // L10
-                issue_ab_t<T, Brw, kPanels>(dP, sV_j, Bc * 64, sdO_i + q0 * 64, Br * 64);  // L13
-                hopper::wgmma_wait<0>();
-                hopper::wgmma_fence_registers(S);
-                hopper::wgmma_fence_registers(dP);
-                const float* sL_i = sL + ring.stage * Br + q0;
-                const float* sD_i = sDelta + ring.stage * Br + q0;
-                if (wg_seen == TileVisibility::partial || wg_rows.size() < Brw ||
-                    wg_cols.size() < 64)
-                    cuda::probabilities_and_score_gradients<Brw, kBlockMask, true, false, true>(
-                        S, dP, sL_i, sD_i, bp, wg_rows.begin, key_tile() * Bc + key0, lane);
-                else
-                    cuda::probabilities_and_score_gradients<Brw, kBlockMask, false, false, true>(
-                        S, dP, sL_i, sD_i, bp, wg_rows.begin, key_tile() * Bc + key0, lane);
+                score_gradients<Cfg, Brw, kBlockMask>(
+                    S, dP, sK_j, sV_j, sQ_i + q0 * 64, sdO_i + q0 * 64, sL + ring.stage * Br + q0,
+                    sDelta + ring.stage * Br + q0, bp, wg_seen, wg_rows, wg_cols, key_column, lane);
                 std::uint32_t aP[Brw / 16][4], adS[Brw / 16][4];
                 pack_a<T, Brw / 16>(aP, S);
                 pack_a<T, Brw / 16>(adS, dP);
@@ -404,19 +422,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if (seen != TileVisibility::none) {
                 float S[Br / 8][4], dP[Br / 8][4];
                 const int k_rows = 64 * key_group * 64;
-                issue_ab_t<T, Br, kPanels>(S, sK_j + k_rows, Bc * 64, sQ_i, Br * 64);    // L10
-                issue_ab_t<T, Br, kPanels>(dP, sV_j + k_rows, Bc * 64, sdO_i, Br * 64);  // L13
-                hopper::wgmma_wait<0>();
-                hopper::wgmma_fence_registers(S);
-                hopper::wgmma_fence_registers(dP);
-                const float* sL_i = sL + ring.stage * Br;
-                const float* sD_i = sDelta + ring.stage * Br;
-                if (seen == TileVisibility::partial || rows.size() < Br || wg_cols.size() < 64)
-                    cuda::probabilities_and_score_gradients<Br, kBlockMask, true, false, true>(
-                        S, dP, sL_i, sD_i, bp, rows.begin, key_tile() * Bc + key0, lane);
-                else
-                    cuda::probabilities_and_score_gradients<Br, kBlockMask, false, false, true>(
-                        S, dP, sL_i, sD_i, bp, rows.begin, key_tile() * Bc + key0, lane);
+                score_gradients<Cfg, Br, kBlockMask>(S, dP, sK_j + k_rows, sV_j + k_rows, sQ_i,
+                                                     sdO_i, sL + ring.stage * Br,
+                                                     sDelta + ring.stage * Br, bp, seen, rows,
+                                                     wg_cols, key_column, lane);
                 std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
                 pack_a<T, Br / 16>(aP, S);
                 issue_a_regs_b<T, Br / 16, kWgPanels>(dV, aP, sdO_i + d_panel0, Br * 64);  // L12

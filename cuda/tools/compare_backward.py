@@ -62,8 +62,10 @@ def ours(bin_dir, backends, dtype, B, H, N, d, causal, repeat):
     those that refuse the shape."""
     try:
         return bench(bin_dir, backends, dtype, B, H, N, d, causal, repeat)
-    except RuntimeError:
-        if len(backends) == 1:
+    except RuntimeError as refused:
+        if len(backends) == 1:  # say why, so that a failure does not pass for a refusal
+            print(f"# {backends[0]} left out at B={B} H={H} N={N} d={d} causal={causal}: "
+                  f"{str(refused).splitlines()[-1]}", flush=True)
             return {backends[0]: math.nan}
         out = {}
         for name in backends:
