@@ -54,20 +54,20 @@ void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool det
                       : launch_kernel<Cfg, false, false>(params, stream);
 }
 
-template <int D, int Br, int kSlots = 2, bool kQuerySplit = false>
+template <int D, int Br, int kSlots = 2>
 void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& args,
                  bool deterministic, cudaStream_t stream) {
     if (args.dtype == DType::f16)
-        launch<Fa3BackwardTile<__half, D, Br, kSlots, kQuerySplit>>(params, args, deterministic,
-                                                                   stream);
+        launch<Fa3BackwardTile<__half, D, Br, kSlots>>(params, args, deterministic, stream);
     else
-        launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots, kQuerySplit>>(params, args,
-                                                                          deterministic, stream);
+        launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots>>(params, args, deterministic,
+                                                             stream);
 }
 
 // The compiled tiles per head dim, Bc = 128 keys each (64 at d = 256, whose warpgroups split the
-// columns: Fa3BackwardTile), with a ring of 2 slots for Q_i, dO_i, L_i, D_i or 3 (-ring3): the default (first listed for a d) is the one measured fastest in
-// docs/cuda_fa3.md ("backward"); FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
+// columns of dK_j, dV_j and the queries of S^T, dP^T: Fa3BackwardTile), with a ring of 2 slots for
+// Q_i, dO_i, L_i, D_i or 3 (-ring3): the default (first listed for a d) is the one measured fastest
+// in docs/cuda_fa3.md ("backward"); FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
 struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own
@@ -80,7 +80,6 @@ const Variant kVariants[] = {
     {"d64-Br64", "", 64, 64, run_variant<64, 64>},
     {"d128-Br64", "", 128, 64, run_variant<128, 64>},
     {"d256-Br64", "", 256, 64, run_variant<256, 64>},
-    {"d256-Br64-qsplit", "", 256, 64, run_variant<256, 64, 2, true>},
 };
 
 const Variant& choose_variant(const AttentionProblem& p) {

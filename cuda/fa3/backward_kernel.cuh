@@ -57,12 +57,11 @@ using cuda::BackwardParams;
 // their dK_j, dV_j: 2 x D / 2 floats per thread. At D = 256 that would be 256 floats, every register
 // there is; so there the tile has Bc = 64 keys, both warpgroups hold all 64, and they split the
 // columns: warpgroup c keeps dK_j and dV_j for columns 128 c .. 128 c + 127 (128 floats per
-// thread, as at D = 128). Both then need all of P^T and dS^T as their register A operand, and
-// both compute them: S^T and dP^T are issued twice, seven products' work for five (the price of
-// keeping this kernel's form). kQuerySplit is the other way, FlashAttention-3's: the warpgroups
-// split the queries of S^T and dP^T, and P^T and dS^T go through shared memory. Query tiles of
-// Br = 64 or 128 rows (1 or 2 panels of dS^T), head dim D = 64, 128 or 256 (1, 2 or 4 panels).
-template <class T_, int D_, int Br_, int kSlots_ = 2, bool kQuerySplit_ = false>
+// thread, as at D = 128). Both need all of P^T and dS^T as the A operand of their columns' dV_j and
+// dK_j products; each computes S^T and dP^T for half of the queries (kQuerySplit) and writes its
+// half of P^T and dS^T to shared memory, FlashAttention-3's way. Query tiles of Br = 64 or 128 rows
+// (1 or 2 panels of dS^T), head dim D = 64, 128 or 256 (1, 2 or 4 panels).
+template <class T_, int D_, int Br_, int kSlots_ = 2>
 struct Fa3BackwardTile {
     using T = T_;
     static constexpr int D = D_;
@@ -89,11 +88,12 @@ struct Fa3BackwardTile {
     // four blocks), whose tiles no product reads once dK_j's is done. The copy engine must then
     // have read them before the next step asks for new tiles into that slot.
     static constexpr bool kDqInSlot = D == 256;
-    // At D = 256, instead of both warpgroups computing all of S^T and dP^T, each computes them for
-    // half of the queries (Brw of them) and writes its half of P^T and dS^T to shared memory, from
-    // which both read all of them as the A operand of their dV_j and dK_j columns: five products'
-    // work, one more barrier per step, and P^T through shared memory (FlashAttention-3's way).
-    static constexpr bool kQuerySplit = kQuerySplit_;
+    // At D = 256 each warpgroup computes S^T and dP^T for half of the queries (Brw of them) and
+    // writes its half of P^T and dS^T to shared memory, from which both read all of them as the A
+    // operand of their dV_j and dK_j columns: one more barrier per step and P^T through shared
+    // memory, where both warpgroups computing all of S^T and dP^T was seven products' work for five
+    // (docs/cuda_fa3.md, "Head dim 256").
+    static constexpr bool kQuerySplit = D == 256;
     static constexpr int Brw = kQuerySplit ? Br / 2 : Br;
     static constexpr std::uint32_t kKeyTileBytes = Bc * D * sizeof(T_);    // K_j or V_j
     static constexpr std::uint32_t kStepBytes = 2 * Br * D * sizeof(T_);  // Q_i and dO_i
@@ -104,7 +104,6 @@ struct Fa3BackwardTile {
     static_assert(!kDqInSlot || (Br == 64 && kDqBlocks * kDqBlockFloats * 4 == kStepBytes),
                   "the dQ blocks fill exactly one slot of Q_i and dO_i");
     static_assert(kSlots == 2 || kSlots == 3, "cuda-fa3 backward: a ring of 2 or 3 slots");
-    static_assert(!kQuerySplit || (D == 256 && Br == 64), "the query split: d = 256, Br = 64");
 };
 
 // The barriers: K_j and V_j have landed; slot s's Q_i and dO_i have landed.
@@ -431,7 +430,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 issue_a_regs_b<T, Br / 16, kWgPanels>(dV, aP, sdO_i + d_panel0, Br * 64);  // L12
                 pack_a<T, Br / 16>(adS, dP);
                 issue_a_regs_b<T, Br / 16, kWgPanels>(dK, adS, sQ_i + d_panel0, Br * 64);  // L16
-                if (column_group == 0) store_score_gradients<Cfg>(sdS, adS, key0, lane);
+                store_score_gradients<Cfg>(sdS, adS, key0, lane);
                 hopper::wgmma_wait<0>();
                 hopper::wgmma_fence_registers(dV);
                 hopper::wgmma_fence_registers(dK);
@@ -439,7 +438,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 hopper::wgmma_fence_registers(adS);
             } else {
                 const std::uint32_t zero[Br / 16][4] = {};
-                if (column_group == 0) store_score_gradients<Cfg>(sdS, zero, key0, lane);
+                store_score_gradients<Cfg>(sdS, zero, key0, lane);
             }
         }
         hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores

@@ -90,7 +90,7 @@ __device__ __forceinline__ void issue_a_regs_b(float (&acc)[8 * kPanels][4],
 
 // acc (64 x 128) += A B: A (64 rows) K-major from shared memory, kKSteps k-steps of 16 in panels
 // of 64 columns lying a_panel elements apart; B MN-major, two panels of 64 columns b_panel elements
-// apart, as issue_a_regs_b reads it. Backward at d = 256 with the queries split between the
+// apart, as issue_a_regs_b reads it. Backward at d = 256, where the queries are split between the
 // warpgroups (Fa3BackwardTile's kQuerySplit): dV_j += P^T dO_i and dK_j += dS^T Q_i, P^T and dS^T
 // from shared memory (Algorithm 2 L12, L16).
 template <class T, int kKSteps>
