@@ -144,10 +144,19 @@ def train(kind, data, val, vocab, a):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
+    def batch(rows):
+        """A batch on the device. On a GPU it is copied from pinned memory, as a DataLoader with
+        pin_memory=True does: a copy from pageable memory may wait for the GPU's queued work, and
+        the step would then run behind the host instead of ahead of it."""
+        rows = torch.stack(rows)
+        if a.device == "cuda":
+            rows = rows.pin_memory()
+        return rows.to(a.device, non_blocking=True)
+
     def train_step():
         ix = torch.randint(len(data) - a.block - 1, (a.batch,), generator=batches)
-        x = torch.stack([data[i:i + a.block] for i in ix]).to(a.device, non_blocking=True)
-        y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix]).to(a.device, non_blocking=True)
+        x = batch([data[i:i + a.block] for i in ix])
+        y = batch([data[i + 1:i + 1 + a.block] for i in ix])
         with autocast:
             loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
