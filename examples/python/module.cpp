@@ -21,8 +21,6 @@
 #include <pybind11/stl.h>
 
 #include <array>
-#include <charconv>
-#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <limits>
@@ -33,6 +31,7 @@
 #include "common/online_softmax.hpp"
 #include "common/registry.hpp"
 #include "common/score_range.hpp"
+#include "device_problem.hpp"
 
 namespace py = pybind11;
 
@@ -77,21 +76,6 @@ void without_gil(Work work) {
         }
     }
     if (failure) std::rethrow_exception(failure);
-}
-
-// The softmax scale as the library's float: NaN stays NaN (the default 1/sqrt(d)); a value float32
-// cannot hold is refused with the value as given (a plain cast would turn 1e39 into inf, and the
-// message would then show inf instead of what the caller wrote).
-float checked_scale(double scale) {
-    if (std::isnan(scale)) return std::numeric_limits<float>::quiet_NaN();
-    if (!(std::fabs(scale) <= double(std::numeric_limits<float>::max()))) {
-        char given[32];  // the shortest spelling that reads back as the same double: "1e+39"
-        *std::to_chars(given, given + sizeof given - 1, scale).ptr = '\0';
-        throw std::invalid_argument(std::string("scale = ") + given +
-                                    ": must be finite and at most 3.4028235e+38 in magnitude "
-                                    "(float32's largest value)");
-    }
-    return static_cast<float>(scale);
 }
 
 // The problem of (B, H, N_q, d) queries and (B, H_kv, N_kv, d) keys; k must match q in B and d.
@@ -202,19 +186,8 @@ py::tuple merge_partials(const FloatArray& O_parts, const FloatArray& lse_parts)
 }
 
 // The device entries (Backend::run_device): tensors already on the GPU, passed as addresses
-// (torch.Tensor.data_ptr()), with the caller's CUDA stream. Shapes as (B, H, H_kv, N_q, N_kv, d).
-struct Shape {
-    std::int64_t B, H, Hkv, Nq, Nkv, d;
-};
-
-AttentionProblem device_problem(const Shape& s, bool causal, double scale) {
-    AttentionProblem p;
-    p.batch = s.B, p.heads = s.H, p.heads_kv = s.Hkv, p.seq_q = s.Nq, p.seq_kv = s.Nkv,
-    p.dim = s.d;
-    p.causal = causal;
-    p.scale = checked_scale(scale);
-    return p;
-}
+// (torch.Tensor.data_ptr()), with the caller's CUDA stream. Shapes as (B, H, H_kv, N_q, N_kv, d)
+// (Shape, device_problem: device_problem.hpp).
 
 // The array at `address`; 0 (a null pointer) is refused naming the array. Nothing else about a
 // device address can be checked from here.
@@ -230,16 +203,6 @@ void validate_problem(const Shape& shape, bool causal, double scale,
                           const std::optional<MaskArray>& mask, std::int64_t mask_block_q,
                           std::int64_t mask_block_kv) {
     with_mask(device_problem(shape, causal, scale), mask, mask_block_q, mask_block_kv);
-}
-
-const Backend& device_backend(const std::string& name, bool backward) {
-    const Backend& b = find_backend(name);
-    if (backward ? !b.run_backward_device : !b.run_device)
-        throw std::invalid_argument("backend = " + name + ": takes no device arrays" +
-                                    (backward ? " in its backward pass" : "") +
-                                    " (cuda-fa2 does in float32, cuda-tc and cuda-fa3 (forward) "
-                                    "in f16/bf16)");
-    return b;
 }
 
 // The workspace a device entry needs for this problem (Backend::device_workspace_bytes, or the

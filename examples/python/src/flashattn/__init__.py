@@ -855,6 +855,43 @@ def _cuda_backward(q, k, v, o, lse, do, block_mask, plan, options):
     return tuple(grads)
 
 
+def _device_plan(backward, xs, causal, scale, backend):
+    """The plan of a CUDA call without a block mask for the C++ fast path (_torch_ops), which
+    calls this once per signature: every check of the call (raising for a bad one), then
+    (backend, dtype, workspace bytes) where the fast path runs it -- a backend that reads strided
+    tensors and writes q's dtype (cuda-fa3), 4-D tensors, a scale that is not negative -- else
+    None (the Python implementation runs it)."""
+    if backward:
+        q, k, v, o, lse, do = xs
+        plan = _planned(_signature("backward", xs, causal, scale, backend), _backward_plan,
+                        q, k, v, o, lse, do, causal, scale, backend, None, None)
+    else:
+        q, k, v = xs
+        plan = _planned(_signature("forward", xs, causal, scale, backend), _forward_plan,
+                        q, k, v, causal, scale, backend, None, None)
+    if not plan.layouts or (scale is not None and scale < 0):
+        return None
+    if any(x.dim() != 4 for x in ((q, k, v, o, do) if backward else xs)):
+        return None
+    return plan.backend, plan.dtype, plan.workspace_bytes
+
+
+def _load_torch_ops():
+    """flashattn._torch_ops (torch_ops.cpp), built where PyTorch's C++ headers and CUDA were
+    found, or None. A module that is there but does not load (built against another PyTorch) is
+    said, not hidden: the Python implementation then runs every call."""
+    if torch is None or importlib.util.find_spec(__name__ + "._torch_ops") is None:
+        return None
+    try:
+        from . import _torch_ops
+    except ImportError as e:
+        import warnings
+        warnings.warn(f"flashattn: the C++ operators do not load ({e}); the Python "
+                      f"implementation runs every CUDA call", RuntimeWarning, stacklevel=2)
+        return None
+    return _torch_ops
+
+
 # --- the operator: real and fake implementations, autograd ------------------------------------
 #
 # flashattn::attention_forward(q, k, v, causal, scale, backend, block_mask, block_size) -> (O, LSE)
@@ -872,7 +909,18 @@ _BACKWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor
 
 def _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size):
     """The forward on real tensors, CPU or CUDA: returns O (q's shape and dtype, laid out as
-    _output_like(q) says) and LSE (float32, q's shape without d)."""
+    _output_like(q) says) and LSE (float32, q's shape without d). A CUDA call without a block
+    mask takes the C++ fast path where it is built (_torch_ops): the same work, with no Python
+    between this call and the launch once its signature is planned."""
+    if _TORCH_OPS is not None and q.is_cuda and block_mask is None and block_size is None:
+        out = _TORCH_OPS.forward(q, k, v, causal, scale, backend)
+        if out is not None:
+            return out
+    return _forward_python(q, k, v, causal, scale, backend, block_mask, block_size)
+
+
+def _forward_python(q, k, v, causal, scale, backend, block_mask, block_size):
+    """The forward's implementation in Python (every call the C++ fast path does not take)."""
     if block_mask is None and block_size is None:
         plan = _planned(_signature("forward", (q, k, v), causal, scale, backend), _forward_plan,
                         q, k, v, causal, scale, backend, None, None)
@@ -896,7 +944,17 @@ def _forward_fake(q, k, v, causal, scale, backend, block_mask, block_size):
 
 
 def _backward_impl(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
-    """The backward on real tensors: dQ, dK, dV with the shapes and dtypes of q, k, v."""
+    """The backward on real tensors: dQ, dK, dV with the shapes and dtypes of q, k, v (the C++
+    fast path first, as _forward_impl)."""
+    if _TORCH_OPS is not None and q.is_cuda and block_mask is None and block_size is None:
+        grads = _TORCH_OPS.backward(q, k, v, o, lse, do, causal, scale, backend)
+        if grads is not None:
+            return grads
+    return _backward_python(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)
+
+
+def _backward_python(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size):
+    """The backward's implementation in Python (every call the C++ fast path does not take)."""
     if block_mask is None and block_size is None:
         plan = _planned(_signature("backward", (q, k, v, o, lse, do), causal, scale, backend),
                         _backward_plan, q, k, v, o, lse, do, causal, scale, backend, None, None)
@@ -946,6 +1004,7 @@ def _backward_formula(ctx, do, _dlse):
 
 
 _FORWARD_OP = _BACKWARD_OP = None
+_TORCH_OPS = None  # flashattn._torch_ops where it is built and registered (torch_ops.cpp)
 _LIBRARY = None  # the torch.library.Library that holds the operators (kept alive with the module)
 _is_compiling = lambda: False  # noqa: E731
 _dispatch_mode_count = lambda: 0  # noqa: E731
@@ -960,9 +1019,14 @@ if torch is not None and hasattr(torch.library, "register_fake") and hasattr(tor
     _LIBRARY = torch.library.Library("flashattn", "DEF")
     _LIBRARY.define("attention_forward" + _FORWARD_SCHEMA)
     _LIBRARY.define("attention_backward" + _BACKWARD_SCHEMA)
-    for _key in ("CPU", "CUDA"):
+    _TORCH_OPS = _load_torch_ops()
+    # CUDA tensors: the C++ kernels where they are built (they call the Python implementation for
+    # what their fast path does not run), else the Python implementation.
+    for _key in ("CPU",) if _TORCH_OPS is not None else ("CPU", "CUDA"):
         _LIBRARY.impl("attention_forward", _forward_impl, _key)
         _LIBRARY.impl("attention_backward", _backward_impl, _key)
+    if _TORCH_OPS is not None:
+        _TORCH_OPS.register_operators(_device_plan, _forward_python, _backward_python)
     torch.library.register_fake("flashattn::attention_forward", _forward_fake, lib=_LIBRARY)
     torch.library.register_fake("flashattn::attention_backward", _backward_fake, lib=_LIBRARY)
     torch.library.register_autograd("flashattn::attention_forward", _backward_formula,

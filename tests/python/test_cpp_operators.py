@@ -1,0 +1,145 @@
+"""tests/python/test_cpp_operators.py — the operators' CUDA implementations in C++
+(examples/python/torch_ops.cpp, module flashattn._torch_ops).
+
+Where the module is built, the dispatcher's CUDA kernels of torch.ops.flashattn.attention_forward
+and attention_backward are C++: a planned call goes from the dispatcher to the launch with no
+Python (the fast path), and every other call is handed to the Python implementation. What is
+checked here, on fresh random inputs at shapes that are no multiple of a tile:
+  * the CUDA kernels registered are the C++ ones (where the build says it has them:
+    FLASHATTN_EXPECT_TORCH_OPS=1, which tests/python/gpu_checks.sh sets when the module is there);
+  * the fast path gives the bits, shapes, dtypes and strides of the Python implementation, forward
+    and backward (dQ's order fixed), contiguous tensors and projection views, GQA, causal;
+  * calls the fast path hands back (a block mask, float32, a negative scale) still run, through
+    the Python implementation called from C++;
+  * a bad call raises ValueError/TypeError through the C++ kernel as through Python, before and
+    after a good call of a close signature (nothing of a refused call is kept);
+  * FLASHATTN_DETERMINISTIC, read at each call, is part of the C++ signature too (its workspace).
+Needs a GPU, cuda-fa3 (an sm_90a build on a Hopper GPU) and PyTorch >= 2.4; skips otherwise.
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import flashattn  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(int(os.environ.get("FLASHATTN_TEST_SEED", "2026")))
+
+
+@pytest.fixture(autouse=True)
+def needs_cpp_operators():
+    if not torch.cuda.is_available() or "cuda-fa3" not in flashattn.backends():
+        pytest.skip("needs a Hopper GPU and an sm_90a build (cuda-fa3)")
+    if flashattn._TORCH_OPS is None:
+        if os.environ.get("FLASHATTN_EXPECT_TORCH_OPS") == "1":
+            pytest.fail("the build has flashattn._torch_ops, but the package did not register it")
+        pytest.skip("this build has no flashattn._torch_ops (PyTorch's C++ headers not found)")
+
+
+def randn(shape, dtype, requires_grad=False):
+    x = torch.tensor(RNG.standard_normal(shape).astype(np.float32), device="cuda", dtype=dtype)
+    return x.requires_grad_(requires_grad)
+
+
+def op_forward(q, k, v, causal=False, scale=None, backend=None, mask=None, size=None):
+    return torch.ops.flashattn.attention_forward.default(q, k, v, causal, scale, backend, mask,
+                                                          size)
+
+
+def test_the_cuda_kernels_are_the_cpp_ones():
+    for name in ("attention_forward", "attention_backward"):
+        table = torch._C._dispatch_dump(f"flashattn::{name}")
+        cuda = [line for line in table.splitlines() if line.startswith("CUDA")]
+        assert len(cuda) == 1 and "torch_ops.cpp" in cuda[0], table
+
+
+def projection(B, N, H, d, dtype):
+    """q, k, v as views of one (B, N, 3 H d) projection, as a model cuts them."""
+    x = randn((B, N, 3 * H * d), dtype)
+    return [t.view(B, N, H, d).transpose(1, 2) for t in x.split(H * d, dim=2)]
+
+
+@pytest.mark.parametrize("dtype, d, layout, causal", [
+    (torch.bfloat16, 64, "contiguous", True),
+    (torch.float16, 128, "contiguous", False),
+    (torch.bfloat16, 64, "projection", True),
+    (torch.float16, 256, "projection", False),
+])
+def test_the_fast_path_gives_the_bits_of_the_python_implementation(dtype, d, layout, causal,
+                                                                    monkeypatch):
+    monkeypatch.setenv("FLASHATTN_DETERMINISTIC", "1")  # dQ's sum in a fixed order
+    if layout == "contiguous":  # GQA, N_q != N_kv
+        q, k, v = randn((2, 4, 203, d), dtype), randn((2, 2, 331, d), dtype), \
+            randn((2, 2, 331, d), dtype)
+    else:
+        q, k, v = projection(2, 201, 3, d, dtype)
+    options = (causal, 0.11, None, None, None)
+    o, lse = op_forward(q, k, v, *options)  # the dispatcher's CUDA kernel: C++
+    o_py, lse_py = flashattn._forward_python(q, k, v, *options)
+    assert o.dtype == dtype and lse.dtype == torch.float32
+    assert o.stride() == o_py.stride() and lse.stride() == lse_py.stride()
+    assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
+    assert torch.isfinite(o).all()
+
+    do = randn(q.shape, dtype)
+    grads = torch.ops.flashattn.attention_backward.default(q, k, v, o, lse, do, *options)
+    grads_py = flashattn._backward_python(q, k, v, o, lse, do, *options)
+    for g, g_py, x in zip(grads, grads_py, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype and g.stride() == g_py.stride()
+        assert torch.equal(g, g_py)
+
+
+def test_calls_the_fast_path_hands_back_run_in_python():
+    """A block mask, float32 (cuda-fa2) and a negative scale (folded into a copy of Q) go from the
+    C++ kernel to the Python implementation: the results are that implementation's."""
+    q, k, v = randn((1, 2, 150, 64), torch.bfloat16), randn((1, 2, 170, 64), torch.bfloat16), \
+        randn((1, 2, 170, 64), torch.bfloat16)
+    mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool, device="cuda")
+    for args in ((q, k, v, False, None, None, mask, [128, 128]),
+                 (q, k, v, True, -0.2, None, None, None),
+                 (q.float(), k.float(), v.float(), False, None, None, None, None)):
+        o, lse = op_forward(*args)
+        o_py, lse_py = flashattn._forward_python(*args)
+        assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (dict(k=(1, 2, 150, 32)), ValueError, "k"),  # another head dimension
+    (dict(q_dtype=torch.float16), TypeError, "dtypes"),
+    (dict(scale=float("inf")), ValueError, "scale"),
+    (dict(backend="no-such-backend"), ValueError, "no-such-backend"),
+])
+def test_a_bad_call_raises_through_the_cpp_kernel(bad, error, words):
+    """The planner runs every check of a signature not seen before: a bad call right after a good
+    one of a close signature raises, each time, and the good one still runs."""
+    shapes = dict(q=(1, 2, 150, 64), k=(1, 2, 170, 64))
+    good = [randn(shapes["q"], torch.bfloat16), randn(shapes["k"], torch.bfloat16),
+            randn(shapes["k"], torch.bfloat16)]
+    op_forward(*good)
+    q = randn(shapes["q"], bad.get("q_dtype", torch.bfloat16))
+    k = randn(bad.get("k", shapes["k"]), torch.bfloat16)
+    v = randn(bad.get("k", shapes["k"]), torch.bfloat16)
+    for _ in range(2):
+        with pytest.raises(error, match=words):
+            op_forward(q, k, v, False, bad.get("scale"), bad.get("backend"))
+    o, _ = op_forward(*good)
+    assert torch.isfinite(o).all()
+
+
+def test_the_deterministic_setting_is_part_of_the_signature(monkeypatch):
+    """FLASHATTN_DETERMINISTIC changes the backward's workspace: a plan kept without it must not
+    serve a call with it. With it, two backwards give the same bits."""
+    q, k, v = (randn((2, 3, 333, 64), torch.bfloat16) for _ in range(3))
+    o, lse = op_forward(q, k, v, True)
+    do = randn(q.shape, torch.bfloat16)
+    backward = torch.ops.flashattn.attention_backward.default
+    backward(q, k, v, o, lse, do, True, None, None, None, None)  # planned without the setting
+    monkeypatch.setenv("FLASHATTN_DETERMINISTIC", "1")
+    first = backward(q, k, v, o, lse, do, True, None, None, None, None)
+    second = backward(q, k, v, o, lse, do, True, None, None, None, None)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
