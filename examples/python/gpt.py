@@ -11,8 +11,11 @@ file. --device cuda runs both on the GPU (flashattn in place, on PyTorch's strea
 As a benchmark: --preset gpu is a GPT-2-small-sized model (12 layers, d_model 768, 12 heads of
 d = 64, context 1024) trained in bfloat16 autocast on the GPU; --compile wraps both models in
 torch.compile(fullgraph=True). Each run is timed after --warmup steps (compilation and first-use
-setup stay out), and the script prints tokens/s and peak GPU memory (torch.cuda.max_memory_allocated)
-of both side by side, then a markdown row for docs/python.md.
+setup stay out), and the script prints tokens/s and peak GPU memory (torch.cuda.max_memory_allocated
+over the warm-up steps, above what was in use before the model was built) of both side by side,
+then a markdown row for docs/python.md. The preset interleaves the two models (--interleave 10:
+turns of 10 timed steps each), so that a host whose speed drifts slows both alike, and prints the
+ratio of every round's turns as well.
 
 Usage:
   PYTHONPATH=build/release/python python3 examples/python/gpt.py [--steps 300] [--csv out.csv]
@@ -27,6 +30,7 @@ import csv
 import glob
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -39,8 +43,9 @@ import flashattn
 # --preset gpu: GPT-2 small's shape (12 layers, d_model 768, 12 heads, context 1024) in bfloat16
 # autocast; any option given on the command line wins over these.
 PRESETS = {
-    "gpu": dict(device="cuda", layers=12, embd=768, heads=12, block=1024, batch=8, steps=60,
-                warmup=10, every=10, lr=6e-4, autocast="bfloat16", attn_dtype="auto"),
+    "gpu": dict(device="cuda", layers=12, embd=768, heads=12, block=1024, batch=8, steps=210,
+                warmup=10, interleave=10, every=50, lr=6e-4, autocast="bfloat16",
+                attn_dtype="auto"),
 }
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -128,63 +133,127 @@ def print_profile(kind, train_step, a):
     print(prof.key_averages().table(sort_by=key, row_limit=a.profile_rows))
 
 
-def train(kind, data, val, vocab, a):
-    """Trains one model; returns its losses, tokens/s over the steps after --warmup, the
-    validation loss and the peak GPU memory in bytes (None on the CPU)."""
-    torch.manual_seed(a.seed)  # the same initial weights for both kinds
-    attn_dtype = None if a.attn_dtype == "auto" else getattr(torch, a.attn_dtype)
-    model = GPT(vocab, a.block, a.embd, a.heads, a.layers, kind, a.backend,
-                attn_dtype).to(a.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
-    step_model = torch.compile(model, fullgraph=True) if a.compile else model
-    autocast = (torch.autocast(a.device, dtype=getattr(torch, a.autocast))
-                if a.autocast != "none" else contextlib.nullcontext())
-    batches = torch.Generator().manual_seed(a.seed + 1)  # the same batches too
-    if a.device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+class Run:
+    """One model's training: the model (seeded, so that every kind starts from the same weights),
+    its optimizer, its batches (seeded alike: every kind sees the same ones) and its losses."""
 
-    def batch(rows):
+    def __init__(self, kind, data, vocab, a):
+        self.kind, self.data, self.a = kind, data, a
+        # The memory already in use (another kind's model, in --interleave): this run's peak is
+        # counted above it.
+        self.base = torch.cuda.memory_allocated() if a.device == "cuda" else 0
+        if a.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(a.seed)  # the same initial weights for every kind
+        attn_dtype = None if a.attn_dtype == "auto" else getattr(torch, a.attn_dtype)
+        self.model = GPT(vocab, a.block, a.embd, a.heads, a.layers, kind, a.backend,
+                         attn_dtype).to(a.device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=a.lr)
+        self.step_model = torch.compile(self.model, fullgraph=True) if a.compile else self.model
+        self.autocast = (torch.autocast(a.device, dtype=getattr(torch, a.autocast))
+                         if a.autocast != "none" else contextlib.nullcontext())
+        self.batches = torch.Generator().manual_seed(a.seed + 1)  # the same batches too
+        self.losses = []  # loss tensors: reading each would wait for the GPU at every step
+        self.peak = None
+
+    def batch(self, rows):
         """A batch on the device. On a GPU it is copied from pinned memory, as a DataLoader with
         pin_memory=True does: a copy from pageable memory may wait for the GPU's queued work, and
         the step would then run behind the host instead of ahead of it."""
         rows = torch.stack(rows)
-        if a.device == "cuda":
+        if self.a.device == "cuda":
             rows = rows.pin_memory()
-        return rows.to(a.device, non_blocking=True)
+        return rows.to(self.a.device, non_blocking=True)
 
-    def train_step():
-        ix = torch.randint(len(data) - a.block - 1, (a.batch,), generator=batches)
-        x = batch([data[i:i + a.block] for i in ix])
-        y = batch([data[i + 1:i + 1 + a.block] for i in ix])
-        with autocast:
-            loss = step_model(x, y)
-        opt.zero_grad(set_to_none=True)
+    def step(self):
+        a, data = self.a, self.data
+        ix = torch.randint(len(data) - a.block - 1, (a.batch,), generator=self.batches)
+        x = self.batch([data[i:i + a.block] for i in ix])
+        y = self.batch([data[i + 1:i + 1 + a.block] for i in ix])
+        with self.autocast:
+            loss = self.step_model(x, y)
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
-        return loss.detach()
+        self.opt.step()
+        self.losses.append(loss.detach())
+        if (len(self.losses) - 1) % a.every == 0 or len(self.losses) == a.steps:
+            print(f"  {self.kind:9s} step {len(self.losses) - 1:4d}  loss "
+                  f"{self.losses[-1].item():.4f}", flush=True)
 
-    losses = []  # loss tensors: reading each would wait for the GPU at every step
-    for step in range(a.steps):
-        if step == a.warmup:  # compilation and first-use setup stay out of the timing
-            synchronize(a.device)
-            start = time.perf_counter()
-        losses.append(train_step())
-        if step % a.every == 0 or step == a.steps - 1:
-            print(f"  {kind:9s} step {step:4d}  loss {losses[-1].item():.4f}", flush=True)
-    synchronize(a.device)
-    seconds = time.perf_counter() - start
-    if a.profile:  # after the timed steps, so that the profiler's cost stays out of tokens/s
-        print_profile(kind, train_step, a)
-    peak = torch.cuda.max_memory_allocated() if a.device == "cuda" else None
-    with torch.no_grad(), autocast:
-        gen = torch.Generator().manual_seed(a.seed + 2)
-        ix = torch.randint(len(val) - a.block - 1, (min(64, 8 * a.batch),), generator=gen)
-        x = torch.stack([val[i:i + a.block] for i in ix]).to(a.device)
-        y = torch.stack([val[i + 1:i + 1 + a.block] for i in ix]).to(a.device)
-        val_loss = model(x, y).item()
-    tokens = (a.steps - a.warmup) * a.batch * a.block
-    return torch.stack(losses).tolist(), tokens / seconds, val_loss, peak
+    def warm_up(self):
+        """The --warmup steps (compilation, first-use setup), and the peak memory they reach above
+        what was in use before this run began: the steps after them reach the same."""
+        for _ in range(self.a.warmup):
+            self.step()
+        synchronize(self.a.device)
+        if self.a.device == "cuda":
+            self.peak = torch.cuda.max_memory_allocated() - self.base
+
+    def finish(self, val):
+        """(losses, validation loss); the run's profile first where --profile asks for one."""
+        a = self.a
+        if a.profile:  # after the timed steps, so that the profiler's cost stays out of tokens/s
+            print_profile(self.kind, self.step, a)
+        with torch.no_grad(), self.autocast:
+            gen = torch.Generator().manual_seed(a.seed + 2)
+            ix = torch.randint(len(val) - a.block - 1, (min(64, 8 * a.batch),), generator=gen)
+            x = torch.stack([val[i:i + a.block] for i in ix]).to(a.device)
+            y = torch.stack([val[i + 1:i + 1 + a.block] for i in ix]).to(a.device)
+            val_loss = self.model(x, y).item()
+        return torch.stack(self.losses[:a.steps]).tolist(), val_loss
+
+
+def timed(run, steps):
+    """Seconds that `steps` steps of `run` take, from an idle GPU to an idle GPU."""
+    synchronize(run.a.device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        run.step()
+    synchronize(run.a.device)
+    return time.perf_counter() - start
+
+
+def train(kinds, data, val, vocab, a):
+    """Trains one model per kind; returns {kind: (losses, tokens/s over the steps after --warmup,
+    validation loss, peak GPU memory in bytes or None)} and the ratios of the rounds (below).
+
+    One after the other by default. With --interleave N, all models are built and warmed up, then
+    take turns of N steps each (the kind that goes first alternating), each turn timed alone: a
+    host whose speed drifts over seconds (the GPT-sized models here wait on the host) then slows
+    every kind alike, and each round gives a ratio flashattn / sdpa of its own."""
+    tokens_per_step = a.batch * a.block
+    timed_steps = a.steps - a.warmup
+    results, rounds = {}, []
+    if not a.interleave:
+        for kind in kinds:
+            run = Run(kind, data, vocab, a)
+            run.warm_up()
+            seconds = timed(run, timed_steps)
+            losses, val_loss = run.finish(val)
+            results[kind] = (losses, timed_steps * tokens_per_step / seconds, val_loss, run.peak)
+            del run
+            if a.device == "cuda":
+                torch.cuda.empty_cache()
+        return results, rounds
+    runs = []
+    for kind in kinds:
+        runs.append(Run(kind, data, vocab, a))
+        runs[-1].warm_up()
+    seconds = {run.kind: 0.0 for run in runs}
+    done = 0
+    while done < timed_steps:
+        n = min(a.interleave, timed_steps - done)
+        turn = {run.kind: timed(run, n) for run in runs}
+        for kind, t in turn.items():
+            seconds[kind] += t
+        rounds.append(turn["sdpa"] / turn["flashattn"])  # (tokens/s)_flashattn / (tokens/s)_sdpa
+        runs.reverse()  # the other kind goes first next round
+        done += n
+    for run in runs:
+        losses, val_loss = run.finish(val)
+        results[run.kind] = (losses, timed_steps * tokens_per_step / seconds[run.kind], val_loss,
+                             run.peak)
+    return results, rounds
 
 
 def main():
@@ -192,7 +261,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS),
                     help="gpu: 12 layers, d_model 768, 12 heads, context 1024, batch 8, bfloat16 "
-                         "autocast, 60 steps of which 10 warm-up (options given still win)")
+                         "autocast, 210 steps of which 10 warm-up, the models interleaved in "
+                         "turns of 10 steps (options given still win)")
     ap.add_argument("--text", help="training text (default: the repository's README and docs)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=0,
@@ -219,6 +289,10 @@ def main():
     ap.add_argument("--threads", type=int, default=0,
                     help="PyTorch's threads (0: its default); flashattn's are OMP_NUM_THREADS's")
     ap.add_argument("--every", type=int, default=50, help="print the loss every N steps")
+    ap.add_argument("--interleave", type=int, default=0, metavar="N",
+                    help="build every model first, then let them take turns of N timed steps "
+                         "each, and print the ratio of each round too: a host whose speed drifts "
+                         "slows both alike (0: one model after the other)")
     ap.add_argument("--csv", help="write step, loss_flashattn, loss_sdpa (and loss_sdpa_math) to "
                                   "this file")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -236,6 +310,8 @@ def main():
     for name in ("steps", "batch", "block", "embd", "heads", "layers", "every"):
         if getattr(a, name) < 1:
             ap.error(f"--{name} must be at least 1")
+    if a.interleave < 0:
+        ap.error("--interleave must be at least 0")
     if a.profile < 0 or a.profile_rows < 1:
         ap.error("--profile must be at least 0 and --profile-rows at least 1")
     if not 0 <= a.warmup < a.steps:
@@ -277,7 +353,7 @@ def main():
           f"{'; torch.compile' if a.compile else ''}; torch {torch.__version__}")
 
     kinds = ("flashattn", "sdpa") + (("sdpa-math",) if a.noise else ())
-    results = {kind: train(kind, data, val, len(chars), a) for kind in kinds}
+    results, rounds = train(kinds, data, val, len(chars), a)
     (ours, ours_tps, ours_val, ours_peak) = results["flashattn"]
     (theirs, theirs_tps, theirs_val, theirs_peak) = results["sdpa"]
     worst = max(abs(x - y) for x, y in zip(ours, theirs))
@@ -290,6 +366,11 @@ def main():
     print(f"sdpa:      {theirs_tps:9.0f} tokens/s{memory(theirs_peak)}, final train loss "
           f"{theirs[-1]:.4f}, val loss {theirs_val:.4f}")
     print(f"flashattn / sdpa: {ours_tps / theirs_tps:.2f}x tokens/s (steps {a.warmup}..{a.steps - 1})")
+    if rounds:
+        ordered = sorted(rounds)
+        print(f"interleaved: {len(rounds)} rounds of {a.interleave} steps each; the rounds' ratios "
+              f"median {statistics.median(rounds):.2f}, lowest {ordered[0]:.2f}, highest "
+              f"{ordered[-1]:.2f}")
     print(f"largest |loss difference| over {a.steps} steps: {worst:.2e}")
     mib = (lambda p: "-" if p is None else f"{p / 2**20:,.0f}")  # noqa: E731
     print("markdown row (docs/python.md):")
