@@ -12,7 +12,7 @@ As a benchmark: --preset gpu is a GPT-2-small-sized model (12 layers, d_model 76
 d = 64, context 1024) trained in bfloat16 autocast on the GPU; --compile wraps both models in
 torch.compile(fullgraph=True). Each run is timed after --warmup steps (compilation and first-use
 setup stay out), and the script prints tokens/s and peak GPU memory (torch.cuda.max_memory_allocated
-over the warm-up steps, above what was in use before the model was built) of both side by side,
+over the warm-up steps, less the other models' weights, gradients and optimizer state) of both,
 then a markdown row for docs/python.md. The preset interleaves the two models (--interleave 10:
 turns of 10 timed steps each), so that a host whose speed drifts slows both alike, and prints the
 ratio of every round's turns as well.
@@ -137,11 +137,13 @@ class Run:
     """One model's training: the model (seeded, so that every kind starts from the same weights),
     its optimizer, its batches (seeded alike: every kind sees the same ones) and its losses."""
 
-    def __init__(self, kind, data, vocab, a):
+    def __init__(self, kind, data, vocab, a, others=()):
         self.kind, self.data, self.a = kind, data, a
-        # The memory already in use (another kind's model, in --interleave): this run's peak is
-        # counted above it.
-        self.base = torch.cuda.memory_allocated() if a.device == "cuda" else 0
+        # The models already built (--interleave) hold their weights, gradients and optimizer
+        # state while this one warms up: this run's peak is counted without them (but with what
+        # the process keeps from their steps, such as cuBLAS's workspace, as the first run's peak
+        # counts it too).
+        self.others = others
         if a.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         torch.manual_seed(a.seed)  # the same initial weights for every kind
@@ -180,14 +182,23 @@ class Run:
             print(f"  {self.kind:9s} step {len(self.losses) - 1:4d}  loss "
                   f"{self.losses[-1].item():.4f}", flush=True)
 
+    def resident_bytes(self):
+        """Bytes of the model's weights, gradients and optimizer state."""
+        tensors = [p for p in self.model.parameters()]
+        tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+        tensors += [t for state in self.opt.state.values() for t in state.values()
+                    if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def warm_up(self):
-        """The --warmup steps (compilation, first-use setup), and the peak memory they reach above
-        what was in use before this run began: the steps after them reach the same."""
+        """The --warmup steps (compilation, first-use setup), and the peak memory they reach
+        (without the other models' resident bytes): the steps after them reach the same."""
         for _ in range(self.a.warmup):
             self.step()
         synchronize(self.a.device)
         if self.a.device == "cuda":
-            self.peak = torch.cuda.max_memory_allocated() - self.base
+            self.peak = (torch.cuda.max_memory_allocated() -
+                         sum(other.resident_bytes() for other in self.others))
 
     def finish(self, val):
         """(losses, validation loss); the run's profile first where --profile asks for one."""
@@ -237,7 +248,7 @@ def train(kinds, data, val, vocab, a):
         return results, rounds
     runs = []
     for kind in kinds:
-        runs.append(Run(kind, data, vocab, a))
+        runs.append(Run(kind, data, vocab, a, others=tuple(runs)))
         runs[-1].warm_up()
     seconds = {run.kind: 0.0 for run in runs}
     done = 0
