@@ -8,7 +8,7 @@
 #   sh tests/python/gpu_checks.sh [BUILD_DIR] [--gpt] [--pip]
 # BUILD_DIR (default build/gpu) is a CMake build with CUDA whose python/ folder holds the package.
 # --gpt  also runs examples/python/gpt.py --preset gpu, eager and --compile (a few minutes);
-# --pip  also installs the package with pip into a fresh virtual environment (builds the CUDA
+# --pip  also installs the package with pip into a folder of its own (builds the CUDA
 #        code again; CMAKE_ARGS is passed on, e.g. "-DCMAKE_CUDA_ARCHITECTURES=90a
 #        -DCMAKE_PREFIX_PATH=/path/to/deps") and imports it from /tmp.
 # PYTHON names the interpreter (default python3, the one with PyTorch).
@@ -57,11 +57,14 @@ if [ $gpt = 1 ]; then
 fi
 
 if [ $pip = 1 ]; then
-  rm -rf "$out/venv"
-  "$py" -m venv --system-site-packages "$out/venv" &&
-    "$out/venv/bin/pip" install --no-build-isolation . > "$out/pip" 2>&1 &&
-    (cd /tmp && env -u PYTHONPATH "$out/venv/bin/python" -c \
-      "import flashattn, torch; print('pip install:', flashattn.__file__, flashattn.backends())") \
+  # Into a folder of its own (--target), with the interpreter's own numpy and torch (--no-deps:
+  # no package registry is needed), then imported from /tmp with only that folder on the path.
+  rm -rf "$out/pip_target"
+  "$py" -m pip install --no-build-isolation --no-deps --target "$out/pip_target" . \
+      > "$out/pip" 2>&1 &&
+    (cd /tmp && PYTHONPATH="$out/pip_target" "$py" -c \
+      "import flashattn, torch; print('pip install:', flashattn.__file__, flashattn.backends(),
+      '| operators in', 'C++' if flashattn._TORCH_OPS is not None else 'Python')") \
       > "$out/pip_import" 2>&1
   pip_status=$?
   tail -n 3 "$out/pip" "$out/pip_import"
