@@ -15,12 +15,14 @@
 //   shapes, dtypes and devices of the tensors, causal, scale, backend, direction, and the two
 //   settings FLASHATTN_VARIANT and FLASHATTN_DETERMINISTIC) is planned by `_device_plan`, which
 //   raises for a bad call (nothing is kept then) or returns the backend, dtype and workspace size;
-// - every call that is not the fast path below: a block mask, a backend that reads only
-//   contiguous arrays or writes float32 (cuda-tc, cuda-fa2), a negative scale (folded into a copy
-//   of Q), tensors that are not 4-D. Those calls run the Python implementation, called from here.
-// The fast path is the Python implementation's branch for a backend with strided layouts
-// (cuda-fa3): q, k, v (and O, dO) read where they lie when TMA can read them, O and the gradients
-// written in q's dtype in their inputs' order. Two small layout rules are therefore written in
+// - every call that is not the fast path below: a block mask, a negative scale (folded into a
+//   copy of Q), tensors that are not 4-D, and for a backend that reads only contiguous arrays
+//   (cuda-tc, cuda-fa2) any call that would need a copy or a cast first. Those calls run the Python
+//   implementation, called from here.
+// The fast path is the Python implementation's direct branches: for a backend with strided layouts
+// (cuda-fa3), q, k, v (and O, dO) read where they lie when TMA can read them, O and the gradients
+// written in q's dtype in their inputs' order; for the others, contiguous arrays as they are and
+// outputs that the kernels write themselves. Two small layout rules are therefore written in
 // both languages, each naming its twin: output_like (`_output_like`) and readable_in_place
 // (`_readable_in_place`); torch.library.opcheck's fake-tensor test compares the strides of the
 // outputs with the fake implementation's, which uses the Python rule.
@@ -52,12 +54,15 @@ namespace flashattn::python {
 namespace {
 
 // What a signature's plan says: run the fast path below with this backend, dtype and workspace,
-// or hand the call to the Python implementation (fast = false).
+// or hand the call to the Python implementation (fast = false). layouts: the backend reads strided
+// tensors and writes q's dtype (cuda-fa3); else it reads contiguous arrays and writes float32, or
+// with o_dtype its forward writes O in q's dtype (cuda-tc).
 struct Plan {
     bool fast = false;
     const Backend* backend = nullptr;
     DType dtype = DType::f32;
     std::size_t workspace_bytes = 0;
+    bool layouts = false, o_dtype = false;
 };
 
 // A call's signature: everything `_signature` (Python) keys a plan on.
@@ -130,12 +135,13 @@ Plan plan_for(bool backward, const std::vector<at::Tensor>& xs, bool causal,
                                               scale ? py::cast(*scale) : py::none(),
                                               backend ? py::cast(*backend) : py::none());
         if (!result.is_none()) {
-            auto [name, dtype, bytes] = result.cast<std::tuple<std::string, std::string,
-                                                               std::size_t>>();
+            auto [name, dtype, bytes, layouts, o_dtype] =
+                result.cast<std::tuple<std::string, std::string, std::size_t, bool, bool>>();
             plan.fast = true;
             plan.backend = &device_backend(name, backward);
             plan.dtype = parse_dtype(dtype);
             plan.workspace_bytes = bytes;
+            plan.layouts = layouts, plan.o_dtype = o_dtype;
         }
     }
     std::lock_guard<std::mutex> lock(plans_mutex);
@@ -145,6 +151,21 @@ Plan plan_for(bool backward, const std::vector<at::Tensor>& xs, bool causal,
 }
 
 // --- the fast path -------------------------------------------------------------------------
+
+// Calls the fast path ran, forward and backward (for the tests: which calls took it).
+std::atomic<std::uint64_t> fast_forwards{0}, fast_backwards{0};
+//
+// A backend with layouts reads q, k, v (and O, dO) where TMA can read them and writes O and the
+// gradients in their inputs' order and q's dtype. One without reads contiguous arrays: the fast
+// path takes a call only where every array is contiguous already and the outputs are what the
+// kernels write (float32, or O in q's dtype with o_dtype; a float32 O for the backward); the
+// Python implementation copies and casts for the others.
+
+bool all_contiguous(std::initializer_list<const at::Tensor*> xs) {
+    for (const at::Tensor* x : xs)
+        if (!x->is_contiguous()) return false;
+    return true;
+}
 
 // A result for the input x: x's shape and dtype, its rows in the order of x's. Where x's heads
 // lie closer together than its rows (a view of one (B, N, H d) projection), (B, N, H, d) memory
@@ -169,6 +190,12 @@ std::pair<at::Tensor, ArrayLayout> readable_in_place(const at::Tensor& x) {
         st[2] % 8 == 0)
         return {x, strides_of(x)};
     return {x.contiguous(), ArrayLayout{}};
+}
+
+// An input as the plan's backend reads it: where it lies (layouts), else as it is (contiguous:
+// the callers checked).
+std::pair<at::Tensor, ArrayLayout> in_place(const Plan& plan, const at::Tensor& x) {
+    return plan.layouts ? readable_in_place(x) : std::make_pair(x, ArrayLayout{});
 }
 
 // The library's problem of q (B, H, N_q, d) and k (B, H_kv, N_kv, d), validated.
@@ -196,22 +223,28 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fast_forward(
     const std::optional<double>& scale, const std::optional<std::string>& backend) {
     const Plan plan = plan_for(false, {q, k, v}, causal, scale, backend);
     if (!plan.fast) return std::nullopt;
+    if (!plan.layouts && !(all_contiguous({&q, &k, &v}) &&
+                           (plan.dtype == DType::f32 || plan.o_dtype)))
+        return std::nullopt;
     const AttentionProblem p = problem_of(q, k, causal, scale);
     c10::DeviceGuard guard(q.device());
     at::Tensor O = output_like(q);
+    if (!plan.layouts && !O.is_contiguous()) return std::nullopt;
     at::Tensor L = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-    const auto [Q, q_at] = readable_in_place(q);
-    const auto [K, k_at] = readable_in_place(k);
-    const auto [V, v_at] = readable_in_place(v);
+    const auto [Q, q_at] = in_place(plan, q);
+    const auto [K, k_at] = in_place(plan, k);
+    const auto [V, v_at] = in_place(plan, v);
     const at::Tensor ws = workspace(plan, q);
     DeviceForward a;
     a.Q = Q.data_ptr(), a.K = K.data_ptr(), a.V = V.data_ptr();
     a.O = O.data_ptr(), a.lse = L.data_ptr<float>();
-    a.q_layout = q_at, a.k_layout = k_at, a.v_layout = v_at, a.o_layout = strides_of(O);
+    a.q_layout = q_at, a.k_layout = k_at, a.v_layout = v_at;
+    a.o_layout = plan.layouts ? strides_of(O) : ArrayLayout{};
     a.dtype = a.o_dtype = plan.dtype;
     a.workspace = ws.defined() ? ws.data_ptr() : nullptr, a.workspace_bytes = plan.workspace_bytes;
     a.stream = current_stream(q);
     plan.backend->run_device(p, a);
+    ++fast_forwards;
     return std::make_pair(O, L);
 }
 
@@ -222,18 +255,21 @@ std::optional<std::array<at::Tensor, 3>> fast_backward(
     const std::optional<std::string>& backend) {
     const Plan plan = plan_for(true, {q, k, v, o, lse, dO}, causal, scale, backend);
     if (!plan.fast) return std::nullopt;
+    if (!plan.layouts && !(plan.dtype == DType::f32 && all_contiguous({&q, &k, &v, &o, &dO})))
+        return std::nullopt;
     const AttentionProblem p = problem_of(q, k, causal, scale);
     c10::DeviceGuard guard(q.device());
     std::array<at::Tensor, 3> grads{output_like(q), output_like(k), output_like(v)};
+    if (!plan.layouts && !all_contiguous({&grads[0], &grads[1], &grads[2]})) return std::nullopt;
     const at::Tensor L = lse.is_contiguous() && lse.scalar_type() == at::kFloat
                              ? lse
                              : lse.to(at::kFloat).contiguous();
-    const auto [Q, q_at] = readable_in_place(q);
-    const auto [K, k_at] = readable_in_place(k);
-    const auto [V, v_at] = readable_in_place(v);
-    const auto [dOr, do_at] = readable_in_place(dO);
+    const auto [Q, q_at] = in_place(plan, q);
+    const auto [K, k_at] = in_place(plan, k);
+    const auto [V, v_at] = in_place(plan, v);
+    const auto [dOr, do_at] = in_place(plan, dO);
     // O is read value by value (the D pass): any strides with d contiguous.
-    const bool o_in_place = o.stride(3) == 1;
+    const bool o_in_place = plan.layouts && o.stride(3) == 1;
     const at::Tensor O = o_in_place ? o : o.contiguous();
     DeviceBackward a;
     a.Q = Q.data_ptr(), a.K = K.data_ptr(), a.V = V.data_ptr(), a.dO = dOr.data_ptr();
@@ -241,13 +277,16 @@ std::optional<std::array<at::Tensor, 3>> fast_backward(
     a.dQ = grads[0].data_ptr(), a.dK = grads[1].data_ptr(), a.dV = grads[2].data_ptr();
     a.q_layout = q_at, a.k_layout = k_at, a.v_layout = v_at, a.do_layout = do_at;
     a.o_layout = o_in_place ? strides_of(o) : ArrayLayout{};
-    a.dq_layout = strides_of(grads[0]), a.dk_layout = strides_of(grads[1]);
-    a.dv_layout = strides_of(grads[2]);
+    if (plan.layouts) {
+        a.dq_layout = strides_of(grads[0]), a.dk_layout = strides_of(grads[1]);
+        a.dv_layout = strides_of(grads[2]);
+    }
     a.dtype = a.o_dtype = a.grad_dtype = plan.dtype;
     const at::Tensor ws = workspace(plan, q);
     a.workspace = ws.defined() ? ws.data_ptr() : nullptr, a.workspace_bytes = plan.workspace_bytes;
     a.stream = current_stream(q);
     plan.backend->run_backward_device(p, a);
+    ++fast_backwards;
     return grads;
 }
 
@@ -376,6 +415,8 @@ PYBIND11_MODULE(_torch_ops, m) {
     using namespace flashattn::python;
     m.doc() = "flashattn's operators on CUDA tensors in C++; use `import flashattn` instead.";
     m.def("register_operators", &register_operators);
+    m.def("fast_calls", [] { return std::make_pair(fast_forwards.load(), fast_backwards.load()); },
+          "(forward, backward): the calls the C++ fast path has run so far");
     // An eager call's fast path, without the dispatcher: (O, LSE), or None where the Python
     // implementation runs the call. The library's errors are ValueError (pybind11's translation
     // of std::invalid_argument), the planner's its own.

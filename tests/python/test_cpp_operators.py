@@ -9,8 +9,10 @@ checked here, on fresh random inputs at shapes that are no multiple of a tile:
     FLASHATTN_EXPECT_TORCH_OPS=1, which tests/python/gpu_checks.sh sets when the module is there);
   * the fast path gives the bits, shapes, dtypes and strides of the Python implementation, forward
     and backward (dQ's order fixed), contiguous tensors and projection views, GQA, causal;
-  * calls the fast path hands back (a block mask, float32, a negative scale) still run, through
-    the Python implementation called from C++;
+  * contiguous float32 (cuda-fa2) and a decoding forward (cuda-tc) take the fast path too, and the
+    calls it hands back (a block mask, a negative scale, tensors a contiguous-only backend would
+    need copies of) still run, through the Python implementation called from C++ (the module
+    counts the calls its fast path ran);
   * a bad call raises ValueError/TypeError through the C++ kernel as through Python, before and
     after a good call of a close signature (nothing of a refused call is kept);
   * FLASHATTN_DETERMINISTIC, read at each call, is part of the C++ signature too (its workspace).
@@ -78,7 +80,9 @@ def test_the_fast_path_gives_the_bits_of_the_python_implementation(dtype, d, lay
     else:
         q, k, v = projection(2, 201, 3, d, dtype)
     options = (causal, 0.11, None, None, None)
+    before = flashattn._TORCH_OPS.fast_calls()
     o, lse = op_forward(q, k, v, *options)  # the dispatcher's CUDA kernel: C++
+    assert flashattn._TORCH_OPS.fast_calls()[0] == before[0] + 1  # it took the fast path
     o_py, lse_py = flashattn._forward_python(q, k, v, *options)
     assert o.dtype == dtype and lse.dtype == torch.float32
     assert o.stride() == o_py.stride() and lse.stride() == lse_py.stride()
@@ -93,16 +97,49 @@ def test_the_fast_path_gives_the_bits_of_the_python_implementation(dtype, d, lay
         assert torch.equal(g, g_py)
 
 
+def test_contiguous_only_backends_take_the_fast_path_where_nothing_is_copied():
+    """cuda-fa2 (float32) and cuda-tc (a decoding forward, which writes O in q's dtype) read
+    contiguous arrays: on contiguous tensors the C++ kernel runs them itself, with the Python
+    implementation's results."""
+    ops = flashattn._TORCH_OPS
+    q, k, v = randn((2, 4, 97, 64), torch.float32), randn((2, 2, 130, 64), torch.float32), \
+        randn((2, 2, 130, 64), torch.float32)
+    before = ops.fast_calls()
+    o, lse = op_forward(q, k, v, True)
+    o_py, lse_py = flashattn._forward_python(q, k, v, True, None, None, None, None)
+    assert torch.equal(o, o_py) and torch.equal(lse, lse_py) and o.is_contiguous()
+    do = randn(q.shape, torch.float32)
+    grads = torch.ops.flashattn.attention_backward.default(q, k, v, o, lse, do, True, None, None,
+                                                           None, None)
+    grads_py = flashattn._backward_python(q, k, v, o, lse, do, True, None, None, None, None)
+    for g, g_py in zip(grads, grads_py):  # dQ's float32 atomics may add in another order
+        assert g.dtype == torch.float32 and g.is_contiguous()
+        torch.testing.assert_close(g, g_py, rtol=1e-5, atol=1e-6)
+    assert ops.fast_calls() == (before[0] + 1, before[1] + 1)
+
+    q1 = randn((1, 8, 1, 128), torch.bfloat16)  # one query row: cuda-tc splits the keys
+    k1, v1 = randn((1, 2, 5000, 128), torch.bfloat16), randn((1, 2, 5000, 128), torch.bfloat16)
+    before = ops.fast_calls()
+    o, lse = op_forward(q1, k1, v1)
+    o_py, lse_py = flashattn._forward_python(q1, k1, v1, False, None, None, None, None)
+    assert ops.fast_calls()[0] == before[0] + 1
+    assert o.dtype == torch.bfloat16 and torch.equal(o, o_py) and torch.equal(lse, lse_py)
+
+
 def test_calls_the_fast_path_hands_back_run_in_python():
-    """A block mask, float32 (cuda-fa2) and a negative scale (folded into a copy of Q) go from the
-    C++ kernel to the Python implementation: the results are that implementation's."""
+    """A block mask, a negative scale (folded into a copy of Q), and float32 tensors that are not
+    contiguous (cuda-fa2 reads contiguous copies) go from the C++ kernel to the Python
+    implementation: the results are that implementation's, and the fast path counts none."""
     q, k, v = randn((1, 2, 150, 64), torch.bfloat16), randn((1, 2, 170, 64), torch.bfloat16), \
         randn((1, 2, 170, 64), torch.bfloat16)
     mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool, device="cuda")
+    qt = randn((1, 150, 2, 64), torch.float32).transpose(1, 2)  # (B, H, N, d), not contiguous
     for args in ((q, k, v, False, None, None, mask, [128, 128]),
                  (q, k, v, True, -0.2, None, None, None),
-                 (q.float(), k.float(), v.float(), False, None, None, None, None)):
+                 (qt, k.float(), v.float(), False, None, None, None, None)):
+        before = flashattn._TORCH_OPS.fast_calls()
         o, lse = op_forward(*args)
+        assert flashattn._TORCH_OPS.fast_calls() == before
         o_py, lse_py = flashattn._forward_python(*args)
         assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
 

@@ -858,9 +858,10 @@ def _cuda_backward(q, k, v, o, lse, do, block_mask, plan, options):
 def _device_plan(backward, xs, causal, scale, backend):
     """The plan of a CUDA call without a block mask for the C++ fast path (_torch_ops), which
     calls this once per signature: every check of the call (raising for a bad one), then
-    (backend, dtype, workspace bytes) where the fast path runs it -- a backend that reads strided
-    tensors and writes q's dtype (cuda-fa3), 4-D tensors, a scale that is not negative -- else
-    None (the Python implementation runs it)."""
+    (backend, dtype, workspace bytes, layouts, o_dtype) where the fast path may run it -- 4-D
+    tensors, a scale that is not negative -- else None (the Python implementation runs it). The
+    fast path takes a call on a backend without layouts only where _cuda_forward/_cuda_backward
+    would neither copy nor cast (contiguous tensors, outputs the kernels write themselves)."""
     if backward:
         q, k, v, o, lse, do = xs
         plan = _planned(_signature("backward", xs, causal, scale, backend), _backward_plan,
@@ -869,11 +870,10 @@ def _device_plan(backward, xs, causal, scale, backend):
         q, k, v = xs
         plan = _planned(_signature("forward", xs, causal, scale, backend), _forward_plan,
                         q, k, v, causal, scale, backend, None, None)
-    if not plan.layouts or (scale is not None and scale < 0):
+    if (scale is not None and scale < 0) or any(x.dim() != 4 for x in ((q, k, v, o, do)
+                                                                      if backward else xs)):
         return None
-    if any(x.dim() != 4 for x in ((q, k, v, o, do) if backward else xs)):
-        return None
-    return plan.backend, plan.dtype, plan.workspace_bytes
+    return plan.backend, plan.dtype, plan.workspace_bytes, plan.layouts, plan.o_dtype
 
 
 def _load_torch_ops():
