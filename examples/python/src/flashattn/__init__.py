@@ -46,7 +46,9 @@ torch.autograd.Function when autograd records it), without the dispatch through 
 which costs host time on every call; tensor subclasses and dispatch modes (FakeTensor,
 FakeTensorMode) still get the operator. Eager calls can be captured in a CUDA graph. Under
 torch.compile give block_mask as a tensor. With an older PyTorch every call takes the eager way
-(no torch.compile support).
+(no torch.compile support). Where the build found PyTorch with CUDA and its C++ headers, the
+operators' CUDA kernels are C++ (flashattn._torch_ops): once a call's signature has passed the
+checks here, its launch needs no Python (calls that need a copy or a cast first still run here).
 Importing flashattn imports torch where it is installed, so that the operator is registered before
 anything is traced.
 
