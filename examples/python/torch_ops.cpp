@@ -151,15 +151,15 @@ Plan plan_for(bool backward, const std::vector<at::Tensor>& xs, bool causal,
 }
 
 // --- the fast path -------------------------------------------------------------------------
-
-// Calls the fast path ran, forward and backward (for the tests: which calls took it).
-std::atomic<std::uint64_t> fast_forwards{0}, fast_backwards{0};
 //
 // A backend with layouts reads q, k, v (and O, dO) where TMA can read them and writes O and the
 // gradients in their inputs' order and q's dtype. One without reads contiguous arrays: the fast
 // path takes a call only where every array is contiguous already and the outputs are what the
 // kernels write (float32, or O in q's dtype with o_dtype; a float32 O for the backward); the
 // Python implementation copies and casts for the others.
+
+// Calls the fast path ran, forward and backward (for the tests: which calls took it).
+std::atomic<std::uint64_t> fast_forwards{0}, fast_backwards{0};
 
 bool all_contiguous(std::initializer_list<const at::Tensor*> xs) {
     for (const at::Tensor* x : xs)
