@@ -12,7 +12,7 @@ As a benchmark: --preset gpu is a GPT-2-small-sized model (12 layers, d_model 76
 d = 64, context 1024) trained in bfloat16 autocast on the GPU; --compile wraps both models in
 torch.compile(fullgraph=True). Each run is timed after --warmup steps (compilation and first-use
 setup stay out), and the script prints tokens/s and peak GPU memory (torch.cuda.max_memory_allocated
-over the warm-up steps, less the other models' weights, gradients and optimizer state) of both,
+over the run's steps, less the other models' weights, gradients and optimizer state) of both,
 then a markdown row for docs/python.md. The preset interleaves the two models (--interleave 10:
 turns of 10 timed steps each), so that a host whose speed drifts slows both alike, and prints the
 ratio of every round's turns as well.
@@ -190,15 +190,21 @@ class Run:
                     if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def note_peak(self):
+        """The peak GPU memory since the last reset_peak_memory_stats, without the other models'
+        resident bytes, into self.peak (the largest so far); resets the statistics."""
+        if self.a.device != "cuda":
+            return
+        synchronize(self.a.device)
+        peak = torch.cuda.max_memory_allocated() - sum(o.resident_bytes() for o in self.others)
+        self.peak = peak if self.peak is None else max(self.peak, peak)
+        torch.cuda.reset_peak_memory_stats()
+
     def warm_up(self):
-        """The --warmup steps (compilation, first-use setup), and the peak memory they reach
-        (without the other models' resident bytes): the steps after them reach the same."""
+        """The --warmup steps (compilation, first-use setup), and their peak memory."""
         for _ in range(self.a.warmup):
             self.step()
-        synchronize(self.a.device)
-        if self.a.device == "cuda":
-            self.peak = (torch.cuda.max_memory_allocated() -
-                         sum(other.resident_bytes() for other in self.others))
+        self.note_peak()
 
     def finish(self, val):
         """(losses, validation loss); the run's profile first where --profile asks for one."""
@@ -215,13 +221,18 @@ class Run:
 
 
 def timed(run, steps):
-    """Seconds that `steps` steps of `run` take, from an idle GPU to an idle GPU."""
+    """Seconds that `steps` steps of `run` take, from an idle GPU to an idle GPU; their peak memory
+    goes into run.peak (after the timing)."""
     synchronize(run.a.device)
+    if run.a.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(steps):
         run.step()
     synchronize(run.a.device)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    run.note_peak()
+    return seconds
 
 
 def train(kinds, data, val, vocab, a):
@@ -250,6 +261,8 @@ def train(kinds, data, val, vocab, a):
     for kind in kinds:
         runs.append(Run(kind, data, vocab, a, others=tuple(runs)))
         runs[-1].warm_up()
+    for run in runs:  # from now on every other model is resident during a run's turns
+        run.others = tuple(other for other in runs if other is not run)
     seconds = {run.kind: 0.0 for run in runs}
     done = 0
     while done < timed_steps:

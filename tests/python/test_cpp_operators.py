@@ -7,8 +7,10 @@ Python (the fast path), and every other call is handed to the Python implementat
 checked here, on fresh random inputs at shapes that are no multiple of a tile:
   * the CUDA kernels registered are the C++ ones (where the build says it has them:
     FLASHATTN_EXPECT_TORCH_OPS=1, which tests/python/gpu_checks.sh sets when the module is there);
-  * the fast path gives the bits, shapes, dtypes and strides of the Python implementation, forward
-    and backward (dQ's order fixed), contiguous tensors and projection views, GQA, causal;
+  * the fast path's outputs, in allocator blocks poisoned with NaN, agree with float64 standard
+    attention and its backward (tests/python/reference.py), and are the bits, shapes, dtypes and
+    strides of the Python implementation's, forward and backward (dQ's order fixed), contiguous
+    tensors and projection views, GQA, causal;
   * contiguous float32 (cuda-fa2) and a decoding forward (cuda-tc) take the fast path too, and the
     calls it hands back (a block mask, a negative scale, tensors a contiguous-only backend would
     need copies of) still run, through the Python implementation called from C++ (the module
@@ -25,6 +27,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+import reference  # noqa: E402
+
 import flashattn  # noqa: E402
 
 torch = pytest.importorskip("torch")
@@ -45,6 +49,22 @@ def needs_cpp_operators():
 def randn(shape, dtype, requires_grad=False):
     x = torch.tensor(RNG.standard_normal(shape).astype(np.float32), device="cuda", dtype=dtype)
     return x.requires_grad_(requires_grad)
+
+
+def poison_allocator(*tensors):
+    """Hands blocks of the tensors' sizes back to PyTorch's caching allocator filled with NaN, so
+    that the next outputs of those sizes most likely lie in them: an element a kernel does not
+    write then stays NaN."""
+    held = [torch.full(x.shape, float("nan"), dtype=x.dtype, device="cuda") for x in tensors]
+    del held
+
+
+def relative_error(out, ref):
+    """max |out - ref| / max |ref| (inf where out has a NaN or inf)."""
+    out = out.double().cpu().numpy()
+    if not np.isfinite(out).all():
+        return np.inf
+    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
 def op_forward(q, k, v, causal=False, scale=None, backend=None, mask=None, size=None):
@@ -81,19 +101,28 @@ def test_the_fast_path_gives_the_bits_of_the_python_implementation(dtype, d, lay
         q, k, v = projection(2, 201, 3, d, dtype)
     options = (causal, 0.11, None, None, None)
     before = flashattn._TORCH_OPS.fast_calls()
+    poison_allocator(q, q[..., 0].float())  # O and LSE's sizes
     o, lse = op_forward(q, k, v, *options)  # the dispatcher's CUDA kernel: C++
     assert flashattn._TORCH_OPS.fast_calls()[0] == before[0] + 1  # it took the fast path
+    # Against float64 standard attention on the same (rounded) inputs, written independently.
+    inputs = [x.double().cpu().numpy() for x in (q, k, v)]
+    o_ref, lse_ref = reference.attention(*inputs, causal=causal, scale=0.11)
+    assert relative_error(o, o_ref) < 1e-2 and relative_error(lse, lse_ref) < 1e-4
+    # And the bits and strides of the Python implementation's call of the same kernel.
     o_py, lse_py = flashattn._forward_python(q, k, v, *options)
     assert o.dtype == dtype and lse.dtype == torch.float32
     assert o.stride() == o_py.stride() and lse.stride() == lse_py.stride()
     assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
-    assert torch.isfinite(o).all()
 
     do = randn(q.shape, dtype)
+    poison_allocator(q, k, v)  # the gradients' sizes
     grads = torch.ops.flashattn.attention_backward.default(q, k, v, o, lse, do, *options)
+    refs = reference.attention_backward(*inputs, do.double().cpu().numpy(), causal=causal,
+                                        scale=0.11)
     grads_py = flashattn._backward_python(q, k, v, o, lse, do, *options)
-    for g, g_py, x in zip(grads, grads_py, (q, k, v)):
+    for g, g_py, x, ref in zip(grads, grads_py, (q, k, v), refs):
         assert g.shape == x.shape and g.dtype == dtype and g.stride() == g_py.stride()
+        assert relative_error(g, ref) < 2e-2
         assert torch.equal(g, g_py)
 
 
