@@ -101,6 +101,13 @@ struct AttentionProblem {
         const std::int64_t diagonal = i + causal_offset();
         return causal && diagonal < end - 1 ? diagonal : end - 1;
     }
+    // The same rule read from the key's side: the first query row that the causal mask lets see
+    // key j (rows first .. seq_q - 1 see it: a key's visible rows are a suffix), so a kernel
+    // whose tiles have keys as rows (the backward's S^T) masks with one bound per key. Without the
+    // causal mask every row sees it (0). May be negative or past the last row.
+    FA_HOST_DEVICE std::int64_t first_causal_row(std::int64_t j) const {
+        return causal ? j - causal_offset() : 0;
+    }
     // May query row i attend key j? Both masks must allow it.
     FA_HOST_DEVICE bool key_visible(std::int64_t i, std::int64_t j) const {
         return causal_visible(i, j) && block_visible(i, j);

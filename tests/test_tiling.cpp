@@ -136,6 +136,19 @@ TEST_CASE("last_causal_key bounds exactly the keys the causal mask lets a row se
     }
 }
 
+TEST_CASE("first_causal_row bounds exactly the rows the causal mask lets a key be seen by") {
+    std::mt19937 gen(Catch::rngSeed() + 31);
+    for (int trial = 0; trial < 200; ++trial) {
+        AttentionProblem p;
+        p.seq_q = 1 + gen() % 70, p.seq_kv = 1 + gen() % 70, p.dim = 8;
+        p.causal = gen() % 4 != 0;
+        for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+            const std::int64_t first = p.first_causal_row(j);
+            for (std::int64_t i = 0; i < p.seq_q; ++i) REQUIRE(p.causal_visible(i, j) == (i >= first));
+        }
+    }
+}
+
 TEST_CASE("the GPU schedule numbers every tile once, a unit's ranks in order, the tail rank-major") {
     for (std::int64_t T : {1, 2, 3, 8, 17})
         for (std::int64_t units : {1, 5, 96, 200}) {

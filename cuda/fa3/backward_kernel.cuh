@@ -174,22 +174,32 @@ __device__ __forceinline__ void score_gradients(float (&S)[kCols / 8][4], float 
 // Br / 64 panels (Bc rows of keys x 64 queries each) in the 128-byte swizzle (16-byte chunk c of
 // row r at c ^ (r % 8)). Reading the registers while that product still runs is allowed (a wgmma
 // only forbids writing them), so the stores overlap it.
-// kCols query columns from col0 (a multiple of 8) on: Br, or a warpgroup's Brw where the
-// warpgroups split the queries (kQuerySplit, which stores P^T the same way).
+// kCols query columns from col0 on (a multiple of kCols, or of 64 where kCols > 64): Br, or a
+// warpgroup's Brw where the warpgroups split the queries (kQuerySplit, which stores P^T the same
+// way).
+// The addresses: a thread's keys are key0 + lane / 4 + 8 r with key0 a multiple of 16, so
+// r % 8 = lane / 4 for both, and the swizzle only flips bits 4-6 of a 1024-byte-aligned row's
+// address. The thread's part of that XOR is taken once; each store adds the chunk's part (one
+// XOR with a constant) and its panel and row group as the store's immediate offset.
 template <class Cfg, int kCols = Cfg::Br>
 __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
                                                       const std::uint32_t (&adS)[kCols / 16][4],
                                                       int key0, int lane, int col0 = 0) {
+    static_assert(kCols <= 64 ? 64 % kCols == 0 : kCols % 64 == 0,
+                  "store_score_gradients: the chunks of col0 and of nt do not carry into each other");
+    constexpr std::uint32_t kRowBytes = 128, kPanelBytes = Cfg::Bc * kRowBytes;
+    const int chunk0 = col0 / 8;  // the first 8 columns' 16-byte chunk, over all panels
+    const std::uint32_t thread_at = hopper::smem_address(sdS) + (chunk0 / 8) * kPanelBytes +
+                                    (key0 + lane / 4) * kRowBytes +
+                                    std::uint32_t(((lane / 4) ^ (chunk0 % 8)) << 4) +
+                                    4 * (lane % 4);
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int key = key0 + lane / 4 + 8 * r;
-            const int tile = col0 / 8 + nt;  // the 8 columns' 16-byte chunk, over all panels
-            *reinterpret_cast<std::uint32_t*>(sdS + (tile / 8) * Cfg::Bc * 64 + key * 64 +
-                                              ((tile % 8) ^ (key % 8)) * 8 + 2 * (lane % 4)) =
-                adS[nt / 2][2 * (nt % 2) + r];
-        }
+        for (int r = 0; r < 2; ++r)
+            hopper::st_shared_b32((thread_at ^ ((nt % 8) << 4)) + (nt / 8) * kPanelBytes +
+                                      8 * r * kRowBytes,
+                                  adS[nt / 2][2 * (nt % 2) + r]);
 }
 
 // Algorithm 2 L15's addition of one 64 x 64 block of dQ_i (a warpgroup's fp32 accumulator acc;
@@ -215,20 +225,22 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
         if (issuer) hopper::bulk_wait_read<0>();
         hopper::named_barrier_sync(1 + wg, 128);
     }
+    // Row 16 wg_warp + lane / 4 + 8 r, columns 8 nt + 2 (lane % 4) (+1): box nt / 4, 16-byte
+    // chunk 2 (nt % 4) + (lane % 4) / 2 of the row, at chunk ^ (lane / 4) (the row % 8 of both
+    // r). The thread's part of the swizzle once, each store's as one XOR (store_score_gradients).
     const float scale = params.base.scale;
+    constexpr std::uint32_t kRowBytes = 32 * sizeof(float), kBoxBytes = 64 * kRowBytes;
+    const std::uint32_t thread_at = hopper::smem_address(sdq) +
+                                    (16 * wg_warp + lane / 4) * kRowBytes +
+                                    std::uint32_t((((lane % 4) / 2) ^ (lane / 4)) << 4) +
+                                    8 * (lane % 2);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = 16 * wg_warp + lane / 4 + 8 * r;
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            // Columns 8 nt + 2 (lane % 4) (+1): box nt / 4, 16-byte chunk `chunk` of its row.
-            const int chunk = 2 * (nt % 4) + (lane % 4) / 2;
-            float* at = sdq + (nt / 4) * 64 * 32 + row * 32 + (chunk ^ (row % 8)) * 4 +
-                        2 * (lane % 2);
-            *reinterpret_cast<float2*>(at) =
-                make_float2(scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
-        }
-    }
+        for (int nt = 0; nt < 8; ++nt)
+            hopper::st_shared_v2_f32((thread_at ^ ((2 * (nt % 4)) << 4)) + (nt / 4) * kBoxBytes +
+                                         8 * r * kRowBytes,
+                                     scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
     hopper::fence_proxy_async();  // the stores, read next by the copy engine
     hopper::named_barrier_sync(1 + wg, 128);
     if (!issuer) return;

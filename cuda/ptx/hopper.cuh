@@ -27,6 +27,18 @@ __device__ __forceinline__ std::uint32_t smem_address(const void* p) {
     return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Stores to shared memory at a 32-bit shared address (smem_address). A store through a C++
+// pointer is a generic one (ST.E, a 64-bit address computed per store); with the address in the
+// shared window, a swizzled store is one XOR of the thread's address and an immediate offset
+// (cuda-fa3's backward: dS^T and dQ's blocks). Not reordered with the other volatile memory
+// instructions.
+__device__ __forceinline__ void st_shared_b32(std::uint32_t at, std::uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_v2_f32(std::uint32_t at, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+}
+
 // ---- wgmma ---------------------------------------------------------------------------------
 
 // The shared-memory matrix descriptor ("Matrix Descriptor Format"): the start address, the

@@ -140,6 +140,23 @@ __device__ __forceinline__ void probabilities_and_score_gradients(
     float (&S)[Br / 8][4], float (&dP)[Br / 8][4], const float* sL, const float* sD,
     const BackwardParams& params, int row0, int key0, int lane) {
     const AttentionProblem& p = params.problem;
+    // Without a block mask a key's visible queries are a suffix of the rows that ends at N_q
+    // (first_causal_row), so a masked tile needs two bounds per key: entry (nt, e) is visible iff
+    // first[e / 2] <= 8 nt + e % 2 < end, counted from the thread's first query row0 +
+    // 2 (lane % 4) and clamped to [0, Br]. The per-entry test is then two 32-bit compares with
+    // constants, where one in 64 bits per entry took several integer instructions each (the
+    // forward's mask_scores does the same by rows).
+    int first[2] = {0, 0}, end = Br;
+    if constexpr (kMasked && !kBlockMask) {
+        const std::int64_t q0 = std::int64_t(row0) + 2 * (lane % 4);
+        const auto clamp = [](std::int64_t v) { return int(v < 0 ? 0 : (v > Br ? Br : v)); };
+        end = clamp(p.seq_q - q0);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const std::int64_t key = std::int64_t(key0) + lane / 4 + 8 * r;
+            first[r] = key < p.seq_kv ? clamp(p.first_causal_row(key) - q0) : Br;
+        }
+    }
 #pragma unroll
     for (int nt = 0; nt < Br / 8; ++nt) {
         const int q = 8 * nt + 2 * (lane % 4);
@@ -156,13 +173,15 @@ __device__ __forceinline__ void probabilities_and_score_gradients(
                              : recomputed_probability_exp2(S[nt][e], shift[e % 2], params.scale_log2);
             float dS = score_gradient(P, dP[nt][e], delta[e % 2]);
             if constexpr (kMasked) {
-                const int row = row0 + q + e % 2;
-                const int key = key0 + lane / 4 + 8 * (e / 2);
-                bool visible = row < p.seq_q && key < p.seq_kv;
-                if constexpr (kBlockMask)
-                    visible = visible && p.key_visible(row, key);
-                else
-                    visible = visible && p.causal_visible(row, key);
+                bool visible;
+                if constexpr (kBlockMask) {
+                    const int row = row0 + q + e % 2;
+                    const int key = key0 + lane / 4 + 8 * (e / 2);
+                    visible = row < p.seq_q && key < p.seq_kv && p.key_visible(row, key);
+                } else {
+                    const int c = 8 * nt + e % 2;
+                    visible = c >= first[e / 2] && c < end;
+                }
                 if (!visible) P = 0.0f, dS = 0.0f;
             }
             S[nt][e] = P;
