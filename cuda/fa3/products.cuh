@@ -24,7 +24,8 @@ namespace flashattn::fa3 {
 // The same address, which the compiler must treat as new: a tile's matrix descriptors (64 bits
 // each, one per k-step and panel) are then computed where a product is issued, from a few
 // registers, instead of all being computed once before the loop and held in registers for its
-// whole length, which a kernel with five products cannot afford.
+// whole length, which a kernel with five products cannot afford. Each product below takes its
+// operands' descriptors once and steps through k-steps and panels with hopper::descriptor_plus.
 template <class T>
 __device__ __forceinline__ T* fresh(T* p) {
     asm volatile("" : "+l"(p));
@@ -50,12 +51,13 @@ __device__ __forceinline__ void issue_ab_t(float (&acc)[N / 8][4], const T* A, i
                                            const T* B, int b_panel) {
     hopper::wgmma_fence_registers(acc);
     hopper::wgmma_fence();
-    hopper::wgmma_ss<T, N, false>(acc, hopper::smem_descriptor(A), hopper::smem_descriptor(B));
+    const std::uint64_t a = hopper::smem_descriptor(A), b = hopper::smem_descriptor(B);
+    hopper::wgmma_ss<T, N, false>(acc, a, b);
 #pragma unroll
     for (int step = 1; step < 4 * kPanels; ++step) {
         const int pn = step / 4, kk = step % 4;
-        hopper::wgmma_ss<T, N>(acc, hopper::smem_descriptor(A + pn * a_panel + 16 * kk),
-                               hopper::smem_descriptor(B + pn * b_panel + 16 * kk));
+        hopper::wgmma_ss<T, N>(acc, hopper::descriptor_plus(a, (pn * a_panel + 16 * kk) * sizeof(T)),
+                               hopper::descriptor_plus(b, (pn * b_panel + 16 * kk) * sizeof(T)));
     }
     hopper::wgmma_commit();
 }
@@ -81,10 +83,11 @@ __device__ __forceinline__ void issue_a_regs_b(float (&acc)[8 * kPanels][4],
     hopper::wgmma_fence_registers(acc);
     hopper::wgmma_fence();
     const std::uint32_t panel_bytes = kPanels > 1 ? std::uint32_t(b_panel * sizeof(T)) : 0;
+    const std::uint64_t b = hopper::smem_descriptor_panels(B, panel_bytes);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk)
-        hopper::wgmma_rs<T, 64 * kPanels>(
-            acc, a[kk], hopper::smem_descriptor_panels(B + 16 * kk * 64, panel_bytes));
+        hopper::wgmma_rs<T, 64 * kPanels>(acc, a[kk],
+                                          hopper::descriptor_plus(b, 16 * kk * 64 * sizeof(T)));
     hopper::wgmma_commit();
 }
 
@@ -98,12 +101,13 @@ __device__ __forceinline__ void issue_a_smem_b(float (&acc)[16][4], const T* A, 
                                                const T* B, int b_panel) {
     hopper::wgmma_fence_registers(acc);
     hopper::wgmma_fence();
-    const std::uint32_t panel_bytes = std::uint32_t(b_panel * sizeof(T));
+    const std::uint64_t a = hopper::smem_descriptor(A);
+    const std::uint64_t b = hopper::smem_descriptor_panels(B, std::uint32_t(b_panel * sizeof(T)));
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk)
         hopper::wgmma_ss<T, 128, true, true>(
-            acc, hopper::smem_descriptor(A + (kk / 4) * a_panel + 16 * (kk % 4)),
-            hopper::smem_descriptor_panels(B + 16 * kk * 64, panel_bytes));
+            acc, hopper::descriptor_plus(a, ((kk / 4) * a_panel + 16 * (kk % 4)) * sizeof(T)),
+            hopper::descriptor_plus(b, 16 * kk * 64 * sizeof(T)));
     hopper::wgmma_commit();
 }
 
@@ -114,12 +118,12 @@ template <class T, int kKSteps>
 __device__ __forceinline__ void issue_mn_major(float (&acc)[8][4], const T* A, const T* B) {
     hopper::wgmma_fence_registers(acc);
     hopper::wgmma_fence();
-    hopper::wgmma_ss_mn_major<T, false>(acc, hopper::smem_descriptor(A),
-                                        hopper::smem_descriptor(B));
+    const std::uint64_t a = hopper::smem_descriptor(A), b = hopper::smem_descriptor(B);
+    hopper::wgmma_ss_mn_major<T, false>(acc, a, b);
 #pragma unroll
     for (int kk = 1; kk < kKSteps; ++kk)
-        hopper::wgmma_ss_mn_major<T>(acc, hopper::smem_descriptor(A + 16 * kk * 64),
-                                     hopper::smem_descriptor(B + 16 * kk * 64));
+        hopper::wgmma_ss_mn_major<T>(acc, hopper::descriptor_plus(a, 16 * kk * 64 * sizeof(T)),
+                                     hopper::descriptor_plus(b, 16 * kk * 64 * sizeof(T)));
     hopper::wgmma_commit();
 }
 

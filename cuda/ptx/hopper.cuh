@@ -58,6 +58,16 @@ __device__ __forceinline__ std::uint64_t smem_descriptor_panels(const void* tile
     return smem_descriptor(tile) | (std::uint64_t((panel_bytes >> 4) & 0x3FFF) << 16);
 }
 
+// The descriptor of the operand `bytes` (a multiple of 16) further on in shared memory: the next
+// k-step or panel of a tile. The start address is the low 14 bits in units of 16 bytes, and every
+// shared address fits them (228 KiB < 2^18 bytes), so the sum never carries out of the field: one
+// 32-bit add of a constant to the tile's descriptor, where smem_descriptor(tile + offset) takes a
+// conversion, a shift, a mask and a move to a uniform register for every k-step.
+__device__ __forceinline__ std::uint64_t descriptor_plus(std::uint64_t desc, std::uint32_t bytes) {
+    const std::uint32_t start = static_cast<std::uint32_t>(desc) + (bytes >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | start;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
