@@ -43,7 +43,8 @@
 //  * Masks as in the forward: per warp, classify_tile says whether its 16 keys x Br queries are
 //    fully visible (no test), partly (P = dS = 0 where hidden) or not at all (skipped). A key tile
 //    visits only the query tiles that can see it (next_visible_tile), so under a causal mask the
-//    loop starts at the diagonal.
+//    loop starts at the diagonal. In a partly visible tile each key's visible queries are a suffix
+//    ending at N_q (first_causal_row): two bounds per key, not a 64-bit test per entry.
 //  * Ragged tails: the copies zero-fill rows past N_q and N_kv (and columns past d), and such a
 //    tile is masked as a partial one, so padding rows add nothing (P = 0, not exp(0 - L)).
 //  * A masked pair is left out where it can be: P = dS = 0. Inside a partly visible tile it still
