@@ -290,9 +290,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     // L5: key tile j of K/V head g, batch b; its query heads are h0 .. h0 + G - 1. Warpgroup wg
     // owns keys wg_key0 .. wg_key0 + 63, its warp wg_warp 16 of them. Head and batch indices in 32
-    // bits (fa3_check_backward_problem keeps them there): 64-bit ones took registers the kernel
-    // spills at d = 64 (ptxas: 448 bytes of spill stores per thread, 404 with these, before j was
-    // read from shared memory in the loop, below).
+    // bits (fa3_check_backward_problem keeps them there): 64-bit ones took registers that the
+    // kernel then spilled at d = 64 (docs/cuda_fa3.md has ptxas's counts).
     const ScheduledTile<int> sched = scheduled_tile(int(blockIdx.y * gridDim.x + blockIdx.x),
                                                     int(gridDim.x), int(gridDim.y), params.tail);
     const int j = sched.rank;  // under a causal mask key tile 0 sees the most query tiles
@@ -307,8 +306,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     __syncthreads();
     // j inside the step loop, read from shared memory where it is used. Held in a register, ptxas
     // computed every key index the mask and the statistics need (j Bc + key0 + ...) once, before
-    // the loop, and spilled them: 404 bytes of spill stores per thread at d = 64 and 84 at d = 128
-    // (nvcc 13, sm_90a), 28 and 40 with this volatile read (docs/cuda_fa3.md).
+    // the loop, and kept them live across it, more registers than a thread has: they were
+    // spilled (docs/cuda_fa3.md, "The key tile read where it is used", has ptxas's counts).
     const auto key_tile = [&] { return *static_cast<volatile int*>(&bars->key_tile); };
     const auto key_column = [&] { return key_tile() * Bc + key0; };  // the warp's first key
 
