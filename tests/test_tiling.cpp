@@ -120,12 +120,13 @@ TEST_CASE("causal_key_tiles splits a row range's key tiles as the element-wise m
     }
 }
 
-TEST_CASE("last_causal_key bounds exactly the keys the causal mask lets a row see") {
+TEST_CASE("last_causal_key and first_causal_row bound exactly what the causal mask lets see") {
     std::mt19937 gen(Catch::rngSeed() + 29);
     for (int trial = 0; trial < 200; ++trial) {
         AttentionProblem p;
         p.seq_q = 1 + gen() % 70, p.seq_kv = 1 + gen() % 70, p.dim = 8;
         p.causal = gen() % 4 != 0;
+        // A row's visible keys among those before `end` are 0 .. last.
         for (std::int64_t i = 0; i < p.seq_q; ++i)
             for (std::int64_t end = 0; end <= p.seq_kv; ++end) {
                 const std::int64_t last = p.last_causal_key(i, end);
@@ -133,18 +134,11 @@ TEST_CASE("last_causal_key bounds exactly the keys the causal mask lets a row se
                     REQUIRE(p.causal_visible(i, j) == (j <= last));
                 REQUIRE(last <= end - 1);
             }
-    }
-}
-
-TEST_CASE("first_causal_row bounds exactly the rows the causal mask lets a key be seen by") {
-    std::mt19937 gen(Catch::rngSeed() + 31);
-    for (int trial = 0; trial < 200; ++trial) {
-        AttentionProblem p;
-        p.seq_q = 1 + gen() % 70, p.seq_kv = 1 + gen() % 70, p.dim = 8;
-        p.causal = gen() % 4 != 0;
+        // A key's visible rows are first .. seq_q - 1.
         for (std::int64_t j = 0; j < p.seq_kv; ++j) {
             const std::int64_t first = p.first_causal_row(j);
-            for (std::int64_t i = 0; i < p.seq_q; ++i) REQUIRE(p.causal_visible(i, j) == (i >= first));
+            for (std::int64_t i = 0; i < p.seq_q; ++i)
+                REQUIRE(p.causal_visible(i, j) == (i >= first));
         }
     }
 }
