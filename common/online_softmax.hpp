@@ -169,6 +169,19 @@ FA_HOST_DEVICE inline float final_lse(SoftmaxState s, bool overflowed) {
     return overflowed ? NAN : log_sum_exp(s);
 }
 
+// The same end with one division per row instead of one per element, for the kernels that write
+// a whole row of O at once (the tensor-core epilogues): diag(l)^-1 O as Algorithm 1 line 12
+// writes it, its factor taken once per row (output_scale) and each element multiplied. A row with
+// weight has l >= 1 (its largest score contributes e^0), so the factor is finite and at most 1;
+// l = 0 keeps O as summed. o * (1 / l) rounds twice: within 2 ulp of o / l.
+FA_HOST_DEVICE inline float output_scale(float l) {
+    return l == 0.0f ? 1.0f : 1.0f / l;
+}
+FA_HOST_DEVICE inline float final_output_scaled(float o_unnormalized, float scale,
+                                                bool overflowed) {
+    return overflowed ? NAN : o_unnormalized * scale;
+}
+
 // The merge of two partial results of one row over disjoint sets of keys: (O_a, LSE_a) and
 // (O_b, LSE_b), each O normalized by its own sum and LSE = m + log(l). This is the update above
 // applied to whole blocks: a part is the softmax state (m, l) = (LSE, 1), its sum measured from

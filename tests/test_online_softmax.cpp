@@ -283,6 +283,34 @@ TEST_CASE("a row with l = 0 is NaN when it sees a key (its scores overflowed), O
     CHECK(final_output(0.0f, 0.0f, false) == 0.0f);
     CHECK(final_lse(SoftmaxState{}, false) == -INFINITY);
     CHECK(final_output(3.0f, 2.0f, false) == 1.5f);
+    CHECK(std::isnan(final_output_scaled(0.0f, output_scale(0.0f), true)));
+    CHECK(final_output_scaled(0.0f, output_scale(0.0f), false) == 0.0f);  // no visible key
+    CHECK(std::isnan(final_output_scaled(NAN, output_scale(0.0f), false)));  // kept as summed
+    CHECK(final_output_scaled(3.0f, output_scale(2.0f), false) == 1.5f);
+}
+
+TEST_CASE("the epilogue's one reciprocal per row stays within 2 ulp of dividing each element") {
+    // Random O values of either sign and sums l >= 1 (a row's largest score contributes e^0),
+    // fresh each run; the distance counted in float32 steps (ulp) from the exactly rounded o / l.
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_real_distribution<float> o_dist(-1e4f, 1e4f), log_l(0.0f, 30.0f);
+    const auto ulps = [](float a, float b) {
+        int steps = 0;
+        for (float x = std::min(a, b); x < std::max(a, b) && steps < 100; ++steps)
+            x = std::nextafter(x, INFINITY);
+        return steps;
+    };
+    int worst = 0;
+    for (int t = 0; t < 20000; ++t) {
+        const float o = o_dist(rng), l = std::exp(log_l(rng));
+        const float by_division = final_output(o, l, false);
+        const float by_scale = final_output_scaled(o, output_scale(l), false);
+        worst = std::max(worst, ulps(by_division, by_scale));
+        INFO("o = " << o << ", l = " << l);
+        REQUIRE(ulps(by_division, by_scale) <= 2);
+    }
+    INFO("worst distance: " << worst << " ulp");
+    CHECK(worst >= 1);  // the two do differ: the test compares two different roundings
 }
 
 TEST_CASE("row_has_visible_key follows the bottom-right causal mask and the block mask's row") {

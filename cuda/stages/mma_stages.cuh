@@ -205,8 +205,8 @@ __device__ __noinline__ inline bool row_has_visible_key_rare(const AttentionProb
     return p.row_has_visible_key(row);
 }
 
-// FA2 L12-L15 for one row tile (first row row0): O_i = O_i / l_i and L_i = m_i + log(l_i),
-// written for the rows that exist (NaN for a row whose visible scores all overflowed:
+// FA2 L12-L15 for one row tile (first row row0): O_i = diag(l_i)^-1 O_i (one reciprocal per
+// row, output_scale) and L_i = m_i + log(l_i), written for the rows that exist (NaN for a row whose visible scores all overflowed:
 // scores_overflowed, common/online_softmax.hpp). l_i is first summed over the quad (each lane
 // held a partial sum over its own columns). O's rows lie where params.o_layout says, in
 // params.o_dtype; columns p.dim..D-1 (the zero padding of a head dim that is not one of the
@@ -241,12 +241,13 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
                 return kBlockMask ? row_has_visible_key_rare(p, row) : p.row_has_visible_key(row);
             });
         const std::int64_t O_row = O_head + std::int64_t(row) * row_stride + 2 * (lane % 4);
+        const float scale = output_scale(l_row);  // 1 / l_i, once for the row's D / 4 values
         if (p.dim == Cfg::D) {
 #pragma unroll
             for (int dt = 0; dt < Cfg::D / 8; ++dt)
                 store_output_pair(O_out, o_dtype, O_row + 8 * dt,
-                                  final_output(O[dt][2 * r], l_row, overflowed),
-                                  final_output(O[dt][2 * r + 1], l_row, overflowed));
+                                  final_output_scaled(O[dt][2 * r], scale, overflowed),
+                                  final_output_scaled(O[dt][2 * r + 1], scale, overflowed));
         } else {  // padded d (possibly odd: no paired stores)
 #pragma unroll
             for (int dt = 0; dt < Cfg::D / 8; ++dt)
@@ -254,7 +255,7 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
                 for (int e = 0; e < 2; ++e)
                     if (8 * dt + 2 * (lane % 4) + e < p.dim)
                         store_output(O_out, o_dtype, O_row + 8 * dt + e,
-                                     final_output(O[dt][2 * r + e], l_row, overflowed));
+                                     final_output_scaled(O[dt][2 * r + e], scale, overflowed));
         }
         if (lane % 4 == 0)
             lse_head[row] = final_lse(state, overflowed);
