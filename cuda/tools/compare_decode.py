@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import subprocess
+import time
 
 from compare_tc import time_torch  # CUDA-event timing of a PyTorch call, median of `repeat`
 
@@ -31,6 +32,7 @@ SHAPES = [  # (B, H, H_kv, N_q, N_kv, d)
                                                (64, 128))
 ]
 TORCH_BACKENDS = ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"]
+SETTLE_SECONDS = 0.5  # idle time between making a shape's inputs and timing (decode_inputs)
 
 
 def kv_bytes(B, H, Hk, Nq, Nkv, d, elem=2):
@@ -89,6 +91,13 @@ def decode_inputs(torch, shape, dtype, graph):
     copies = max(1, -(-(256 << 20) // kv_bytes(*shape))) if graph else 1
     kv = [(torch.randn(B, Hk, Nkv, d, device="cuda", dtype=t, generator=g),
            torch.randn(B, Hk, Nkv, d, device="cuda", dtype=t, generator=g)) for _ in range(copies)]
+    # Let the GPU settle before anything is timed. Right after the previous shape's inputs are
+    # freed (empty_cache) and these allocated, a kernel streaming HBM ran ~18% slower for a few
+    # milliseconds, with the SM and memory clocks unchanged (H100, 2026-11-27: B = 8, H_kv = 32,
+    # N_kv = 8k, d = 64 after a 131k shape took 215 us first, 182 us timed again or after a
+    # sleep; docs/decoding.md). Whichever call was timed first paid it.
+    torch.cuda.synchronize()
+    time.sleep(SETTLE_SECONDS)
     return q, kv
 
 
