@@ -22,9 +22,8 @@ import itertools
 import json
 import os
 import subprocess
-import time
 
-from compare_tc import time_torch  # CUDA-event timing of a PyTorch call, median of `repeat`
+from compare_tc import settle, time_torch  # a pause before timing; CUDA-event timing, median of `repeat`
 
 SHAPES = [  # (B, H, H_kv, N_q, N_kv, d)
     (b, 32, hk, nq, nkv, d)
@@ -32,7 +31,6 @@ SHAPES = [  # (B, H, H_kv, N_q, N_kv, d)
                                                (64, 128))
 ]
 TORCH_BACKENDS = ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"]
-SETTLE_SECONDS = 0.5  # idle time between making a shape's inputs and timing (decode_inputs)
 
 
 def kv_bytes(B, H, Hk, Nq, Nkv, d, elem=2):
@@ -91,13 +89,10 @@ def decode_inputs(torch, shape, dtype, graph):
     copies = max(1, -(-(256 << 20) // kv_bytes(*shape))) if graph else 1
     kv = [(torch.randn(B, Hk, Nkv, d, device="cuda", dtype=t, generator=g),
            torch.randn(B, Hk, Nkv, d, device="cuda", dtype=t, generator=g)) for _ in range(copies)]
-    # Let the GPU settle before anything is timed. Right after the previous shape's inputs are
-    # freed (empty_cache) and these allocated, a kernel streaming HBM ran ~18% slower for a few
-    # milliseconds, with the SM and memory clocks unchanged (H100, 2026-11-27: B = 8, H_kv = 32,
-    # N_kv = 8k, d = 64 after a 131k shape took 215 us first, 182 us timed again or after a
-    # sleep; docs/decoding.md). Whichever call was timed first paid it.
-    torch.cuda.synchronize()
-    time.sleep(SETTLE_SECONDS)
+    # The previous shape's inputs were just freed (empty_cache) and these allocated: B = 8,
+    # H_kv = 32, N_kv = 8k, d = 64 after a 131k shape took 215 us timed at once, 182 us after
+    # the pause (H100, 2026-11-27).
+    settle(torch)
     return q, kv
 
 

@@ -32,6 +32,7 @@ import statistics
 import os
 import subprocess
 import sys
+import time
 
 SEQS = [1024, 2048, 4096, 8192]
 DIMS = [64, 128, 256]
@@ -63,6 +64,19 @@ def run_flashattn_bench(bin_dir, b, h, n, d, causal, dtype, repeat, tile=None, b
     return row
 
 
+SETTLE_SECONDS = 0.5
+
+
+def settle(torch):
+    """Leave the GPU idle for a moment before timing. Right after a process freed large buffers
+    (another shape's inputs, or `flashattn bench` exiting) and new ones were allocated, a kernel
+    that streams HBM ran ~18% slower for a few milliseconds with the clocks unchanged (H100,
+    2026-11-27; docs/decoding.md, "The first timing after a large shape"): whichever call was
+    timed first paid it."""
+    torch.cuda.synchronize()
+    time.sleep(SETTLE_SECONDS)
+
+
 def time_torch(torch, fn, repeat, warmup=5):
     for _ in range(warmup):
         fn()
@@ -84,6 +98,7 @@ def torch_rows(torch, d, causal, n, b, h, dtype, repeat):
 
     tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=tdtype) for _ in range(3))
+    settle(torch)  # `flashattn bench` has just exited
     result = {}
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
