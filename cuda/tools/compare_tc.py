@@ -72,7 +72,10 @@ def settle(torch):
     (another shape's inputs, or `flashattn bench` exiting) and new ones were allocated, a kernel
     that streams HBM ran ~18% slower for a few milliseconds with the clocks unchanged (H100,
     2026-11-27; docs/decoding.md, "The first timing after a large shape"): whichever call was
-    timed first paid it."""
+    timed first paid it. The forward grid below does not pause: its inputs are the same size at
+    every shape, so PyTorch's allocator frees nothing, and a run with a pause after each `flashattn
+    bench` gave PyTorch's columns up to 17% lower at N = 1024 (docs/cuda_fa3.md): a pause favouring
+    us if anything."""
     torch.cuda.synchronize()
     time.sleep(SETTLE_SECONDS)
 
@@ -98,7 +101,6 @@ def torch_rows(torch, d, causal, n, b, h, dtype, repeat):
 
     tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=tdtype) for _ in range(3))
-    settle(torch)  # `flashattn bench` has just exited
     result = {}
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
