@@ -116,6 +116,58 @@ def test_the_transport_must_carry_the_tensors_device():
     fd._check_transport("mpi", torch.zeros(1))   # not judged here: the backend's own rules
 
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(),
+                                reason="needs a CUDA device and NCCL")
+
+
+@needs_cuda
+def test_a_ranks_check_of_cuda_tensors_chooses_their_backend():
+    # Each rank checks its arguments before the ring starts; for CUDA tensors that includes the
+    # backend flashattn.attention would choose for q's shape (B, H, N_local, d).
+    q, k, v = (torch.randn(1, 4, 96, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    found = dict(fd._local_check(q, k, v, True, None, "contiguous", None, False, "nccl"))
+    assert found["q shape"] == (1, 4, 96, 64)
+    assert found["backend"] in ("cuda-fa3", "cuda-tc")
+    found = dict(fd._local_check(q, k, v, True, None, "contiguous", "cuda-tc", False, "nccl"))
+    assert found["backend"] == "cuda-tc"
+
+
+_NCCL_ONE_RANK = r"""
+import sys, torch, torch.distributed as dist
+import flashattn
+from flashattn.distributed import ring_attention
+dist.init_process_group("nccl", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+torch.cuda.set_device(0)
+g = torch.Generator(device="cuda").manual_seed(int(sys.argv[2]))
+q, k, v, do = (torch.randn(1, 4, 203, 64, device="cuda", dtype=torch.float16, generator=g)
+               for _ in range(4))
+worst = 0.0
+for causal in (False, True):
+    ql, kl, vl = (x.clone().requires_grad_() for x in (q, k, v))
+    o = ring_attention(ql, kl, vl, causal=causal)
+    o.backward(do)
+    tq, tk, tv = (x.clone().requires_grad_() for x in (q, k, v))
+    one = flashattn.attention(tq, tk, tv, causal=causal)
+    one.backward(do)
+    for a, b in ((o, one), (ql.grad, tq.grad), (kl.grad, tk.grad), (vl.grad, tv.grad)):
+        worst = max(worst, float((a.float() - b.float()).abs().max()))
+print(worst)
+dist.destroy_process_group()
+"""
+
+
+@needs_cuda
+def test_a_ring_of_one_nccl_rank_on_cuda_tensors_is_whole_sequence_attention(tmp_path):
+    # The CUDA path end to end: an NCCL group of one process (its own, so that this one keeps no
+    # process group), forward and backward, against flashattn.attention on the same tensors.
+    # One block per rank: the same kernels on the same inputs, up to the float32 accumulation of
+    # the gradients (one term each), so they agree to within a 16-bit rounding.
+    out = subprocess.run([sys.executable, "-c", _NCCL_ONE_RANK, str(tmp_path / "store"),
+                          str(SEED)], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert float(out.stdout.split()[-1]) <= 2e-3, out.stdout
+
+
 def test_import_flashattn_works_without_torch_and_distributed_says_what_it_needs():
     code = ("import sys; sys.modules['torch'] = None\n"  # `import torch` now fails
             "import flashattn\n"

@@ -292,7 +292,7 @@ def _local_check(q, k, v, causal, scale, layout, backend, return_lse, transport)
         raise ValueError(f"layout = 'zigzag' holds two chunks per rank, of n / (2 world_size) "
                          f"tokens, so N_local must be even: q has N_local = {Qs[2]} (the world "
                          f"size does not divide the sequence into 2 world_size chunks)")
-    backend = (_cuda_backend(backend, dtype, q.device, Qs[3], backward=False) if q.is_cuda
+    backend = (_cuda_backend(backend, dtype, q.device, Qs, backward=False) if q.is_cuda
                else _check_backend(backend))
     _check_bool("return_lse", return_lse)
     _check_transport(transport, q)
