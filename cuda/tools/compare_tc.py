@@ -23,6 +23,12 @@ of cuda-tc / PyTorch-flash over the fp16 grid (the bar: >= 0.8, and no configura
 --tiles NAME,... also times those variants of the backend (fp16, N = 2048 and 8192;
 FLASHATTN_VARIANT=<backend>=NAME, names as in the error message of an unknown one, e.g. cuda-tc's
 Br128w4-Bc64-s2 or cuda-fa3's d64-Bc128-pingpong).
+
+--python times ours the way PyTorch is timed instead: flashattn.attention(q, k, v, backend=...)
+on the same CUDA tensors, in this process (PYTHONPATH must hold the package), CUDA events around
+each call. That is what a PyTorch user's call costs: O in the inputs' dtype as SDPA writes it
+(`flashattn bench` writes the library's float32 O, twice the bytes), and the host's time to
+launch inside the events for both, where bench's clock also runs until a device synchronize.
 """
 import argparse
 import datetime
@@ -95,13 +101,19 @@ def time_torch(torch, fn, repeat, warmup=5):
     return statistics.median(times)
 
 
-def torch_rows(torch, d, causal, n, b, h, dtype, repeat):
+def torch_rows(torch, d, causal, n, b, h, dtype, repeat, ours=None):
+    """PyTorch's FLASH and cuDNN times (ms) on random q, k, v of this shape; with `ours` (a
+    backend name), flashattn.attention's on the same tensors too, timed the same way."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
     tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=tdtype) for _ in range(3))
     result = {}
+    if ours:
+        import flashattn
+        result["ours"] = time_torch(
+            torch, lambda: flashattn.attention(q, k, v, causal=causal, backend=ours), repeat)
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             with sdpa_kernel(backend):
@@ -123,6 +135,9 @@ def main():
     ap.add_argument("--json", help="write every measured row to this file")
     ap.add_argument("--backend", default="cuda-tc", choices=["cuda-tc", "cuda-fa3"])
     ap.add_argument("--dims", default="64,128", help="head dims of the grid")
+    ap.add_argument("--python", action="store_true",
+                    help="time ours through flashattn.attention in this process, as PyTorch is "
+                         "timed (16-bit O), instead of by `flashattn bench`")
     args = ap.parse_args()
     dims = [int(x) for x in args.dims.split(",")]
     name = args.backend
@@ -139,9 +154,13 @@ def main():
             for causal in (False, True):
                 group = [(d, causal, n, b, h) for (d_, c_, n, b, h) in grid() if d_ == d and c_ == causal]
                 for (d_, c_, n, b, h) in group:
-                    tc_row = run_flashattn_bench(args.bin_dir, b, h, n, d, causal, dtype, args.repeat,
-                                                 backend=name)
-                    tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat)
+                    if args.python:
+                        tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat, ours=name)
+                        tc_row = dict(tile="python", median_ms=tr["ours"], min_ms=None, max_ms=None)
+                    else:
+                        tc_row = run_flashattn_bench(args.bin_dir, b, h, n, d, causal, dtype,
+                                                     args.repeat, backend=name)
+                        tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat)
                     f = flops(b, h, n, d, causal)
                     rows.append(dict(d=d, causal=causal, n=n, b=b, h=h, dtype=dtype, tile=tc_row["tile"],
                                      tc_ms=tc_row["median_ms"], flash_ms=tr["flash"], cudnn_ms=tr["cudnn"],
@@ -184,7 +203,8 @@ def main():
         r["ratio_flash"], r["ratio_cudnn"] = rf, rc
         print(f"{r['dtype']:>5} {r['d']:>4} {str(r['causal']):>6} {r['n']:>5} {r['b']:>3} {r['h']:>3} {r['tile']:>16} "
               f"{r['tc_tflops']:>8.1f} {fmt(r['flash_tflops']):>8} {fmt(r['cudnn_tflops']):>8} "
-              f"{fmt(rf, '.3f'):>8} {fmt(rc, '.3f'):>8} {r['tc_min_ms']:>7.3f}-{r['tc_max_ms']:<7.3f}")
+              f"{fmt(rf, '.3f'):>8} {fmt(rc, '.3f'):>8} "
+              f"{fmt(r['tc_min_ms'], '.3f'):>7}-{fmt(r['tc_max_ms'], '.3f'):<7}")
     for dtype in dtypes:
         ratios = [r["ratio_flash"] for r in rows if r["dtype"] == dtype and r["ratio_flash"]]
         cud = [r["ratio_cudnn"] for r in rows if r["dtype"] == dtype and r["ratio_cudnn"]]
