@@ -5,8 +5,9 @@
 
 Checks that two builds (the same binary under two labels) are run alternately on odd points, that
 the table has a row per point and the JSON a record per round, point and build with bench's own
-median; that a build whose bench fails is named with its reason and makes the exit status 1; and
-that each bad argument gives `error:` and exit status 2 before anything runs (no JSON written).
+median; that a build whose bench fails is named with its reason and makes the exit status 1; that
+label=path@VARIANT runs that build, and only it, with FLASHATTN_VARIANT=VARIANT; and that each bad
+argument gives `error:` and exit status 2 before anything runs (no JSON written).
 Standard library only (CI runs it with Debian's python3).
 """
 import argparse
@@ -66,6 +67,25 @@ def main():
               "the failure names build, point and bench's reason", out)
         check("good  f32,1,3,37,24" in out.stdout, "the good build still ran", out)
 
+        # label=path@VARIANT: that build runs with FLASHATTN_VARIANT=VARIANT, the others without
+        # it. A stand-in for bench reports the variable it was given as its median.
+        echo = os.path.join(tmp, "echo_variant")
+        with open(echo, "w") as f:
+            f.write('#!/bin/sh\nv=${FLASHATTN_VARIANT:-omp=0.125}\n'
+                    'echo "{\\"backend\\": \\"omp\\", \\"pass\\": \\"forward\\", '
+                    '\\"median_ms\\": ${v#omp=}}"\n')
+        os.chmod(echo, 0o755)
+        js = os.path.join(tmp, "variant.jsonl")
+        env_before = os.environ.pop("FLASHATTN_VARIANT", None)
+        out = run(a.root, ["--backend", "omp", "--rounds", "1", "--json", js, f"plain={echo}",
+                           f"quarter={echo}@omp=0.25", f"half={echo}@omp=0.5", "--", points[0]])
+        if env_before is not None:
+            os.environ["FLASHATTN_VARIANT"] = env_before
+        check(out.returncode == 0, "builds with variants exit 0", out)
+        medians = {r["build"]: r["median_ms"] for r in map(json.loads, open(js))}
+        check(medians == {"plain": 0.125, "quarter": 0.25, "half": 0.5},
+              f"each build ran with its own FLASHATTN_VARIANT: {medians}", out)
+
         # Bad arguments: error: and exit 2, nothing run.
         not_exec = os.path.join(tmp, "not_executable")
         open(not_exec, "w").close()
@@ -74,6 +94,7 @@ def main():
             (["--backend", "omp", f"a={a.bin}", "--", points[0]], "at least two builds"),
             (["--backend", "omp", f"a={a.bin}", f"a={a.bin}", "--", points[0]], "given twice"),
             (["--backend", "omp", f"a={a.bin}", f"{a.bin}", "--", points[0]], "label=path"),
+            (["--backend", "omp", f"a={a.bin}", f"b={a.bin}@", "--", points[0]], "nothing after @"),
             (["--backend", "omp", f"a={a.bin}", f"b={not_exec}", "--", points[0]],
              "not an executable file"),
             (["--backend", "omp", f"a={a.bin}", f"b={a.bin}", "--", "f32,1,2,64"],
@@ -95,8 +116,8 @@ def main():
             check(f"error: " in out.stderr and text in out.stderr, f"{args}: says {text!r}", out)
             check(not os.path.exists(js) and "round" not in out.stdout, f"{args}: nothing ran",
                   out)
-    print("ab_builds: 2 builds x 2 points x 2 rounds, a failing build, 11 bad calls: all as "
-          "expected")
+    print("ab_builds: 2 builds x 2 points x 2 rounds, a failing build, builds with variants, 12 "
+          "bad calls: all as expected")
     return 0
 
 

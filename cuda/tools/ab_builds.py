@@ -8,6 +8,9 @@ session (the A/B tables of docs/cuda_fa3.md and docs/decoding.md).
         base=/tmp/base/build/bin/flashattn new=build/bin/flashattn -- \\
         f16,16,16,1024,128 bf16,8,12,1024,64,c
 
+A build is label=path, or label=path@VARIANT to run that build with FLASHATTN_VARIANT=VARIANT
+(cuda/host/variants.hpp), so that two tile shapes of one build compare the same way:
+pp=build/gpu/bin/flashattn@cuda-fa3=d128-Bc128-pingpong b176=build/gpu/bin/flashattn@cuda-fa3=d128-Bc176.
 A point is dtype,B,H,N,d with ",c" for causal (N_q = N_kv = N). Each round runs every point on
 every build in turn (`flashattn bench --backends BACKEND --pass PASS --repeat R --json`), each
 build's line printed as it comes. Then a Markdown table: per point, each build's median over the
@@ -55,28 +58,34 @@ class Point:
 
 
 def parse_builds(specs):
-    """label=path pairs, labels unique, each path an executable file."""
+    """label=path[@VARIANT] specs as (label, path, variant or None); labels unique, each path an
+    executable file."""
     builds = []
     for spec in specs:
-        label, sep, path = spec.partition("=")
+        label, sep, rest = spec.partition("=")
+        path, at, variant = rest.partition("@")
         if not sep or not label or not path:
-            raise ValueError(f"build {spec!r}: expected label=path/to/flashattn")
+            raise ValueError(f"build {spec!r}: expected label=path/to/flashattn[@VARIANT]")
+        if at and not variant:
+            raise ValueError(f"build {label!r}: nothing after @ (a FLASHATTN_VARIANT value, "
+                             f"e.g. cuda-fa3=d128-Bc128)")
         if label in (b[0] for b in builds):
             raise ValueError(f"build label {label!r} is given twice")
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise ValueError(f"build {label!r}: {path} is not an executable file")
-        builds.append((label, path))
+        builds.append((label, path, variant or None))
     if len(builds) < 2:
         raise ValueError("give at least two builds (label=path ...) to compare")
     return builds
 
 
-def run_point(binary, backend, pass_, repeat, point, extra):
+def run_point(binary, variant, backend, pass_, repeat, point, extra):
     """bench's median ms for the backend at the point, or the reason it failed."""
     cmd = ([binary, "bench", "--backends", backend, "--pass", pass_, "--repeat", str(repeat),
             "--json"] + point.bench_args() + extra)
+    env = dict(os.environ, FLASHATTN_VARIANT=variant) if variant else None
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     except subprocess.TimeoutExpired:
         return None, "bench ran past 600 s"
     for line in out.stdout.splitlines():
@@ -89,7 +98,7 @@ def run_point(binary, backend, pass_, repeat, point, extra):
 
 
 def table(points, builds, times):
-    labels = [label for label, _ in builds]
+    labels = [label for label, _, _ in builds]
     head = ["point"] + [f"{l} ms (spread)" for l in labels] + [f"{l} / {labels[0]}"
                                                               for l in labels[1:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -108,7 +117,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
         print("error: separate the builds from the points with --\n"
-              "usage: ab_builds.py --backend NAME [options] label=bin label=bin ... -- POINT ...",
+              "usage: ab_builds.py --backend NAME [options] label=bin[@VARIANT] ... -- POINT ...",
               file=sys.stderr)
         return 2
     cut = argv.index("--")
@@ -121,7 +130,7 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=20, help="bench's --repeat per run")
     ap.add_argument("--bench-args", default="", help="more bench options for every run, quoted")
     ap.add_argument("--json", help="write every measurement here (one JSON object per line)")
-    ap.add_argument("builds", nargs="+", metavar="label=path")
+    ap.add_argument("builds", nargs="+", metavar="label=path[@VARIANT]")
     try:
         args = ap.parse_args(argv[:cut])
     except SystemExit as e:
@@ -141,8 +150,9 @@ def main(argv=None):
     times, failed, records = {}, [], []
     for r in range(args.rounds):
         for p in points:
-            for label, binary in builds:
-                ms, reason = run_point(binary, args.backend, args.pass_, args.repeat, p, extra)
+            for label, binary, variant in builds:
+                ms, reason = run_point(binary, variant, args.backend, args.pass_, args.repeat, p,
+                                       extra)
                 if ms is None:
                     failed.append(f"{label} {p.text}: {reason}")
                     print(f"round {r + 1}/{args.rounds}  {label:>8}  {p.text}  FAILED: {reason}",
