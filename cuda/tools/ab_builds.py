@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """cuda/tools/ab_builds.py — the same benchmark points on two or more builds of `flashattn`, run
 alternately, so that a change is measured against the build before it on one machine, in one
-session (the A/B tables of docs/cuda_fa3.md and docs/decoding.md).
+run (the A/B tables of docs/cuda_fa3.md and docs/decoding.md).
 
     python3 cuda/tools/ab_builds.py --backend cuda-fa3 [--pass forward] [--rounds 2] [--repeat 20]
         [--json FILE] [--bench-args "--heads-kv 8"]
