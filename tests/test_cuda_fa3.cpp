@@ -14,6 +14,7 @@
 
 #include "common/registry.hpp"
 #include "common/tiling.hpp"
+#include "cuda/host/prepared.hpp"
 #include "helpers.hpp"
 
 using namespace flashattn;
@@ -95,6 +96,35 @@ TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
             p.block_mask = {mask.data(), bq, bkv};
             check_against_reference(*b, p, dtype);
         }
+    }
+}
+
+// The default tile follows the problem's size (default_variant in cuda/fa3/backend.cu): at d = 64
+// 128-row tiles with ping-pong where those fill at most two waves of the device's SMs and 192 rows
+// beyond; at d = 256 Bc = 64 under a causal mask up to N_kv = 2048, else Bc = 80. Each side of
+// both thresholds, the name read from the prepared call's description, each result against
+// float64.
+TEST_CASE("cuda-fa3: the default tile follows the problem's size") {
+    const Backend* b = test::cuda_fa3_or_warn();
+    if (!b) return;
+    const std::int64_t sms = cuda::device_limits().sm_count;
+    const std::int64_t two_waves_heads = sms / 4;  // x 8 tiles of 128 rows (N_q = 1000) <= 2 sms
+    struct Case {
+        AttentionProblem p;
+        const char* variant;
+    };
+    for (const Case& c : std::vector<Case>{
+             {test::make_problem(1, two_waves_heads, 1, 1000, 301, 64, true), "d64-Bc128-pingpong"},
+             {test::make_problem(1, two_waves_heads + 1, 1, 1000, 301, 64, true), "d64-Br192-Bc128"},
+             {test::make_problem(1, 2, 1, 97, 2048, 256, true), "d256-Bc64"},
+             {test::make_problem(1, 2, 1, 97, 2049, 256, true), "d256-Bc80"},
+             {test::make_problem(1, 2, 1, 97, 1024, 256, false), "d256-Bc80"}}) {
+        INFO(test::describe(c.p));
+        const ProblemData in = random_problem_data(c.p, test::next_seed());
+        const std::string tiles =
+            b->prepare(c.p, in.Q.data(), in.K.data(), in.V.data(), DType::bf16)->tiles();
+        CHECK(tiles.rfind(std::string(c.variant) + ":", 0) == 0);
+        check_against_reference(*b, c.p, DType::bf16);
     }
 }
 

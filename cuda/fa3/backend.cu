@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/tiling.hpp"
@@ -84,10 +85,11 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
 
 // The compiled kernels per head dim: keys per tile Bc (the N of S's wgmma), a ring of 2, two
 // consumer warpgroups (Br = 128) or three ("Br192"), and with ("-pingpong") or without the
-// ping-pong between two consumer warpgroups. The default (first listed for a d) is the one
-// measured fastest in docs/cuda_fa3.md: at d = 128 with ping-pong; at d = 64 three consumer
-// warpgroups (stage 5); at d = 256 Bc = 80, the most keys the shared memory holds.
-// FLASHATTN_VARIANT=cuda-fa3=<name> picks another.
+// ping-pong between two consumer warpgroups. The first listed for a d is the one measured fastest
+// where the work fills the device many times over (docs/cuda_fa3.md): at d = 128 with ping-pong;
+// at d = 64 three consumer warpgroups (stage 5); at d = 256 Bc = 80, the most keys the shared
+// memory holds. default_variant below picks another at sizes where another was measured faster.
+// FLASHATTN_VARIANT=cuda-fa3=<name> picks one by name.
 struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own
@@ -119,9 +121,35 @@ const Variant kVariants[] = {
     {"d256-Bc64-pingpong", "", 256, 128, run_variant<256, 64, 2, true>},
 };
 
+// The default variant for problem p on a device with sm_count SMs: a name of kVariants, or "" for
+// the first row of p's head dim. Measured on an H100 (docs/cuda_fa3.md, "The tile for the
+// problem's size"):
+//  - d = 64: 192 query rows per work tile read each K_j, V_j once for 192 rows and take 8-17% less
+//    time than 128 where the tiles fill the SMs many times over. Where the 128-row tiles fill at
+//    most two waves, each SM runs one or two tiles and the smaller tile finishes first: 128 rows
+//    with ping-pong, 6-20% faster there.
+//  - d = 256: Bc = 64 under a causal mask up to N_kv = 2048 (2-7% faster: the tiles that straddle
+//    the diagonal are narrower), Bc = 80 otherwise (up to 10% faster from N_kv = 2048; without
+//    a mask at N_kv = 1024 the two were within 1.5% either way in two measurements).
+const char* default_variant(const AttentionProblem& p, int sm_count) {
+    if (p.dim == 64) {
+        const std::int64_t tiles128 = tile_count(p.seq_q, 128) * p.heads * p.batch;
+        return tiles128 <= 2 * std::int64_t{sm_count} ? "d64-Bc128-pingpong" : "";
+    }
+    if (p.dim == 256) return p.causal && p.seq_kv <= 2048 ? "d256-Bc64" : "";
+    return "";
+}
+
 const Variant& choose_variant(const AttentionProblem& p) {
+    const std::string requested = cuda::requested_variant("cuda-fa3");
+    const std::string_view fallback = default_variant(p, cuda::device_limits().sm_count);
+    if (requested.empty())  // the default, found without the chooser's list of names (a device
+                            // entry asks on every call)
+        for (const Variant& v : kVariants)
+            if (v.dim == p.dim && (fallback.empty() || fallback == v.name)) return v;
+    // A request, or a default no row has (the chooser's error names it).
     return cuda::choose_variant(
-        "cuda-fa3", cuda::requested_variant("cuda-fa3"), kVariants,
+        "cuda-fa3", requested.empty() ? std::string(fallback) : requested, kVariants,
         [&](const Variant& v) { return v.dim == p.dim; }, "dim = " + std::to_string(p.dim));
 }
 

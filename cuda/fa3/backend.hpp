@@ -11,8 +11,8 @@ namespace flashattn::fa3 {
 // current device can run them (compute capability 9.0).
 bool fa3_available();
 
-// What every cuda-fa3 kernel needs, forward and backward: a valid problem, f16 or bf16, d = 64 or
-// 128, inside the tensor-core kernels' grid limits; std::invalid_argument naming the field.
+// What every cuda-fa3 kernel needs, forward and backward: a valid problem, f16 or bf16, d = 64, 128
+// or 256, inside the tensor-core kernels' grid limits; std::invalid_argument naming the field.
 void fa3_check_inputs(const AttentionProblem& p, DType dtype);
 
 // "cuda-fa3": fp16/bf16, d = 64, 128 or 256, forward and backward; host arrays (prepare,
