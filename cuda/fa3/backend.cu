@@ -127,7 +127,7 @@ const Variant kVariants[] = {
 //  - d = 64: 192 query rows per work tile read each K_j, V_j once for 192 rows and take 8-17% less
 //    time than 128 where the tiles fill the SMs many times over. Where the 128-row tiles fill at
 //    most two waves, each SM runs one or two tiles and the smaller tile finishes first: 128 rows
-//    with ping-pong, 6-20% faster there.
+//    with ping-pong, 3-20% faster there.
 //  - d = 256: Bc = 64 under a causal mask up to N_kv = 2048 (2-7% faster: the tiles that straddle
 //    the diagonal are narrower), Bc = 80 otherwise (up to 10% faster from N_kv = 2048; without
 //    a mask at N_kv = 1024 the two were within 1.5% either way in two measurements).

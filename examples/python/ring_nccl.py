@@ -8,9 +8,9 @@ store in OUT_DIR. For each case below each rank runs ring_attention's forward an
 shard of the sequence; rank 0 gathers the shards and prints the largest error of O, dQ, dK and dV
 against float64 on the CPU ("ring-f64"), beside that of flashattn.attention on the whole sequence
 on one GPU in the same dtype ("one-f64"), and the difference of the two ("ring-one"). Then it
-times forward + backward at a long sequence (bfloat16, B 1, H 16, n 32768, d 128, causal zigzag
-and non-causal contiguous): the ring on W GPUs against one GPU alone, medians of 10 after 2
-warm-ups, with the speed-up and the efficiency speed-up / W. The lines are printed and written
+times forward + backward at a long sequence (bfloat16, B 1, H 16, d 128, n 32768 or the multiple
+of 2 W below it; causal zigzag and non-causal contiguous): the ring on W GPUs against one GPU
+alone, medians of 10 after 2 warm-ups, with the speed-up and the efficiency speed-up / W. The lines are printed and written
 to OUT_DIR/ring_nccl.txt. docs/ring_attention.md has a run.
 """
 import argparse
@@ -25,10 +25,12 @@ import torch.multiprocessing as mp
 import flashattn
 from flashattn.distributed import ring_attention, shard_indices
 
-CASES = [  # B, H, H_kv, n, d, dtype, causal, layout
-    (1, 4, 2, 2 * 334, 64, torch.float16, True, "zigzag"),
-    (2, 8, 8, 2 * 500, 128, torch.bfloat16, False, "contiguous"),
-    (1, 4, 4, 2 * 258, 64, torch.float32, True, "contiguous"),
+# B, H, H_kv, n per rank (n = W times it: zigzag cuts n into 2 W equal chunks), d, dtype, causal,
+# layout. None of the shard lengths is a multiple of a tile.
+CASES = [
+    (1, 4, 2, 334, 64, torch.float16, True, "zigzag"),
+    (2, 8, 8, 500, 128, torch.bfloat16, False, "contiguous"),
+    (1, 4, 4, 258, 64, torch.float32, True, "contiguous"),
 ]
 
 
@@ -51,7 +53,8 @@ def worker(rank, W, store, out):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=W)
     lines = []
-    for ci, (B, H, Hkv, n, d, dtype, causal, layout) in enumerate(CASES):
+    for ci, (B, H, Hkv, n_rank, d, dtype, causal, layout) in enumerate(CASES):
+        n = W * n_rank
         gen = torch.Generator().manual_seed(100 + ci)
         q, k, v, do = (torch.randn(s, generator=gen) for s in
                        ((B, H, n, d), (B, Hkv, n, d), (B, Hkv, n, d), (B, H, n, d)))
@@ -81,7 +84,9 @@ def worker(rank, W, store, out):
                              f"  one-f64 {float((b - r).abs().max()):.3e}"
                              f"  ring-one {float((a - b).abs().max()):.3e}")
     # Timing: forward + backward of the ring (each rank its shard) against one GPU (rank 0 alone).
-    for (B, H, n, d, causal, layout) in ((1, 16, 32768, 128, True, "zigzag"), (1, 16, 32768, 128, False, "contiguous")):
+    n_long = 32768 - 32768 % (2 * W)  # 32768 itself for W = 2, 4, 8
+    for (B, H, n, d, causal, layout) in ((1, 16, n_long, 128, True, "zigzag"),
+                                         (1, 16, n_long, 128, False, "contiguous")):
         dtype = torch.bfloat16
         idx = shard_indices(n, W, rank, layout).cuda()
         q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=dtype) for _ in range(4))
