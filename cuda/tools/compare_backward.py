@@ -15,8 +15,16 @@ and prints TFLOP/s (FLOPs = 2.5 x 4 B H N^2 d, halved for causal) and the ratios
 (a ratio > 1: ours is faster). A backend without a backward at a shape (cuda-tc at d = 256) is left
 out there: its cells read nan.
 
+--python (fp16 / bf16) times cuda-fa3's backward the way PyTorch's is timed instead, through
+flashattn.attention's autograd in this process (PYTHONPATH must hold the package; gradients in the
+inputs' dtype, as SDPA writes them), and with --rounds R ours, FLASH and cuDNN take turns R times
+at each shape, each time the median of its rounds; --calls C puts C backward calls between the
+CUDA events of one timing, so that the host's time hides behind the calls queued before. Under a
+long run of calls an H100 reaches its power limit and lowers its clock (docs/cuda_fa3.md, "Timing
+under the power limit"): turns give every contender the same share of that.
+
 Usage: cuda/tools/compare_backward.py --bin-dir build/gpu/bin [--dtype fp32|fp16|bf16] [--quick]
-           [--dims 64,128] [--repeat R] [--json FILE]
+           [--dims 64,128] [--repeat R] [--json FILE] [--python --rounds 3 --calls 10]
 """
 import argparse
 import json
@@ -84,6 +92,54 @@ def bench(bin_dir, backends, dtype, B, H, N, d, causal, repeat):
     return {row["backend"]: row["median_ms"] for row in map(json.loads, run.stdout.splitlines())}
 
 
+def timed_ms(step, repeat, calls=1, warmup=3):
+    """Median over `repeat` timings of ms per call of step(), `calls` calls between two events."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
+def python_backward_ms(sdpa_backends, ours, dtype, B, H, N, d, causal, repeat, calls, rounds):
+    """{name: ms} of the backward of `ours` (through flashattn.attention) and of each SDPA backend
+    on the same q, k, v and dO, taking turns `rounds` times; each the median of its rounds."""
+    import flashattn
+
+    gen = torch.Generator(device="cuda").manual_seed(2022)
+    t = TORCH_DTYPE[dtype]
+    q, k, v = (torch.randn(B, H, N, d, device="cuda", generator=gen, dtype=t, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn(B, H, N, d, device="cuda", generator=gen, dtype=t)
+    steps = {}
+    out = flashattn.attention(q, k, v, causal=causal, backend=ours)
+    steps[ours] = (None, lambda o=out: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
+    for name in sdpa_backends:
+        try:
+            with sdpa_kernel(getattr(SDPBackend, name)):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            steps[name] = (name, lambda o=o: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True))
+        except RuntimeError:
+            pass  # a backend that does not take this shape: nan below
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, (backend, step) in steps.items():
+            if backend is None:
+                times[name].append(timed_ms(step, repeat, calls))
+            else:
+                with sdpa_kernel(getattr(SDPBackend, backend)):
+                    times[name].append(timed_ms(step, repeat, calls))
+    result = {name: statistics.median(ts) for name, ts in times.items()}
+    return {name: result.get(name, math.nan) for name in [ours] + list(sdpa_backends)}
+
+
 def torch_backward_ms(backend, dtype, B, H, N, d, causal, repeat):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -120,8 +176,17 @@ def main():
     ap.add_argument("--dims", default="64,128", help="head dims, comma-separated (64,128,256)")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--json")
+    ap.add_argument("--python", action="store_true",
+                    help="time cuda-fa3 through flashattn.attention's autograd, as PyTorch is timed")
+    ap.add_argument("--rounds", type=int, default=1, help="with --python: turns at each shape")
+    ap.add_argument("--calls", type=int, default=1, help="with --python: calls per timing")
     a = ap.parse_args()
     mine, theirs, pairs = PLANS[a.dtype]
+    if a.python:
+        if a.dtype == "fp32":
+            print("error: --python times cuda-fa3, which runs fp16 and bf16", file=sys.stderr)
+            return 2
+        mine = ["cuda-fa3"]
     listed = subprocess.run([f"{a.bin_dir}/flashattn", "backends"], capture_output=True, text=True).stdout
     mine = [n for n in mine if n in listed]
     pairs = [(n, t) for n, t in pairs if n in mine]
@@ -134,8 +199,14 @@ def main():
     print(f"{'B':>3} {'H':>3} {'N':>5} {'d':>4} {'causal':>6} | " + " ".join(head))
     for B, H, N, d, causal in shapes(a.quick, [int(x) for x in a.dims.split(",")]):
         f = flops(B, H, N, d, causal)
-        ms = ours(a.bin_dir, mine, a.dtype, B, H, N, d, causal, a.repeat)
-        for t in theirs:
+        if a.python:
+            ms = python_backward_ms(theirs, "cuda-fa3", a.dtype, B, H, N, d, causal, a.repeat,
+                                    a.calls, a.rounds)
+            theirs_left = []
+        else:
+            ms = ours(a.bin_dir, mine, a.dtype, B, H, N, d, causal, a.repeat)
+            theirs_left = theirs
+        for t in theirs_left:
             try:
                 ms[t] = torch_backward_ms(t, a.dtype, B, H, N, d, causal, a.repeat)
             except (torch.OutOfMemoryError, RuntimeError):

@@ -3,6 +3,7 @@
 
     python3 cuda/tools/compare_tc.py --bin-dir build/gpu/bin [--repeat 30] [--dtypes f16,bf16]
                                      [--backend cuda-tc|cuda-fa3] [--dims 64,128]
+                                     [--python [--calls 10]]
                                      [--tiles NAME,NAME...] [--json results.json]
 
 --backend cuda-fa3 times cuda-fa3 instead (its bar: geomean >= 1.2x FLASH and >= 0.85x cuDNN, no
@@ -29,6 +30,12 @@ on the same CUDA tensors, in this process (PYTHONPATH must hold the package), CU
 each call. That is what a PyTorch user's call costs: O in the inputs' dtype as SDPA writes it
 (`flashattn bench` writes the library's float32 O, twice the bytes), and the host's time to
 launch inside the events for both, where bench's clock also runs until a device synchronize.
+--calls N puts N calls between the events (ours with --python, and PyTorch's), so that the host's
+launch hides behind the calls queued before it and each time is the device's, as in a training
+step, where the host runs ahead of the GPU. --rounds R (with --python) has the three take turns R
+times at each shape, each time the median of its rounds: under a long run of calls an H100 reaches
+its power limit and lowers its clock (docs/cuda_fa3.md, "Timing under the power limit"), so whoever
+is timed first, or after an idle gap, gets a faster clock.
 """
 import argparse
 import datetime
@@ -86,7 +93,11 @@ def settle(torch):
     time.sleep(SETTLE_SECONDS)
 
 
-def time_torch(torch, fn, repeat, warmup=5):
+def time_torch(torch, fn, repeat, warmup=5, calls=1):
+    """Median over `repeat` timings of the ms per call, each timing `calls` calls back to back
+    between two CUDA events. With one call the GPU idles while the host launches it, and that
+    time is counted; with several, the later launches are queued while the earlier calls run, so
+    the events measure the device's time (plus 1/calls of one launch)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -94,36 +105,50 @@ def time_torch(torch, fn, repeat, warmup=5):
         start = torch.cuda.Event(enable_timing=True)
         stop = torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         stop.record()
         stop.synchronize()
-        times.append(start.elapsed_time(stop))
+        times.append(start.elapsed_time(stop) / calls)
     return statistics.median(times)
 
 
-def torch_rows(torch, d, causal, n, b, h, dtype, repeat, ours=None):
+def torch_rows(torch, d, causal, n, b, h, dtype, repeat, ours=None, calls=1, rounds=1):
     """PyTorch's FLASH and cuDNN times (ms) on random q, k, v of this shape; with `ours` (a
-    backend name), flashattn.attention's on the same tensors too, timed the same way."""
+    backend name), flashattn.attention's on the same tensors too, timed the same way. With
+    rounds > 1 the contenders take turns, round after round, and each one's time is the median of
+    its rounds: under a long run of calls the GPU reaches its power limit and lowers its clock,
+    and turns give each contender the same share of that."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
     tdtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=tdtype) for _ in range(3))
-    result = {}
+    contenders = []
     if ours:
         import flashattn
-        result["ours"] = time_torch(
-            torch, lambda: flashattn.attention(q, k, v, causal=causal, backend=ours), repeat)
-    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        try:
-            with sdpa_kernel(backend):
-                ms = time_torch(torch, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeat)
-            result[name] = ms
-        except RuntimeError as e:  # a backend that does not support this shape/dtype
-            result[name] = None
-            print(f"# torch {name} d={d} causal={causal} N={n} {dtype}: {str(e).splitlines()[0]}", file=sys.stderr)
+        contenders.append(("ours", None, lambda: flashattn.attention(q, k, v, causal=causal,
+                                                                      backend=ours)))
+    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    contenders += [("flash", SDPBackend.FLASH_ATTENTION, sdpa), ("cudnn", SDPBackend.CUDNN_ATTENTION, sdpa)]
+    times = {name: [] for name, _, _ in contenders}
+    for _ in range(rounds):
+        for name, backend, fn in contenders:
+            if times[name] is None:
+                continue
+            try:
+                if backend is None:
+                    times[name].append(time_torch(torch, fn, repeat, calls=calls))
+                else:
+                    with sdpa_kernel(backend):
+                        times[name].append(time_torch(torch, fn, repeat, calls=calls))
+            except RuntimeError as e:  # a backend that does not support this shape/dtype
+                if backend is None:
+                    raise
+                times[name] = None
+                print(f"# torch {name} d={d} causal={causal} N={n} {dtype}: {str(e).splitlines()[0]}", file=sys.stderr)
     del q, k, v
-    return result
+    return {name: statistics.median(t) if t else None for name, t in times.items()}
 
 
 def main():
@@ -138,6 +163,13 @@ def main():
     ap.add_argument("--python", action="store_true",
                     help="time ours through flashattn.attention in this process, as PyTorch is "
                          "timed (16-bit O), instead of by `flashattn bench`")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --python: ours, FLASH and cuDNN take turns this many times at each "
+                         "shape, each time the median of its rounds")
+    ap.add_argument("--calls", type=int, default=1,
+                    help="calls back to back between the CUDA events of one timing (ours with "
+                         "--python, and PyTorch's): with more than one, the host's launch time "
+                         "hides behind the calls before it, and the times are the device's")
     args = ap.parse_args()
     dims = [int(x) for x in args.dims.split(",")]
     name = args.backend
@@ -155,12 +187,14 @@ def main():
                 group = [(d, causal, n, b, h) for (d_, c_, n, b, h) in grid() if d_ == d and c_ == causal]
                 for (d_, c_, n, b, h) in group:
                     if args.python:
-                        tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat, ours=name)
+                        tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat, ours=name,
+                                        calls=args.calls, rounds=args.rounds)
                         tc_row = dict(tile="python", median_ms=tr["ours"], min_ms=None, max_ms=None)
                     else:
                         tc_row = run_flashattn_bench(args.bin_dir, b, h, n, d, causal, dtype,
                                                      args.repeat, backend=name)
-                        tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat)
+                        tr = torch_rows(torch, d, causal, n, b, h, dtype, args.repeat,
+                                        calls=args.calls)
                     f = flops(b, h, n, d, causal)
                     rows.append(dict(d=d, causal=causal, n=n, b=b, h=h, dtype=dtype, tile=tc_row["tile"],
                                      tc_ms=tc_row["median_ms"], flash_ms=tr["flash"], cudnn_ms=tr["cudnn"],
