@@ -13,7 +13,9 @@ times
     --repeat,
 and prints TFLOP/s (FLOPs = 2.5 x 4 B H N^2 d, halved for causal) and the ratios ours / torch
 (a ratio > 1: ours is faster). A backend without a backward at a shape (cuda-tc at d = 256) is left
-out there: its cells read nan.
+out there: its cells read nan. That default favours ours against PyTorch: PyTorch's times hold the host's
+launch of torch.autograd.grad, and ours run first in a fresh process; the ratios to quote come
+from --python (below).
 
 --python (fp16 / bf16) times cuda-fa3's backward the way PyTorch's is timed instead, through
 flashattn.attention's autograd in this process (PYTHONPATH must hold the package; gradients in the

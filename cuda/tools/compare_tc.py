@@ -21,6 +21,9 @@ sdpa_kernel(FLASH_ATTENTION) and sdpa_kernel(CUDNN_ATTENTION) on random inputs o
 (CUDA events around each call after warm-up, median of --repeat calls), alternating between the
 two programs shape by shape on the same GPU. The table is printed last, with the geometric mean
 of cuda-tc / PyTorch-flash over the fp16 grid (the bar: >= 0.8, and no configuration below 0.6).
+That default favours ours against PyTorch on an H100: ours runs first, in a fresh process, nearest
+to the full clock, PyTorch's after it, once the power limit has lowered the clock (docs/cuda_fa3.md,
+"Timing under the power limit"). Ratios to quote come from --python --calls 10 --rounds 3.
 --tiles NAME,... also times those variants of the backend (fp16, N = 2048 and 8192;
 FLASHATTN_VARIANT=<backend>=NAME, names as in the error message of an unknown one, e.g. cuda-tc's
 Br128w4-Bc64-s2 or cuda-fa3's d64-Bc128-pingpong).

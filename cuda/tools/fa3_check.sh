@@ -3,7 +3,9 @@
 #   1. build (Release, sm_90a) only the targets cuda-fa3 needs: flashattn and test_cuda_fa3;
 #   2. its tests (the 2x rule against float64 on odd shapes, every compiled variant);
 #   3. every variant beside cuda-tc, interleaved in one process, on FlashAttention's grid (fp16);
-#   4. cuda/tools/compare_tc.py --backend cuda-fa3: against PyTorch's FLASH_ATTENTION and cuDNN;
+#   4. cuda/tools/compare_tc.py --backend cuda-fa3: against PyTorch's FLASH_ATTENTION and cuDNN
+#      (bench's timing, a quick look that favours ours; the ratios the docs quote are timed with
+#      the Python package built, compare_tc.py --python --calls 10 --rounds 3);
 #   5. compute-sanitizer memcheck, racecheck, synccheck on small cases;
 #   6. ncu (clocks left alone): tensor-pipe, memory and occupancy figures of cuda-fa3's and
 #      cuda-tc's kernels at one d = 64 and one d = 128 shape.
