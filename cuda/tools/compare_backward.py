@@ -183,6 +183,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="with --python: turns at each shape")
     ap.add_argument("--calls", type=int, default=1, help="with --python: calls per timing")
     a = ap.parse_args()
+    if a.calls < 1 or a.rounds < 1 or a.repeat < 1:
+        ap.error("--calls, --rounds and --repeat must be at least 1")
+    if (a.rounds > 1 or a.calls > 1) and not a.python:
+        ap.error("--rounds and --calls time ours through Python: give --python too")
     mine, theirs, pairs = PLANS[a.dtype]
     if a.python:
         if a.dtype == "fp32":

@@ -174,6 +174,10 @@ def main():
                          "--python, and PyTorch's): with more than one, the host's launch time "
                          "hides behind the calls before it, and the times are the device's")
     args = ap.parse_args()
+    if args.calls < 1 or args.rounds < 1 or args.repeat < 1:
+        ap.error("--calls, --rounds and --repeat must be at least 1")
+    if args.rounds > 1 and not args.python:
+        ap.error("--rounds takes turns between ours and PyTorch in one process: give --python too")
     dims = [int(x) for x in args.dims.split(",")]
     name = args.backend
 
