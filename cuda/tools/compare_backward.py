@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from compare_tc import time_torch  # CUDA-event timing, `calls` calls per timing, median of `repeat`
+
 # Per dtype: (our backends, PyTorch's SDPA backends, the pairs whose ratio is reported).
 PLANS = {
     "fp32": (["cuda-standard", "cuda-fa2"], ["EFFICIENT_ATTENTION", "MATH"],
@@ -94,22 +96,6 @@ def bench(bin_dir, backends, dtype, B, H, N, d, causal, repeat):
     return {row["backend"]: row["median_ms"] for row in map(json.loads, run.stdout.splitlines())}
 
 
-def timed_ms(step, repeat, calls=1, warmup=3):
-    """Median over `repeat` timings of ms per call of step(), `calls` calls between two events."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
-
-
 def python_backward_ms(sdpa_backends, ours, dtype, B, H, N, d, causal, repeat, calls, rounds):
     """{name: ms} of the backward of `ours` (through flashattn.attention) and of each SDPA backend
     on the same q, k, v and dO, taking turns `rounds` times; each the median of its rounds."""
@@ -136,11 +122,11 @@ def python_backward_ms(sdpa_backends, ours, dtype, B, H, N, d, causal, repeat, c
             if times[name] is None:
                 continue
             if backend is None:
-                times[name].append(timed_ms(step, repeat, calls))
+                times[name].append(time_torch(torch, step, repeat, calls=calls))
                 continue
             try:
                 with sdpa_kernel(getattr(SDPBackend, backend)):
-                    times[name].append(timed_ms(step, repeat, calls))
+                    times[name].append(time_torch(torch, step, repeat, calls=calls))
             except RuntimeError:  # its backward refuses the shape: nan below
                 times[name] = None
     result = {name: statistics.median(ts) for name, ts in times.items() if ts}

@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0, help="how long each contender runs")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
+    if args.seconds <= 0 or args.rounds < 1:
+        ap.error("--seconds must be positive and --rounds at least 1")
 
     import torch
     import torch.nn.functional as F
