@@ -54,19 +54,21 @@ void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool det
                       : launch_kernel<Cfg, false, false>(params, stream);
 }
 
-template <int D, int Br, int kSlots = 2>
+template <int D, int Br, int kSlots = 2, bool kOverlap = false>
 void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& args,
                  bool deterministic, cudaStream_t stream) {
     if (args.dtype == DType::f16)
-        launch<Fa3BackwardTile<__half, D, Br, kSlots>>(params, args, deterministic, stream);
+        launch<Fa3BackwardTile<__half, D, Br, kSlots, kOverlap>>(params, args, deterministic,
+                                                                 stream);
     else
-        launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots>>(params, args, deterministic,
-                                                             stream);
+        launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots, kOverlap>>(params, args,
+                                                                        deterministic, stream);
 }
 
 // The compiled tiles per head dim, Bc = 128 keys each (64 at d = 256, whose warpgroups split the
 // columns of dK_j, dV_j and the queries of S^T, dP^T: Fa3BackwardTile), with a ring of 2 slots for
-// Q_i, dO_i, L_i, D_i or 3 (-ring3): the default (first listed for a d) is the one measured fastest
+// Q_i, dO_i, L_i, D_i or 3 (-ring3), dQ_i's product overlapped with dK_j's or not (-dq-overlap,
+// Fa3BackwardTile::kOverlapDq): the default (first listed for a d) is the one measured fastest
 // in docs/cuda_fa3.md ("backward"); FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
 struct Variant {
     const char* name;
@@ -78,6 +80,7 @@ const Variant kVariants[] = {
     {"d64-Br128-ring3", "", 64, 128, run_variant<64, 128, 3>},
     {"d64-Br128", "", 64, 128, run_variant<64, 128>},
     {"d64-Br64", "", 64, 64, run_variant<64, 64>},
+    {"d128-Br64-dq-overlap", "", 128, 64, run_variant<128, 64, 2, true>},
     {"d128-Br64", "", 128, 64, run_variant<128, 64>},
     {"d256-Br64", "", 256, 64, run_variant<256, 64>},
 };

@@ -27,10 +27,12 @@
 // L11, L14 probabilities_and_score_gradients | L12 dV_j += P^T dO_i | L13 dP^T = V_j dO_i^T | L15
 // dQ_i += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
 //
-// Every product is waited for where it is issued, and every thread computes (thread 0 also issues
-// the copies): no producer warpgroup, no overlap of a step's products with its own or the next
-// step's softmax. docs/cuda_fa3.md, "The backward on wgmma", measures this form, an overlapped one
-// that did not pay, and says what comes next.
+// Every thread computes (thread 0 also issues the copies): no producer warpgroup, no overlap of a
+// step's products with its own or the next step's softmax. Each product is waited for where it is
+// issued, except in the -dq-overlap tile (d = 128's default, step_dq_overlapped): there dV_j's
+// product runs across the barrier for dS^T, and dK_j's while dQ_i's block is added.
+// docs/cuda_fa3.md, "The backward on wgmma", measures these forms, overlaps that did not pay, and
+// says what comes next.
 #pragma once
 
 #include <cuda.h>
@@ -61,13 +63,18 @@ using cuda::BackwardParams;
 // dK_j products; each computes S^T and dP^T for half of the queries (kQuerySplit) and writes its
 // half of P^T and dS^T to shared memory, FlashAttention-3's way. Query tiles of Br = 64 or 128 rows
 // (1 or 2 panels of dS^T), head dim D = 64, 128 or 256 (1, 2 or 4 panels).
-template <class T_, int D_, int Br_, int kSlots_ = 2>
+template <class T_, int D_, int Br_, int kSlots_ = 2, bool kOverlap_ = false>
 struct Fa3BackwardTile {
     using T = T_;
     static constexpr int D = D_;
     static constexpr int Br = Br_;
     // The ring of Q_i, dO_i, L_i, D_i: step t + kSlots - 1 is asked for as step t starts.
     static constexpr int kSlots = kSlots_;
+    // dQ_i's product overlapped (-dq-overlap tiles, FlashAttention-3's order within a step): dV_j's
+    // product runs across the barrier for dS^T, dQ_i's is issued behind it and dK_j's behind that,
+    // so that dQ_i's block goes to shared memory and the copy engine while dK_j's product runs.
+    // Otherwise dV_j's and dK_j's products are waited for before the barrier and dQ_i's after it.
+    static constexpr bool kOverlapDq = kOverlap_;
     static constexpr int kWarpgroups = 2;
     static constexpr int kThreads = 128 * kWarpgroups;
     // Warpgroups that share one group of 64 keys and split D between them (above).
@@ -104,6 +111,8 @@ struct Fa3BackwardTile {
     static_assert(!kDqInSlot || (Br == 64 && kDqBlocks * kDqBlockFloats * 4 == kStepBytes),
                   "the dQ blocks fill exactly one slot of Q_i and dO_i");
     static_assert(kSlots == 2 || kSlots == 3, "cuda-fa3 backward: a ring of 2 or 3 slots");
+    static_assert(!(kOverlapDq && (kQuerySplit || kDqBlocks != kWarpgroups)),
+                  "cuda-fa3 backward: the overlapped dQ_i for one block per warpgroup (D = 64, 128)");
 };
 
 // The barriers: K_j and V_j have landed; slot s's Q_i and dO_i have landed.
@@ -253,6 +262,70 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
     }
 }
 
+// One step of a -dq-overlap tile (Cfg::kOverlapDq; without a block mask, not in deterministic
+// mode: those kernels keep the step below, in which ptxas spills none), FlashAttention-3's
+// order: P^T and dS^T (score_gradients, both products waited for), dS^T to shared memory, dV_j's
+// product issued (L12) and left running across the barrier that completes dS^T; dQ_i's product
+// (L15) issued behind it; once dV_j's is done, dK_j's (L16) behind dQ_i's; once dQ_i's is done, its
+// block goes to shared memory and the copy engine's reduce-add (add_dq_block) while dK_j's product
+// runs. The kernel's own step waits for dV_j's and dK_j's products before the barrier, and for
+// dQ_i's before its block is written. A warpgroup that sees none of the tile still computes its dQ_i
+// block (over both warpgroups' keys) with a zero dS^T for its own. Every wgmma is waited for inside
+// the branch that issued it (ptxas serializes the kernel's wgmmas otherwise: docs/cuda_fa3.md), so
+// the two branches meet the barrier at two places: kStepBarrier, unaligned.
+template <class Cfg, bool kBlockMask, class KeyColumn>
+__device__ __forceinline__ void step_dq_overlapped(
+    const Fa3BackwardParams& params, float (&dK)[Cfg::Dw / 8][4], float (&dV)[Cfg::Dw / 8][4],
+    const typename Cfg::T* sK_j, const typename Cfg::T* sV_j, const typename Cfg::T* sQ_i,
+    const typename Cfg::T* sdO_i, const float* sL_i, const float* sD_i, typename Cfg::T* sdS,
+    float* sdQ, TileVisibility seen, TileRange rows, TileRange wg_cols,
+    const KeyColumn& key_column, int b, int h, int wg, int wg_warp, int key0, int lane) {
+    using T = typename Cfg::T;
+    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, kPanels = Cfg::kPanels;
+    constexpr int kStepBarrier = 3;  // 1 + wg: add_dq_block's
+    // The warpgroup's keys (64 wg ..) and its one dQ_i block: rows 64 rb .., columns 64 cb ...
+    const int k_rows = 64 * wg * 64, rb = wg / kPanels, cb = wg % kPanels;
+    float* staging = sdQ + wg * Cfg::kDqBlockFloats;
+    float acc[8][4];
+    if (seen != TileVisibility::none) {
+        std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
+        {
+            float S[Br / 8][4], dP[Br / 8][4];
+            score_gradients<Cfg, Br, kBlockMask>(S, dP, sK_j + k_rows, sV_j + k_rows, sQ_i, sdO_i,
+                                                 sL_i, sD_i, params.base, seen, rows, wg_cols,
+                                                 key_column, lane);
+            pack_a<T, Br / 16>(aP, S);
+            pack_a<T, Br / 16>(adS, dP);
+        }
+        store_score_gradients<Cfg>(sdS, adS, key0, lane);
+        issue_a_regs_b<T, Br / 16, kPanels>(dV, aP, sdO_i, Br * 64);  // L12
+        hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
+        hopper::named_barrier_sync_unaligned(kStepBarrier, Cfg::kThreads);  // dS^T complete
+        issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK_j) + cb * Bc * 64);
+        hopper::wgmma_wait<1>();  // dV_j's product is done (aP free); dQ_i's may still run
+        hopper::wgmma_fence_registers(dV);
+        hopper::wgmma_fence_registers(aP);
+        issue_a_regs_b<T, Br / 16, kPanels>(dK, adS, sQ_i, Br * 64);  // L16
+        hopper::wgmma_wait<1>();  // dQ_i's product is done; dK_j's may still run
+        hopper::wgmma_fence_registers(acc);
+        add_dq_block<Cfg, false>(params, staging, acc, b, h, rows.begin + 64 * rb, 64 * cb, wg,
+                                 wg_warp, lane);
+        hopper::wgmma_wait<0>();
+        hopper::wgmma_fence_registers(dK);
+        hopper::wgmma_fence_registers(adS);
+    } else {
+        const std::uint32_t zero[Br / 16][4] = {};
+        store_score_gradients<Cfg>(sdS, zero, key0, lane);
+        hopper::fence_proxy_async();
+        hopper::named_barrier_sync_unaligned(kStepBarrier, Cfg::kThreads);
+        issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK_j) + cb * Bc * 64);
+        hopper::wgmma_wait<0>();
+        hopper::wgmma_fence_registers(acc);
+        add_dq_block<Cfg, false>(params, staging, acc, b, h, rows.begin + 64 * rb, 64 * cb, wg,
+                                 wg_warp, lane);
+    }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 // Grid: (Tc, batch x K/V heads), its CTAs in scheduled_tile's order (common/tiling.hpp): the key
 // tiles of one K/V head side by side, key tile 0 (the most query tiles under a causal mask) first,
@@ -392,100 +465,107 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const TileVisibility seen = wg_cols.size() > 0
                                         ? mma::visibility<kBlockMask>(p, rows, wg_cols)
                                         : TileVisibility::none;
-        // dV_j and dK_j's columns Dw column_group ..: panels Dw / 64 column_group ..
-        constexpr int kWgPanels = Dw / 64;
-        const int d_panel0 = kWgPanels * column_group * Br * 64;
-        if constexpr (Cfg::kQuerySplit) {
-            // Warpgroup wg's queries of the tile: Brw wg .. Brw wg + Brw - 1 (Fa3BackwardTile).
-            constexpr int Brw = Cfg::Brw;
-            const int q0 = Brw * wg;
-            const TileRange wg_rows = {min(rows.begin + q0, rows.end),
-                                       min(rows.begin + q0 + Brw, rows.end)};
-            const TileVisibility wg_seen = seen != TileVisibility::none && wg_rows.size() > 0
-                                               ? mma::visibility<kBlockMask>(p, wg_rows, wg_cols)
-                                               : TileVisibility::none;
-            if (wg_seen != TileVisibility::none) {
-                float S[Brw / 8][4], dP[Brw / 8][4];
-                score_gradients<Cfg, Brw, kBlockMask>(
-                    S, dP, sK_j, sV_j, sQ_i + q0 * 64, sdO_i + q0 * 64, sL + ring.stage * Br + q0,
-                    sDelta + ring.stage * Br + q0, bp, wg_seen, wg_rows, wg_cols, key_column, lane);
-                std::uint32_t aP[Brw / 16][4], adS[Brw / 16][4];
-                pack_a<T, Brw / 16>(aP, S);
-                pack_a<T, Brw / 16>(adS, dP);
-                store_score_gradients<Cfg, Brw>(sP, aP, key0, lane, q0);
-                store_score_gradients<Cfg, Brw>(sdS, adS, key0, lane, q0);
-            } else {
-                const std::uint32_t zero[Brw / 16][4] = {};
-                store_score_gradients<Cfg, Brw>(sP, zero, key0, lane, q0);
-                store_score_gradients<Cfg, Brw>(sdS, zero, key0, lane, q0);
-            }
-            hopper::fence_proxy_async();  // P^T's and dS^T's stores, read next by the tensor cores
-            __syncthreads();              // both halves complete
-            if (seen != TileVisibility::none) {
-                issue_a_smem_b<T, Br / 16>(dV, fresh(sP), Bc * 64, sdO_i + d_panel0, Br * 64);  // L12
-                issue_a_smem_b<T, Br / 16>(dK, fresh(sdS), Bc * 64, sQ_i + d_panel0, Br * 64);  // L16
-                hopper::wgmma_wait<0>();
-                hopper::wgmma_fence_registers(dV);
-                hopper::wgmma_fence_registers(dK);
-            }
+        if constexpr (Cfg::kOverlapDq && !kDeterministic && !kBlockMask) {
+            step_dq_overlapped<Cfg, kBlockMask>(params, dK, dV, sK_j, sV_j, sQ_i, sdO_i,
+                                                sL + ring.stage * Br, sDelta + ring.stage * Br,
+                                                sdS, sdQ, seen, rows, wg_cols, key_column, b, h,
+                                                wg, wg_warp, key0, lane);
         } else {
-            if (seen != TileVisibility::none) {
-                float S[Br / 8][4], dP[Br / 8][4];
-                const int k_rows = 64 * key_group * 64;
-                score_gradients<Cfg, Br, kBlockMask>(S, dP, sK_j + k_rows, sV_j + k_rows, sQ_i,
-                                                     sdO_i, sL + ring.stage * Br,
-                                                     sDelta + ring.stage * Br, bp, seen, rows,
-                                                     wg_cols, key_column, lane);
-                std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
-                pack_a<T, Br / 16>(aP, S);
-                issue_a_regs_b<T, Br / 16, kWgPanels>(dV, aP, sdO_i + d_panel0, Br * 64);  // L12
-                pack_a<T, Br / 16>(adS, dP);
-                issue_a_regs_b<T, Br / 16, kWgPanels>(dK, adS, sQ_i + d_panel0, Br * 64);  // L16
-                store_score_gradients<Cfg>(sdS, adS, key0, lane);
-                hopper::wgmma_wait<0>();
-                hopper::wgmma_fence_registers(dV);
-                hopper::wgmma_fence_registers(dK);
-                hopper::wgmma_fence_registers(aP);
-                hopper::wgmma_fence_registers(adS);
+            // dV_j and dK_j's columns Dw column_group ..: panels Dw / 64 column_group ..
+            constexpr int kWgPanels = Dw / 64;
+            const int d_panel0 = kWgPanels * column_group * Br * 64;
+            if constexpr (Cfg::kQuerySplit) {
+                // Warpgroup wg's queries of the tile: Brw wg .. Brw wg + Brw - 1 (Fa3BackwardTile).
+                constexpr int Brw = Cfg::Brw;
+                const int q0 = Brw * wg;
+                const TileRange wg_rows = {min(rows.begin + q0, rows.end),
+                                           min(rows.begin + q0 + Brw, rows.end)};
+                const TileVisibility wg_seen = seen != TileVisibility::none && wg_rows.size() > 0
+                                                   ? mma::visibility<kBlockMask>(p, wg_rows, wg_cols)
+                                                   : TileVisibility::none;
+                if (wg_seen != TileVisibility::none) {
+                    float S[Brw / 8][4], dP[Brw / 8][4];
+                    score_gradients<Cfg, Brw, kBlockMask>(
+                        S, dP, sK_j, sV_j, sQ_i + q0 * 64, sdO_i + q0 * 64, sL + ring.stage * Br + q0,
+                        sDelta + ring.stage * Br + q0, bp, wg_seen, wg_rows, wg_cols, key_column, lane);
+                    std::uint32_t aP[Brw / 16][4], adS[Brw / 16][4];
+                    pack_a<T, Brw / 16>(aP, S);
+                    pack_a<T, Brw / 16>(adS, dP);
+                    store_score_gradients<Cfg, Brw>(sP, aP, key0, lane, q0);
+                    store_score_gradients<Cfg, Brw>(sdS, adS, key0, lane, q0);
+                } else {
+                    const std::uint32_t zero[Brw / 16][4] = {};
+                    store_score_gradients<Cfg, Brw>(sP, zero, key0, lane, q0);
+                    store_score_gradients<Cfg, Brw>(sdS, zero, key0, lane, q0);
+                }
+                hopper::fence_proxy_async();  // P^T's and dS^T's stores, read next by the tensor cores
+                __syncthreads();              // both halves complete
+                if (seen != TileVisibility::none) {
+                    issue_a_smem_b<T, Br / 16>(dV, fresh(sP), Bc * 64, sdO_i + d_panel0, Br * 64);  // L12
+                    issue_a_smem_b<T, Br / 16>(dK, fresh(sdS), Bc * 64, sQ_i + d_panel0, Br * 64);  // L16
+                    hopper::wgmma_wait<0>();
+                    hopper::wgmma_fence_registers(dV);
+                    hopper::wgmma_fence_registers(dK);
+                }
             } else {
-                const std::uint32_t zero[Br / 16][4] = {};
-                store_score_gradients<Cfg>(sdS, zero, key0, lane);
+                if (seen != TileVisibility::none) {
+                    float S[Br / 8][4], dP[Br / 8][4];
+                    const int k_rows = 64 * key_group * 64;
+                    score_gradients<Cfg, Br, kBlockMask>(S, dP, sK_j + k_rows, sV_j + k_rows, sQ_i,
+                                                         sdO_i, sL + ring.stage * Br,
+                                                         sDelta + ring.stage * Br, bp, seen, rows,
+                                                         wg_cols, key_column, lane);
+                    std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
+                    pack_a<T, Br / 16>(aP, S);
+                    issue_a_regs_b<T, Br / 16, kWgPanels>(dV, aP, sdO_i + d_panel0, Br * 64);  // L12
+                    pack_a<T, Br / 16>(adS, dP);
+                    issue_a_regs_b<T, Br / 16, kWgPanels>(dK, adS, sQ_i + d_panel0, Br * 64);  // L16
+                    store_score_gradients<Cfg>(sdS, adS, key0, lane);
+                    hopper::wgmma_wait<0>();
+                    hopper::wgmma_fence_registers(dV);
+                    hopper::wgmma_fence_registers(dK);
+                    hopper::wgmma_fence_registers(aP);
+                    hopper::wgmma_fence_registers(adS);
+                } else {
+                    const std::uint32_t zero[Br / 16][4] = {};
+                    store_score_gradients<Cfg>(sdS, zero, key0, lane);
+                }
             }
-        }
-        hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
-        __syncthreads();  // dS^T complete (kQuerySplit: every product done with the step's slot)
+            hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
+            __syncthreads();  // dS^T complete (kQuerySplit: every product done with the step's slot)
 
-        // L15: dQ_i += scale dS K_j; in kDeterministic mode after the key tiles before this one.
-        int* turn = nullptr;
-        if constexpr (kDeterministic)
-            turn = cuda::wait_dq_turn<kBlockMask>(bp, b, h, Tr, i, rows, key_tile(), Bc);
-        // Warpgroup wg's blocks wg kPer .. wg kPer + kPer - 1, block c: rows 64 (c / kPanels) ..,
-        // columns 64 (c % kPanels) .., keys 0 .. Bc - 1. Where every warpgroup has a block the
-        // test is left out at compile time: a branch around a wgmma measured ~20% slower at
-        // d = 128.
-        constexpr int kPer = Cfg::kDqBlocksPerWarpgroup;
-        if (Cfg::kDqBlocks >= Cfg::kWarpgroups || wg < Cfg::kDqBlocks) {
-            // One block at a time (32 accumulators; with both of d = 256's blocks in registers
-            // at once ptxas spilled 316 bytes per thread, against 12 so), each first written to
-            // the warpgroup's own area of sdQ, or at D = 256 (kDqInSlot) to this step's slot:
-            // warpgroup 0's blocks to its Q_i, warpgroup 1's to its dO_i (32 KB each).
-#pragma unroll 1
-            for (int q = 0; q < kPer; ++q) {
-                const int rb = (wg * kPer + q) / kPanels, cb = (wg * kPer + q) % kPanels;
-                float acc[8][4];
-                issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64,
-                                           fresh(sK) + cb * Bc * 64);
-                hopper::wgmma_wait<0>();
-                hopper::wgmma_fence_registers(acc);
-                float* staging = sdQ + (wg * kPer + q) * Cfg::kDqBlockFloats;
-                if constexpr (Cfg::kDqInSlot)
-                    staging = reinterpret_cast<float*>((wg == 0 ? sQ : sdO) + ring.stage * Br * D) +
-                              q * Cfg::kDqBlockFloats;
-                add_dq_block<Cfg, kDeterministic>(params, staging, acc, b, h, rows.begin + 64 * rb,
-                                                  64 * cb, wg, wg_warp, lane);
+            // L15: dQ_i += scale dS K_j; in kDeterministic mode after the key tiles before this one.
+            int* turn = nullptr;
+            if constexpr (kDeterministic)
+                turn = cuda::wait_dq_turn<kBlockMask>(bp, b, h, Tr, i, rows, key_tile(), Bc);
+            // Warpgroup wg's blocks wg kPer .. wg kPer + kPer - 1, block c: rows 64 (c / kPanels) ..,
+            // columns 64 (c % kPanels) .., keys 0 .. Bc - 1. Where every warpgroup has a block the
+            // test is left out at compile time: a branch around a wgmma measured ~20% slower at
+            // d = 128.
+            constexpr int kPer = Cfg::kDqBlocksPerWarpgroup;
+            if (Cfg::kDqBlocks >= Cfg::kWarpgroups || wg < Cfg::kDqBlocks) {
+                // One block at a time (32 accumulators; with both of d = 256's blocks in registers
+                // at once ptxas spilled 316 bytes per thread, against 12 so), each first written to
+                // the warpgroup's own area of sdQ, or at D = 256 (kDqInSlot) to this step's slot:
+                // warpgroup 0's blocks to its Q_i, warpgroup 1's to its dO_i (32 KB each).
+    #pragma unroll 1
+                for (int q = 0; q < kPer; ++q) {
+                    const int rb = (wg * kPer + q) / kPanels, cb = (wg * kPer + q) % kPanels;
+                    float acc[8][4];
+                    issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64,
+                                               fresh(sK) + cb * Bc * 64);
+                    hopper::wgmma_wait<0>();
+                    hopper::wgmma_fence_registers(acc);
+                    float* staging = sdQ + (wg * kPer + q) * Cfg::kDqBlockFloats;
+                    if constexpr (Cfg::kDqInSlot)
+                        staging = reinterpret_cast<float*>((wg == 0 ? sQ : sdO) + ring.stage * Br * D) +
+                                  q * Cfg::kDqBlockFloats;
+                    add_dq_block<Cfg, kDeterministic>(params, staging, acc, b, h, rows.begin + 64 * rb,
+                                                      64 * cb, wg, wg_warp, lane);
+                }
             }
+            if constexpr (kDeterministic) cuda::pass_dq_turn(turn);
         }
-        if constexpr (kDeterministic) cuda::pass_dq_turn(turn);
         h = h_ask[0], i = i_ask[0];
 #pragma unroll
         for (int k = 0; k < kAhead; ++k) {

@@ -343,6 +343,12 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The same barrier reached from different places in the code (warpgroups of one CTA on different
+// branches): barrier.sync without .aligned, the form bar.sync is, which asks every thread of the
+// CTA to run the same instruction.
+__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
