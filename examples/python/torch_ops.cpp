@@ -408,6 +408,78 @@ void register_operators(py::object plan, py::object forward, py::object backward
                   torch::CppFunction::makeFromBoxedFunction<&backward_kernel>());
 }
 
+// --- autograd of an eager call ------------------------------------------------------------
+//
+// An eager call that autograd records (tensors that require grad, grad mode on) goes through
+// AttentionNode, a C++ autograd function: its forward is the operator's forward and its backward,
+// which autograd's engine runs on its own thread, the operator's backward. With a Python
+// autograd.Function in its place each training step's call paid Python twice more: its apply
+// around the forward, and the engine taking the GIL to run its backward (docs/python.md,
+// "The eager preset is bound by the host"). Both directions take the fast path above where
+// they can and hand every other call to the Python implementation, as the dispatcher's kernels
+// above do. (Calls with a block mask, on CPU tensors, or traced keep the Python Function and the
+// operator: src/flashattn/__init__.py, _eager_forward.)
+
+std::pair<at::Tensor, at::Tensor> forward_of(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, bool causal,
+                                             const std::optional<double>& scale,
+                                             const std::optional<std::string>& backend) {
+    if (q.dim() == 4) {
+        if (auto out = fast_forward(q, k, v, causal, scale, backend)) return *out;
+    }
+    py::gil_scoped_acquire gil;
+    py::tuple out = python_side->forward(q, k, v, causal, scale, backend, py::none(),
+                                         py::none());
+    return {out[0].cast<at::Tensor>(), out[1].cast<at::Tensor>()};
+}
+
+std::array<at::Tensor, 3> backward_of(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const at::Tensor& o,
+                                      const at::Tensor& lse, const at::Tensor& dO, bool causal,
+                                      const std::optional<double>& scale,
+                                      const std::optional<std::string>& backend) {
+    if (q.dim() == 4) {
+        if (auto grads = fast_backward(q, k, v, o, lse, dO, causal, scale, backend)) return *grads;
+    }
+    py::gil_scoped_acquire gil;
+    py::tuple grads = python_side->backward(q, k, v, o, lse, dO, causal, scale, backend,
+                                            py::none(), py::none());
+    return {grads[0].cast<at::Tensor>(), grads[1].cast<at::Tensor>(),
+            grads[2].cast<at::Tensor>()};
+}
+
+struct AttentionNode : public torch::autograd::Function<AttentionNode> {
+    // backward_backend: the backend the backward runs on (`_backward_backend` of `backend`).
+    static torch::autograd::variable_list forward(
+        torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+        const at::Tensor& v, bool causal, std::optional<double> scale,
+        std::optional<std::string> backend, std::optional<std::string> backward_backend) {
+        auto [O, L] = forward_of(q, k, v, causal, scale, backend);
+        ctx->save_for_backward({q, k, v, O, L});
+        ctx->mark_non_differentiable({L});  // LSE carries no gradient
+        ctx->saved_data["causal"] = causal;
+        ctx->saved_data["scale"] = scale ? c10::IValue(*scale) : c10::IValue();
+        ctx->saved_data["backend"] =
+            backward_backend ? c10::IValue(*backward_backend) : c10::IValue();
+        return {O, L};
+    }
+
+    // grads: dL/dO, and LSE's (none). Errors surface as the dispatcher's kernels raise them.
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+        const auto x = ctx->get_saved_variables();  // q, k, v, O, LSE
+        std::array<at::Tensor, 3> dqkv;
+        translated([&] {
+            dqkv = backward_of(x[0], x[1], x[2], x[3], x[4], grads[0],
+                               ctx->saved_data["causal"].toBool(),
+                               optional_double(ctx->saved_data["scale"]),
+                               optional_string(ctx->saved_data["backend"]));
+        });
+        return {dqkv[0], dqkv[1], dqkv[2], at::Tensor(), at::Tensor(), at::Tensor(),
+                at::Tensor()};
+    }
+};
+
 }  // namespace
 }  // namespace flashattn::python
 
@@ -436,5 +508,14 @@ PYBIND11_MODULE(_torch_ops, m) {
         auto out = fast_backward(q, k, v, o, lse, dO, causal, scale, backend);
         if (!out) return py::none();
         return py::make_tuple((*out)[0], (*out)[1], (*out)[2]);
+    });
+    // An eager call that autograd records, without a block mask: (O, LSE), O's gradient
+    // flowing through AttentionNode. Errors are raised as `forward`'s are.
+    m.def("attention", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          bool causal, std::optional<double> scale,
+                          std::optional<std::string> backend,
+                          std::optional<std::string> backward_backend) {
+        auto out = AttentionNode::apply(q, k, v, causal, scale, backend, backward_backend);
+        return py::make_tuple(out[0], out[1]);
     });
 }

@@ -17,7 +17,10 @@ checked here, on fresh random inputs at shapes that are no multiple of a tile:
     counts the calls its fast path ran);
   * a bad call raises ValueError/TypeError through the C++ kernel as through Python, before and
     after a good call of a close signature (nothing of a refused call is kept);
-  * FLASHATTN_DETERMINISTIC, read at each call, is part of the C++ signature too (its workspace).
+  * FLASHATTN_DETERMINISTIC, read at each call, is part of the C++ signature too (its workspace);
+  * an eager call that autograd records on CUDA tensors is the C++ node AttentionNode, whose
+    gradients meet float64's and are attention_backward's bits, on the fast path and on calls it
+    hands to Python, and whose bad calls raise ValueError/TypeError.
 Needs a GPU, cuda-fa3 (an sm_90a build on a Hopper GPU) and PyTorch >= 2.4; skips otherwise.
 """
 import os
@@ -209,3 +212,70 @@ def test_the_deterministic_setting_is_part_of_the_signature(monkeypatch):
     second = backward(q, k, v, o, lse, do, True, None, None, None, None)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
+
+
+# --- the C++ autograd node of eager calls (AttentionNode) -------------------------------------
+
+
+def eager_gradients(q, k, v, do, **options):
+    """flashattn.attention on leaves that require grad, then backward(do): (node name, O, LSE,
+    dQ, dK, dV)."""
+    xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    o, lse = flashattn.attention(*xs, return_lse=True, **options)
+    o.backward(do)
+    return (o.grad_fn.name() if o.grad_fn is not None else None, o, lse,
+            *[x.grad for x in xs])
+
+
+@pytest.mark.parametrize("dtype, d, layout, causal, scale", [
+    (torch.bfloat16, 64, "projection", True, None),   # cuda-fa3 on strided views: fast path
+    (torch.float16, 128, "contiguous", False, 0.11),  # GQA, N_q != N_kv
+    (torch.bfloat16, 64, "contiguous", True, -0.2),   # negative scale: the Python implementation
+    (torch.float32, 64, "projection", False, None),   # cuda-fa2 needs copies: Python again
+])
+def test_eager_autograd_on_cuda_runs_the_cpp_node(dtype, d, layout, causal, scale, monkeypatch):
+    """An eager call that autograd records on CUDA tensors is a C++ node: its gradients meet
+    float64 standard attention's and are, bit for bit, attention_backward's on the node's own O
+    and LSE (dQ's order fixed), whether its calls took the fast path or were handed to Python."""
+    monkeypatch.setenv("FLASHATTN_DETERMINISTIC", "1")
+    if layout == "contiguous":
+        q, k, v = randn((2, 4, 203, d), dtype), randn((2, 2, 331, d), dtype), \
+            randn((2, 2, 331, d), dtype)
+    else:
+        q, k, v = projection(2, 201, 3, d, dtype)
+    do = randn(q.shape, dtype)
+    ops = flashattn._TORCH_OPS
+    before = ops.fast_calls()
+    poison_allocator(q, k, v, q[..., 0].float())
+    name, o, lse, dq, dk, dv = eager_gradients(q, k, v, do, causal=causal, scale=scale)
+    assert "AttentionNode" in name, name
+    # Both directions on the fast path, or both handed to the Python implementation.
+    n = 1 if dtype != torch.float32 and (scale is None or scale > 0) else 0
+    after = ops.fast_calls()
+    assert (after[0] - before[0], after[1] - before[1]) == (n, n)
+    inputs = [x.double().cpu().numpy() for x in (q, k, v)]
+    refs = reference.attention_backward(*inputs, do.double().cpu().numpy(), causal=causal,
+                                        scale=scale)
+    direct = flashattn.attention_backward(q, k, v, o.detach(), lse, do, causal=causal,
+                                          scale=scale)
+    for g, g_direct, x, ref in zip((dq, dk, dv), direct, (q, k, v), refs):
+        assert g.shape == x.shape and g.dtype == dtype
+        assert relative_error(g, ref) < 2e-2
+        assert torch.equal(g, g_direct)
+
+
+def test_eager_autograd_on_cuda_raises_as_the_operator_does():
+    """A bad call that requires grad raises ValueError/TypeError through the C++ node, nothing
+    recorded, and a good call right after still trains."""
+    q = randn((1, 2, 150, 64), torch.bfloat16, requires_grad=True)
+    k = randn((1, 2, 170, 32), torch.bfloat16, requires_grad=True)  # another head dimension
+    v = randn((1, 2, 170, 64), torch.bfloat16, requires_grad=True)
+    with pytest.raises(ValueError, match="k"):
+        flashattn.attention(q, k, v)
+    with pytest.raises(ValueError, match="no-such-backend"):
+        flashattn.attention(q, v, v, backend="no-such-backend")
+    with pytest.raises(TypeError, match="dtypes"):
+        flashattn.attention(q, v.float(), v)
+    assert q.grad is None
+    flashattn.attention(q, v, v, causal=True).sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(v.grad).all()

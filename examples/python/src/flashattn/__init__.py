@@ -41,8 +41,9 @@ Where it runs:
 With PyTorch >= 2.4 the forward and backward are a PyTorch custom operator
 (torch.ops.flashattn.attention_forward / attention_backward, with fake implementations and an
 autograd formula), so torch.compile(fullgraph=True) traces through flashattn.attention: the
-compiler sees the operator. An eager call goes straight to the same implementation (through a
-torch.autograd.Function when autograd records it), without the dispatch through the operator,
+compiler sees the operator. An eager call goes straight to the same implementation (through an
+autograd function when autograd records it: in C++ for CUDA tensors where flashattn._torch_ops is
+built), without the dispatch through the operator,
 which costs host time on every call; tensor subclasses and dispatch modes (FakeTensor,
 FakeTensorMode) still get the operator. Eager calls can be captured in a CUDA graph. Under
 torch.compile give block_mask as a tensor. With an older PyTorch every call takes the eager way
@@ -1045,7 +1046,8 @@ if torch is not None and hasattr(torch.library, "register_fake") and hasattr(tor
 # operator's autograd wrapper, host time that a small CUDA problem feels (docs/python.md, "Where a
 # call's host time goes"). An eager call on plain tensors runs the same implementations directly;
 # where autograd records it, through _AttentionFunction, whose backward is the backward's
-# implementation. torch.compile (and torch.export) trace the operator, and so do tensor subclasses
+# implementation, or for CUDA tensors without a block mask where flashattn._torch_ops is built,
+# through its C++ node of the same forward and backward. torch.compile (and torch.export) trace the operator, and so do tensor subclasses
 # and dispatch modes (FakeTensor, FakeTensorMode, make_fx), which act on operators: the
 # implementations read data pointers, which such tensors do not have. With an older PyTorch there
 # is no operator, and every call takes this way.
@@ -1084,6 +1086,11 @@ def _eager_forward(q, k, v, causal, scale, backend, block_mask, block_size):
     if _needs_operator(q, k, v):
         return _FORWARD_OP(q, k, v, causal, scale, backend, block_mask, block_size)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if _TORCH_OPS is not None and q.is_cuda and block_mask is None:
+            # The same forward and backward recorded by a C++ node (torch_ops.cpp, AttentionNode):
+            # no Python between autograd's engine and the backward's launch.
+            return _TORCH_OPS.attention(q, k, v, causal, scale, backend,
+                                        _backward_backend(backend))
         return _AttentionFunction.apply(q, k, v, causal, scale, backend, block_mask, block_size)
     return _forward_impl(q, k, v, causal, scale, backend, block_mask, block_size)
 
