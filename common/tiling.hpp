@@ -55,6 +55,23 @@ FA_HOST_DEVICE inline TileRange tile_range(std::int64_t t, std::int64_t block, s
     return {begin, end};
 }
 
+// Where the ragged query tile goes. Tiles are cut from row 0, so the last one is short; under a
+// causal mask the last tile is also the one that sees every key. Its missing rows are skipped
+// only in whole units of `unit` rows (cuda-fa3: a warpgroup's 64, whose products are collective),
+// and the units it has left run over every key tile. Shifted up by `shift` rows, tile i holds
+// rows [i Br - shift, (i + 1) Br - shift): the whole units of missing rows go below row 0, into
+// the first tile, which sees the fewest keys, and are never stored. shift is the largest multiple
+// of `unit` at most Tr Br - N_q: a multiple, so that every unit still starts where the diagonal
+// crosses it as before (a shift by a part of a unit makes the diagonal cut more key tiles per unit
+// and costs more masking than it saves; docs/cuda_fa3.md). Without a causal mask every tile sees
+// every key, and the cut stays at row 0 (shift 0); with a block mask too, whose row of blocks must
+// exist for every row a kernel classifies.
+FA_HOST_DEVICE inline std::int64_t query_tile_shift(const AttentionProblem& p, std::int64_t Br,
+                                                    std::int64_t unit) {
+    if (!p.causal || p.block_mask.active()) return 0;
+    return (tile_count(p.seq_q, Br) * Br - p.seq_q) / unit * unit;
+}
+
 // How much of a (query tile) x (key tile) block the masks let through. Flash forms skip `none`
 // tiles without loading them, skip per-element masking on `full` tiles, and mask `partial` ones.
 enum class TileVisibility { none, partial, full };

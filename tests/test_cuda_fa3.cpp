@@ -162,6 +162,26 @@ TEST_CASE("cuda-fa3: the causal schedule, heads side by side and the last heads 
     }
 }
 
+// Under a causal mask whole warpgroups of the short query tile's missing rows go below row 0
+// (query_tile_shift, common/tiling.hpp): the first work tile of a head holds rows below 0, read
+// as zeros, skipped and never stored, and the last tile may still end past N_q. Shifts of 0, 64
+// and 128 rows across the tiles (192 rows: N_q = 1000 -> 128, 65 -> 64; 128 rows: 900 and 130 ->
+// 64), with N_kv > N_q (the diagonal then lets rows below 0 see keys) and N_kv < N_q.
+TEST_CASE("cuda-fa3: under a causal mask the short query tile comes first, its rows below 0 unwritten") {
+    const Backend* b = test::cuda_fa3_or_warn();
+    if (!b) return;
+    for (const char* variant : {"d64-Br192-Bc128", "d64-Bc128-pingpong", "d128-Bc128-pingpong",
+                                "d256-Bc64"}) {
+        INFO("FLASHATTN_VARIANT=cuda-fa3=" << variant);
+        test::ScopedEnv env("FLASHATTN_VARIANT");
+        env.set(std::string("cuda-fa3=") + variant);
+        const std::int64_t d = std::stoll(std::string(variant).substr(1));
+        for (auto [Nq, Nkv] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                 {1000, 1000}, {1000, 1301}, {1000, 777}, {65, 65}, {900, 900}, {130, 400}})
+            check_against_reference(*b, test::make_problem(1, 3, 1, Nq, Nkv, d, true), DType::f16);
+    }
+}
+
 TEST_CASE("cuda-fa3: repeated runs give bit-identical outputs (whichever CTA takes a tile)") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;

@@ -120,6 +120,58 @@ TEST_CASE("causal_key_tiles splits a row range's key tiles as the element-wise m
     }
 }
 
+// query_tile_shift: under a causal mask whole units (warpgroups) of the short tile's missing rows
+// go below row 0, into the first tile. The shifted tiles must still hold every row once, and the
+// key tiles their units see (causal_key_tiles of each unit's rows, the rows below 0 and past N_q
+// included, as cuda-fa3's warpgroups ask) must never add up to more than without the shift, nor
+// need the mask on more of them.
+TEST_CASE("query tiles cut from the end under a causal mask: every row once, never more key tiles") {
+    for (std::int64_t Nq : {1, 63, 64, 65, 130, 333, 1000, 1024, 2047})
+        for (std::int64_t extra : {-50, 0, 300})
+            for (std::int64_t Br : {64, 128, 192}) {
+                AttentionProblem p;
+                p.seq_q = Nq;
+                p.seq_kv = std::max<std::int64_t>(1, Nq + extra);
+                p.dim = 64;
+                p.causal = true;
+                const std::int64_t unit = 64, Tr = tile_count(Nq, Br);
+                const std::int64_t shift = query_tile_shift(p, Br, unit);
+                INFO("Nq " << Nq << " Nkv " << p.seq_kv << " Br " << Br << " shift " << shift);
+                REQUIRE(shift >= 0);
+                REQUIRE(shift % unit == 0);
+                REQUIRE(Tr * Br - shift >= Nq);  // the last tile still reaches the last row,
+                REQUIRE(Tr * Br - shift - Nq < unit);  // short of it by less than a unit
+                std::vector<int> hits(Nq, 0);
+                std::int64_t seen[2] = {0, 0}, masked[2] = {0, 0};  // [0]: from row 0
+                for (std::int64_t i = 0; i < Tr; ++i) {
+                    const std::int64_t begin = i * Br - shift;
+                    for (std::int64_t r = std::max<std::int64_t>(begin, 0);
+                         r < std::min(begin + Br, Nq); ++r)
+                        ++hits[r];
+                    for (std::int64_t u = 0; u < Br; u += unit)  // a unit's rows in [0, N_q)
+                        for (int shifted = 0; shifted < 2; ++shifted) {
+                            const std::int64_t b = (shifted ? begin : i * Br) + u;
+                            const auto clip = [&](std::int64_t r) {
+                                return std::min(std::max<std::int64_t>(r, 0), Nq);
+                            };
+                            const TileRange rows = {clip(b), clip(b + unit)};
+                            const KeyTileSplit split = causal_key_tiles(p, rows, 128);
+                            seen[shifted] += split.seen;
+                            masked[shifted] += split.seen - split.full;
+                        }
+                }
+                for (int h : hits) REQUIRE(h == 1);
+                CHECK(seen[1] <= seen[0]);
+                CHECK(masked[1] <= masked[0]);
+                p.causal = false;  // every tile sees every key: cut from row 0
+                CHECK(query_tile_shift(p, Br, unit) == 0);
+                p.causal = true;
+                const std::uint8_t on = 1;  // a block mask: its rows of blocks start at row 0
+                p.block_mask = {&on, Nq, p.seq_kv};
+                CHECK(query_tile_shift(p, Br, unit) == 0);
+            }
+}
+
 TEST_CASE("last_causal_key and first_causal_row bound exactly what the causal mask lets see") {
     std::mt19937 gen(Catch::rngSeed() + 29);
     for (int trial = 0; trial < 200; ++trial) {

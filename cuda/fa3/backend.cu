@@ -63,6 +63,7 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     params.next_item = next_item;
     params.tail = int(schedule_tail(p.causal, params.Tr, p.heads * p.batch,
                                     cuda::device_limits().sm_count));
+    params.row_shift = int(query_tile_shift(p, Cfg::Br, 64));  // whole warpgroups
     params.q = tile_map(base.Q, dtype, p.batch, p.heads, p.seq_q, p.dim, at.q, Cfg::Br);
     params.k = tile_map(base.K, dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, at.k, Cfg::Bc);
     params.v = tile_map(base.V, dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, at.v, Cfg::Bc);

@@ -29,7 +29,9 @@
 //      producer copies the next tile's Q_i, K_j, V_j while they write this one's O and LSE, instead
 //      of every CTA starting with an empty pipeline. The counter hands out work tiles in
 //      scheduled_tile's order (common/tiling.hpp): under a causal mask the last heads' tiles go
-//      out longest first across heads, so the launch ends on short tiles.
+//      out longest first across heads, so the launch ends on short tiles, and a head's query tiles
+//      are cut from its last row (query_tile_shift), so that the short one is the first, which
+//      sees the fewest keys.
 //   5. At d = 64, three consumer warpgroups (Br = 192; FlashAttention-3's tile there): a K_j, V_j
 //      tile copied once serves 192 query rows, and three softmaxes take turns with the tensor
 //      cores. The registers then allow 160 per consumer thread (setmaxnreg), and ptxas compiles
@@ -124,6 +126,8 @@ struct Fa3Params {
     int Tr;          // query tiles per head
     int items;       // work tiles: Tr x heads x batch
     int tail;        // heads whose tiles end the schedule longest first (scheduled_tile)
+    int row_shift;   // query tile i starts at row i Br - row_shift (query_tile_shift: a multiple
+                     // of 64, so whole warpgroups lie below row 0)
     int* next_item;  // device counter, zero at launch: work tiles taken past the first gridDim.x
                      // (null where the grid has a CTA for every work tile: each takes its own)
 };
@@ -173,7 +177,7 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
             return;
         }
         bars->item = item;
-        const WorkTile t = work_tile<Br, Bc>(p, params.Tr, params.tail, item);
+        const WorkTile t = work_tile<Br, Bc>(p, params.Tr, params.tail, params.row_shift, item);
         // Tensor-map coordinates (cuda/fa3/tensor_map.hpp): column, row, head, batch entry.
         const int b = int(t.b), q_head = int(t.h), kv_head = int(p.kv_head(t.h));
 
@@ -215,16 +219,17 @@ struct ConsumerState {
 };
 
 // Where one consumer warp works in a work tile: its warpgroup cg (0 .. kConsumers - 1), the first
-// of its 16 rows, and the warpgroup's rows. A warpgroup's wgmma is collective, so whether to skip
-// a key tile or mask it is decided per warpgroup.
+// of its 16 rows, and the warpgroup's rows that exist (in [0, N_q): empty for a warpgroup past the
+// last row or below row 0, which then skips every product). A warpgroup's wgmma is collective, so
+// whether to skip a key tile or mask it is decided per warpgroup.
 struct ConsumerRows {
     int cg, warp_begin;
     TileRange wg_rows;
     __device__ ConsumerRows(const WorkTile& t, int cw) : cg(cw / 4) {
         const int row_begin = int(t.rows.begin), row_end = int(t.rows.end);
         warp_begin = row_begin + 16 * cw;
-        const int wg_begin = min(row_begin + 64 * cg, row_end);
-        wg_rows = {wg_begin, min(wg_begin + 64, row_end)};
+        const int wg_begin = min(max(row_begin + 64 * cg, 0), row_end);
+        wg_rows = {wg_begin, max(min(row_begin + 64 * cg + 64, row_end), wg_begin)};
     }
 };
 
@@ -435,7 +440,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             hopper::mbarrier_wait(&bars->q, state.q_phase);  // Q_i of the next work tile
             const int item = *static_cast<volatile int*>(&bars->item);
             if (item < 0) break;
-            const WorkTile t = work_tile<Br, Bc>(params.base.problem, params.Tr, params.tail, item);
+            const WorkTile t = work_tile<Br, Bc>(params.base.problem, params.Tr, params.tail,
+                                                   params.row_shift, item);
             if constexpr (kBlockMask)
                 consume_block_masked<Cfg>(params, t, sQ, sK, sV, bars, state, cw, lane);
             else

@@ -57,7 +57,10 @@ struct RingPosition {
 // tiles the CTA's rows can see (FA2 Algorithm 1 line 6's range, cut by the causal mask). Numbered
 // by scheduled_tile (common/tiling.hpp): a head's query tiles side by side, so that CTAs working at
 // the same time share its K and V in L2, under a causal mask the later query tiles (more keys)
-// first, and the last `tail` heads' tiles longest first across those heads.
+// first, and the last `tail` heads' tiles longest first across those heads. Its rows start at
+// i Br - shift (query_tile_shift, common/tiling.hpp): under a causal mask whole warpgroups of
+// missing rows go below row 0, into the first tile, which sees the fewest keys; those rows read as
+// zeros (TMA fills a box's rows outside the array), skip their products and are never stored.
 struct WorkTile {
     int i;
     std::int64_t h, b;
@@ -66,14 +69,14 @@ struct WorkTile {
 };
 template <int Br, int Bc>
 __device__ __forceinline__ WorkTile work_tile(const AttentionProblem& p, int Tr, int tail,
-                                              int item) {
+                                              int shift, int item) {
     WorkTile t;
     const ScheduledTile<int> s = scheduled_tile(item, Tr, int(p.heads * p.batch), tail);
     const int head_of_all = s.unit;
     t.i = int(longest_first(p.causal, s.rank, Tr));
     t.h = head_of_all % p.heads;
     t.b = head_of_all / p.heads;
-    const int row_begin = t.i * Br;
+    const int row_begin = t.i * Br - shift;
     t.rows = {row_begin, min(row_begin + Br, int(p.seq_q))};
     t.Tc_seen = int(causal_key_tiles(p, t.rows, Bc).seen);
     return t;

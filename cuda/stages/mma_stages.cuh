@@ -232,7 +232,9 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
         l_row += __shfl_xor_sync(0xffffffffu, l_row, 1);
         l_row += __shfl_xor_sync(0xffffffffu, l_row, 2);
         const int row = row0 + lane / 4 + 8 * r;
-        if (row >= p.seq_q) continue;
+        // Rows past N_q pad the last query tile; rows below 0 the first one where the tiles are
+        // cut from the end (cuda-fa3, query_tile_shift). Neither is stored.
+        if (row < 0 || row >= p.seq_q) continue;
         // A chunk of a split may hold none of a row's visible keys: its partial is then the empty
         // one, and the overflow test waits for the merge (cuda/stages/combine.cuh).
         const SoftmaxState state{m[r] * params.lse_scale, l_row};  // m in LSE's units
