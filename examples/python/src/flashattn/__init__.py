@@ -43,11 +43,10 @@ With PyTorch >= 2.4 the forward and backward are a PyTorch custom operator
 autograd formula), so torch.compile(fullgraph=True) traces through flashattn.attention: the
 compiler sees the operator. An eager call goes straight to the same implementation (through an
 autograd function when autograd records it: in C++ for CUDA tensors where flashattn._torch_ops is
-built), without the dispatch through the operator,
-which costs host time on every call; tensor subclasses and dispatch modes (FakeTensor,
-FakeTensorMode) still get the operator. Eager calls can be captured in a CUDA graph. Under
-torch.compile give block_mask as a tensor. With an older PyTorch every call takes the eager way
-(no torch.compile support). Where the build found PyTorch with CUDA and its C++ headers, the
+built), without the dispatch through the operator, which costs host time on every call; tensor
+subclasses and dispatch modes (FakeTensor, FakeTensorMode) still get the operator. Eager calls can
+be captured in a CUDA graph. Under torch.compile give block_mask as a tensor. With an older
+PyTorch every call takes the eager way (no torch.compile support). Where the build found PyTorch with CUDA and its C++ headers, the
 operators' CUDA kernels are C++ (flashattn._torch_ops): once a call's signature has passed the
 checks here, its launch needs no Python (calls that need a copy or a cast first still run here).
 Importing flashattn imports torch where it is installed, so that the operator is registered before
@@ -1047,10 +1046,10 @@ if torch is not None and hasattr(torch.library, "register_fake") and hasattr(tor
 # call's host time goes"). An eager call on plain tensors runs the same implementations directly;
 # where autograd records it, through _AttentionFunction, whose backward is the backward's
 # implementation, or for CUDA tensors without a block mask where flashattn._torch_ops is built,
-# through its C++ node of the same forward and backward. torch.compile (and torch.export) trace the operator, and so do tensor subclasses
-# and dispatch modes (FakeTensor, FakeTensorMode, make_fx), which act on operators: the
-# implementations read data pointers, which such tensors do not have. With an older PyTorch there
-# is no operator, and every call takes this way.
+# through its C++ node of the same forward and backward. torch.compile (and torch.export) trace
+# the operator, and so do tensor subclasses and dispatch modes (FakeTensor, FakeTensorMode,
+# make_fx), which act on operators: the implementations read data pointers, which such tensors do
+# not have. With an older PyTorch there is no operator, and every call takes this way.
 
 if torch is not None:
     class _AttentionFunction(torch.autograd.Function):
