@@ -45,12 +45,12 @@ compiler sees the operator. An eager call goes straight to the same implementati
 autograd function when autograd records it: in C++ for CUDA tensors where flashattn._torch_ops is
 built), without the dispatch through the operator, which costs host time on every call; tensor
 subclasses and dispatch modes (FakeTensor, FakeTensorMode) still get the operator. Eager calls can
-be captured in a CUDA graph. Under torch.compile give block_mask as a tensor. With an older
-PyTorch every call takes the eager way (no torch.compile support). Where the build found PyTorch with CUDA and its C++ headers, the
-operators' CUDA kernels are C++ (flashattn._torch_ops): once a call's signature has passed the
-checks here, its launch needs no Python (calls that need a copy or a cast first still run here).
-Importing flashattn imports torch where it is installed, so that the operator is registered before
-anything is traced.
+be captured in a CUDA graph. Under torch.compile give block_mask as a tensor. With an older PyTorch
+every call takes the eager way (no torch.compile support). Where the build found PyTorch with CUDA
+and its C++ headers, the operators' CUDA kernels are C++ (flashattn._torch_ops): once a call's
+signature has passed the checks here, its launch needs no Python (calls that need a copy or a cast
+first still run here). Importing flashattn imports torch where it is installed, so that the
+operator is registered before anything is traced.
 
 Block masks with CUDA tensors: a host mask (NumPy, lists, CPU tensor) is checked on the host (0/1)
 and copied to the device without waiting (`.to(device, non_blocking=True)`); a CUDA mask is
