@@ -25,13 +25,13 @@
 //        (docs/cuda_fa3.md, stage 3, says why we think so).
 //   4. A persistent grid (as FlashAttention-3's implementation schedules tiles): one CTA per SM
 //      takes work tiles (query tile i, head h, batch b) one after another, the next from a counter
-//      in device memory. Once the consumers are done with Q_i (after their last product), the
-//      producer copies the next tile's Q_i, K_j, V_j while they write this one's O and LSE, instead
-//      of every CTA starting with an empty pipeline. The counter hands out work tiles in
-//      scheduled_tile's order (common/tiling.hpp): under a causal mask the last heads' tiles go
-//      out longest first across heads, so the launch ends on short tiles, and a head's query tiles
-//      are cut from its last row (query_tile_shift), so that the short one is the first, which
-//      sees the fewest keys.
+//      in device memory. Once the consumers are done with Q_i (each warpgroup's last S has
+//      landed), the producer copies the next tile's Q_i, K_j, V_j while they run this one's last
+//      P V and write its O and LSE, instead of every CTA starting with an empty pipeline. The
+//      counter hands out work tiles in scheduled_tile's order (common/tiling.hpp): under a causal
+//      mask the last heads' tiles go out longest first across heads, so the launch ends on short
+//      tiles, and a head's query tiles are cut from its last row (query_tile_shift), so that the
+//      short one is the first, which sees the fewest keys.
 //   5. At d = 64, three consumer warpgroups (Br = 192; FlashAttention-3's tile there): a K_j, V_j
 //      tile copied once serves 192 query rows, and three softmaxes take turns with the tensor
 //      cores. The registers then allow 160 per consumer thread (setmaxnreg), and ptxas compiles
@@ -239,14 +239,18 @@ __device__ __forceinline__ void zero_output(float (&O)[Cfg::D / 8][4]) {
     zero(O);
 }
 
-// Every product that read Q_i has completed: the producer may copy the next work tile's Q. Then
-// FA2 L12-L15 for the warp's rows.
+// This thread's warpgroup has no product left that reads Q_i: once every consumer thread has said
+// so, the producer copies the next work tile's Q_i into the same slot.
+template <int kStages>
+__device__ __forceinline__ void release_q(Fa3Barriers<kStages>* bars) {
+    hopper::mbarrier_arrive(&bars->q_empty);
+}
+
+// FA2 L12-L15 for the warp's rows (Q_i already released).
 template <class Cfg, bool kBlockMask, class Softmax>
 __device__ __forceinline__ void finish_work_tile(const Fa3Params& params, const WorkTile& t,
                                                  const ConsumerRows& at, const Softmax& softmax,
-                                                 const float (&O)[Cfg::D / 8][4],
-                                                 Fa3Barriers<Cfg::kStages>* bars, int lane) {
-    hopper::mbarrier_arrive(&bars->q_empty);
+                                                 const float (&O)[Cfg::D / 8][4], int lane) {
     if (at.warp_begin < t.rows.end)
         softmax.template finalize<kBlockMask>(O, params.base, at.warp_begin, t.b, t.h, lane);
 }
@@ -301,7 +305,8 @@ __device__ __forceinline__ void consume_block_masked(const Fa3Params& params, co
         hopper::mbarrier_arrive(&bars->v_empty[s]);
         ring.advance<kStages>();
     }
-    finish_work_tile<Cfg, true>(params, t, at, softmax, O, bars, lane);
+    release_q(bars);
+    finish_work_tile<Cfg, true>(params, t, at, softmax, O, lane);
 }
 
 // One consumer warpgroup's share of one work tile without a block mask: FA2 L5-L15 for its 64
@@ -379,7 +384,9 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
         int j = 1;
         for (; j < n_full; ++j) step(j, std::false_type{});
         for (; j < n_seen; ++j) step(j, std::true_type{});
-        // FA2 L10 for the last tile.
+        // Every S has landed: Q_i is released, so that the next work tile's Q_i is copied while
+        // the last P V and the epilogue run. Then FA2 L10 for the last tile.
+        release_q(bars);
         hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);
         turns.begin();
         issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);
@@ -389,7 +396,8 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
         hopper::wgmma_fence_registers(a);
         hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
     } else {
-        turns.begin();  // the last P V's turn, with nothing to issue
+        release_q(bars);  // no rows here: Q_i is never read
+        turns.begin();    // the last P V's turn, with nothing to issue
         turns.end();
     }
     // Tiles only the CTA's other warpgroup sees: released unread, each after both its copies have
@@ -403,7 +411,7 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
         hopper::mbarrier_arrive(&bars->v_empty[ring.stage]);
         ring.advance<kStages>();
     }
-    finish_work_tile<Cfg, false>(params, t, at, softmax, O, bars, lane);
+    finish_work_tile<Cfg, false>(params, t, at, softmax, O, lane);
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
