@@ -79,7 +79,7 @@ void launch_ffma(const fa2_backward::Params& a, cudaStream_t stream) {
 void queue_delta(const AttentionProblem& p, const float* dO, const float* O, float* D,
                  cudaStream_t stream) {
     const ArrayLayout rows = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
-    cuda::launch_delta(p, dO, rows, O, rows, D, stream);
+    cuda::launch_delta(p, dO, rows, O, rows, D, nullptr, stream);
 }
 
 // ---- the tensor-core kernel ---------------------------------------------------------------------

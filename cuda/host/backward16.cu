@@ -36,16 +36,17 @@ BackwardWorkspace cut_backward_workspace(const AttentionProblem& p, DType dtype,
     return parts;
 }
 
-// D = rowsum(dO o O) for dO of type In and O of o_dtype (float32 or In).
+// D = rowsum(dO o O) for dO of type In and O of o_dtype (float32 or In), and dQ's float32 sum
+// zeroed in the same pass.
 template <class In>
 void queue_delta(const Backward16Args& args, cudaStream_t stream) {
     const auto* dO = static_cast<const In*>(args.dO);
     if (args.o_dtype == DType::f32)
         launch_delta(args.problem, dO, args.do_at, static_cast<const float*>(args.O), args.o_at,
-                     args.D, stream);
+                     args.D, args.dQ_sum, stream);
     else
         launch_delta(args.problem, dO, args.do_at, static_cast<const In*>(args.O), args.o_at,
-                     args.D, stream);
+                     args.D, args.dQ_sum, stream);
 }
 
 // prepare_backward's object: 16-bit Q, K, V, dO on the device (PreparedCudaBackward), D and the
@@ -92,15 +93,12 @@ void require_backward_arrays(const Backward16Args& args, bool deterministic) {
 }
 
 void queue_backward_prepass(const Backward16Args& args, std::size_t turns) {
-    const AttentionProblem& p = args.problem;
     const auto stream = static_cast<cudaStream_t>(args.stream);
-    // L4: D = rowsum(dO o O), in the dO the products read (rounded to 16 bits).
+    // L4: D = rowsum(dO o O), in the dO the products read (rounded to 16 bits); L3: dQ's sum = 0.
     if (args.dtype == DType::f16)
         queue_delta<__half>(args, stream);
     else
         queue_delta<__nv_bfloat16>(args, stream);
-    FA_CUDA_CHECK(
-        cudaMemsetAsync(args.dQ_sum, 0, sizeof(float) * std::size_t(p.q_elements()), stream));
     if (turns > 0) FA_CUDA_CHECK(cudaMemsetAsync(args.dq_turns, 0, sizeof(int) * turns, stream));
 }
 

@@ -43,7 +43,7 @@ struct Backward16Args {
 void require_backward_arrays(const Backward16Args& args, bool deterministic);
 
 // Algorithm 2 L4 and the zeroed sums, on args.stream: D = rowsum(dO o O) (from the 16-bit dO the
-// products read), dQ_sum = 0, and `turns` dQ turn counters = 0 (none when 0).
+// products read), dQ_sum = 0 (in the same pass), and `turns` dQ turn counters = 0 (none when 0).
 void queue_backward_prepass(const Backward16Args& args, std::size_t turns);
 
 // After the kernel, on args.stream: dQ written from dQ_sum where the two differ
