@@ -21,11 +21,12 @@
 //     each written to shared memory and added to dQ's fp32 sum in HBM by TMA's reduce-add
 //     (add_dq_block; cuda-tc adds with per-thread atomics), in a fixed order in deterministic mode.
 //
-// Algorithm 2 lines: L4 D_i (delta_kernel, before) | L5 one CTA per (j, K/V head, batch) | L6 K_j,
-// V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) | L8 the step loop (query head,
-// query tile) | L9 Q_i, dO_i (TMA, ring of kSlots), L_i, D_i (cp.async) | L10 S^T = K_j Q_i^T |
-// L11, L14 probabilities_and_score_gradients | L12 dV_j += P^T dO_i | L13 dP^T = V_j dO_i^T | L15
-// dQ_i += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i | L18 write_key_gradients.
+// Algorithm 2 lines: L3 dQ's fp32 sum = 0 and L4 D_i (delta_kernel, before) | L5 one CTA per (j,
+// K/V head, batch) | L6 K_j, V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) |
+// L8 the step loop (query head, query tile) | L9 Q_i, dO_i (TMA, ring of kSlots), L_i, D_i
+// (cp.async) | L10 S^T = K_j Q_i^T | L11, L14 probabilities_and_score_gradients | L12 dV_j += P^T
+// dO_i | L13 dP^T = V_j dO_i^T | L15 dQ_i += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i |
+// L18 write_key_gradients.
 //
 // Every thread computes (thread 0 also issues the copies): no producer warpgroup, no overlap of a
 // step's products with its own or the next step's softmax. Each product is waited for where it is

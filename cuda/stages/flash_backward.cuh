@@ -9,6 +9,8 @@
 // FlashAttention-2, Algorithm 2 (backward; Dao 2023, arXiv 2307.08691), and where each line lives.
 // The rule (P from L, D = rowsum(dO o O), dS = P o (dP - D)) is common/backward.hpp's.
 //
+//   L3    dQ = 0 in HBM (a float32 sum)       cuda-tc: delta_kernel, in the same pass as L4;
+//                                              cuda-fa2: a memset after it
 //   L4    D_i = rowsum(dO_i o O_i)             delta_kernel (cuda/stages/backward_prepass.cuh), first
 //   L5    for 1 <= j <= Tc                     one CTA per (j, b, K/V head)
 //   L6      load K_j, V_j to SRAM              Ops::load_keys (cp.async)
