@@ -14,6 +14,7 @@
 #include "cuda/fa3/backward_kernel.cuh"
 #include "cuda/fa3/tensor_map.hpp"
 #include "cuda/host/check.hpp"
+#include "cuda/host/dependent_launch.hpp"
 #include "cuda/host/prepared.hpp"
 #include "cuda/host/variants.hpp"
 
@@ -29,8 +30,8 @@ void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
     cuda::allow_dynamic_shared_memory(kernel, kSmem);
     const dim3 grid(static_cast<unsigned>(tile_count(p.seq_kv, Cfg::Bc)),
                     static_cast<unsigned>(p.batch * p.heads_kv));
-    kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(params);
-    FA_CUDA_CHECK_LAUNCH();
+    // Placed while the D pass before it ends; the kernel waits for it after asking for K_j, V_j.
+    cuda::launch_overlapping_previous(kernel, grid, dim3(Cfg::kThreads), kSmem, stream, params);
 }
 
 // The tensor maps (boxes of Br rows for Q and dO, Bc for K and V), then the kernel.

@@ -46,6 +46,7 @@
 #include "common/tiling.hpp"
 #include "cuda/fa3/pipeline.cuh"
 #include "cuda/fa3/products.cuh"
+#include "cuda/ptx/dependent_launch.cuh"
 #include "cuda/ptx/hopper.cuh"
 #include "cuda/ptx/mma_sync.cuh"
 #include "cuda/stages/async_copy.cuh"
@@ -396,6 +397,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                 int(b));
         }
     }
+    // A dependent launch (cuda/fa3/backward.cu): this CTA may run while the D pass before it
+    // ends. K_j and V_j are the caller's inputs, written before the D pass (an ordinary launch)
+    // began, so they are asked for first; D_i, which the steps load, and dQ's sum, which the D
+    // pass zeroes, only after the D pass has finished. The dQ pass after this kernel may be
+    // placed as soon as every CTA has started (it waits for the grid's end itself).
+    cuda::allow_dependent_launch();
+    cuda::wait_for_prerequisite_grid();
+
     // L9 for step (h, i) into ring slot `slot`: Q_i and dO_i by TMA (thread 0), L_i and D_i by
     // cp.async (every thread; committed by the caller).
     const auto load_step = [&](int slot, std::int64_t h, int i) {

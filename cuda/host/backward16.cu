@@ -94,12 +94,14 @@ void require_backward_arrays(const Backward16Args& args, bool deterministic) {
 
 void queue_backward_prepass(const Backward16Args& args, std::size_t turns) {
     const auto stream = static_cast<cudaStream_t>(args.stream);
+    // The turn counters first, so that the D pass is the kernel right before the backward's
+    // (cuda-fa3's is a dependent launch that waits for it).
+    if (turns > 0) FA_CUDA_CHECK(cudaMemsetAsync(args.dq_turns, 0, sizeof(int) * turns, stream));
     // L4: D = rowsum(dO o O), in the dO the products read (rounded to 16 bits); L3: dQ's sum = 0.
     if (args.dtype == DType::f16)
         queue_delta<__half>(args, stream);
     else
         queue_delta<__nv_bfloat16>(args, stream);
-    if (turns > 0) FA_CUDA_CHECK(cudaMemsetAsync(args.dq_turns, 0, sizeof(int) * turns, stream));
 }
 
 void queue_backward_postpass(const Backward16Args& args) {

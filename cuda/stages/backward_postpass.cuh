@@ -12,6 +12,8 @@
 #include "common/dtype.hpp"
 #include "common/problem.hpp"
 #include "cuda/host/check.hpp"
+#include "cuda/host/dependent_launch.hpp"
+#include "cuda/ptx/dependent_launch.cuh"
 #include "cuda/stages/backward_prepass.cuh"
 #include "cuda/stages/mma_stages.cuh"
 
@@ -28,6 +30,7 @@ template <int kValues>
 static __global__ void store_rows_kernel(const float* in, void* out, ArrayLayout at, DType dtype,
                                          std::int64_t rows, std::int64_t heads,
                                          std::int64_t seq_q, int d) {
+    wait_for_prerequisite_grid();  // launched to overlap the backward kernel's end: dQ_sum is done
     const std::int64_t thread = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
     if constexpr (kValues == 1) {
         const std::int64_t row = thread / 32;
@@ -48,7 +51,8 @@ static __global__ void store_rows_kernel(const float* in, void* out, ArrayLayout
 }
 
 // dQ (the caller's array, at dq_at in `dtype`) from the accumulator dQ_sum (B H N_q d floats,
-// contiguous), on `stream`.
+// contiguous), on `stream`, as a dependent launch (cuda/host/dependent_launch.hpp): its CTAs may be
+// placed while the backward kernel before it ends, and wait for it before reading dQ_sum.
 inline void launch_store_dq(const AttentionProblem& p, const float* dQ_sum, void* dQ,
                             const ArrayLayout& dq_at, DType dtype, cudaStream_t stream) {
     const bool vector =
@@ -60,9 +64,9 @@ inline void launch_store_dq(const AttentionProblem& p, const float* dQ_sum, void
     const unsigned grid = row_blocks(p, lanes);
     if (grid == 0) return;
     const auto kernel = vector ? store_rows_kernel<8> : store_rows_kernel<1>;
-    kernel<<<grid, 256, 0, stream>>>(dQ_sum, dQ, dq_at, dtype, p.batch * p.heads * p.seq_q,
-                                     p.heads, p.seq_q, static_cast<int>(p.dim));
-    FA_CUDA_CHECK_LAUNCH();
+    launch_overlapping_previous(kernel, dim3(grid), dim3(256), 0, stream, dQ_sum, dQ, dq_at, dtype,
+                                p.batch * p.heads * p.seq_q, p.heads, p.seq_q,
+                                static_cast<int>(p.dim));
 }
 
 }  // namespace flashattn::cuda

@@ -15,6 +15,7 @@
 #include "common/array_layout.hpp"
 #include "common/problem.hpp"
 #include "cuda/host/check.hpp"
+#include "cuda/ptx/dependent_launch.cuh"
 
 namespace flashattn::cuda {
 
@@ -57,13 +58,15 @@ inline bool rows_in_16_byte_chunks(const void* base, const ArrayLayout& at, std:
 // counted in contiguous order (B, H, N_q) and found where dO_at and O_at (resolved layouts) put
 // them. Where dQ_sum is given (dQ's float32 sum, contiguous (B, H, N_q, d)), the row's lanes also
 // zero its row of dQ_sum, which the backward kernel then adds to (Algorithm 2 line 3, dQ = 0):
-// one launch fewer than a separate memset, as FlashAttention-3's pre-pass does. Launch with 256
-// threads and row_blocks(p, kLanes).
+// one launch fewer than a separate memset, as FlashAttention-3's pre-pass does. The backward kernel
+// queued next may be placed at once (a dependent launch: it waits for this grid before it reads D
+// or adds into dQ_sum). Launch with 256 threads and row_blocks(p, kLanes).
 template <class In, class OutputType, int kLanes>
 __global__ void delta_kernel(const In* dO, ArrayLayout dO_at, const OutputType* O,
                              ArrayLayout O_at, float* D, float* dQ_sum, std::int64_t rows,
                              std::int64_t heads, std::int64_t seq_q, int d) {
     static_assert(kLanes == 32 || kLanes == 8, "a warp or a quarter of one per row");
+    allow_dependent_launch();
     constexpr int kValues = kLanes == 32 ? 1 : 8;  // per load
     const std::int64_t row = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kLanes;
     const int lane = threadIdx.x % 32, part = lane % kLanes;

@@ -8,7 +8,10 @@ q, k and v are viewed out of one (B, N, 3, H, d) projection as a transformer's a
 side runs --warmup calls, then --calls calls under the profiler; the table gives each kernel's
 device time per call (microseconds) and how many times a call launches it. Rows that both sides
 share (autograd accumulating into q.grad, k.grad, v.grad, the elementwise_kernel rows) are the
-harness, not attention.
+harness, not attention. A kernel started as a dependent launch (cuda/host/dependent_launch.hpp:
+cuda-fa3's backward kernel and the dQ pass, the decoding kernel and its combine) may start before
+the kernel ahead of it ends, and its time then includes its wait for it: run with
+FLASHATTN_DEPENDENT_LAUNCH=0 for each kernel's own time.
 
 With --seq-kv (a decoding step: --seq rows of queries against a longer K/V cache, --heads-kv heads
 of K and V for GQA) only the forward runs, on contiguous (B, H, N, d) tensors, causal bottom-right
