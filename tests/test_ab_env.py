@@ -39,7 +39,7 @@ def main():
         stand_in = os.path.join(tmp, "python")
         with open(stand_in, "w") as f:
             f.write('#!/bin/sh\n'
-                    'echo "${AB_LABEL:-none} $3,$4,$5,$6,$7,$8,$9,${10} AB_ONLY=${AB_ONLY:-unset}" >> '
+                    'echo "${AB_LABEL:-none} $3,$4,$5,$6,$7,$8,$9,${10},${11} AB_ONLY=${AB_ONLY:-unset}" >> '
                     f'"{log}"\n'
                     'if [ "${AB_FAIL:-}" = "$4" ]; then echo "CUDA error: out of memory" >&2; '
                     'exit 1; fi\n'
@@ -61,8 +61,8 @@ def main():
         only = {l.split()[0]: l.split("AB_ONLY=")[1] for l in lines}
         check(only == {"base": "unset", "fast": "fast"},
               f"a variable one setting names is removed from the others: {only}", out)
-        check(all(l.split()[1].endswith(",30,7") for l in lines),
-              "each process gets --calls 30 and --reps 7 by default", out)
+        check(all(l.split()[1].endswith(",30,7,training") for l in lines),
+              "each process gets --calls 30, --reps 7 and a training call by default", out)
         check(all(l.split()[1].split(",")[5] == ("1" if p.endswith(",c") else "0")
                   for l, p in zip(lines, [p for p in points for _ in range(4)])),
               "causal points are passed as causal", out)
@@ -73,6 +73,15 @@ def main():
                   row.split(" | ")[2].startswith("1.2 (1.2-1.2)") and
                   row.rstrip(" |").endswith("0.800") for row in rows),
               "each row: the settings' medians and spreads, and 1.2 / 1.5", out)
+
+        # --pass forward reaches every process, and the table says what was timed.
+        os.remove(log)
+        out = run(a.root, ["--python", stand_in, "--rounds", "1", "--pass", "forward", "a=",
+                           "b=X=1", "--", points[1]], env)
+        check(out.returncode == 0 and all(l.split()[1].endswith(",forward") for l in
+                                          open(log).read().split("\n")[:-1]),
+              "--pass forward: each process times a forward call", out)
+        check("flashattn.attention forward:" in out.stdout, "the table says forward", out)
 
         # A process that fails or prints no time: named, the other points still run, exit 1.
         os.remove(log)
@@ -103,14 +112,15 @@ def main():
             (["a=", "b=X=1", "--", "bf16,1,two,64,16"], "must be integers"),
             (["a=", "b=X=1", "--", "bf16,1,2,0,16"], "at least 1"),
             (["--rounds", "0", "a=", "b=X=1", "--", points[0]], "at least 1"),
+            (["--pass", "backward", "a=", "b=X=1", "--", points[0]], "invalid choice"),
         ]
         for args, text in bad:
             out = run(a.root, ["--python", stand_in] + args, env)
             check(out.returncode == 2, f"{args}: exit status 2", out)
             check("error: " in out.stderr and text in out.stderr, f"{args}: says {text!r}", out)
             check(not os.path.exists(log), f"{args}: nothing ran", out)
-    print("ab_env: 2 settings x 2 points x 2 rounds, a failing and a silent process, 12 bad "
-          "calls: all as expected")
+    print("ab_env: 2 settings x 2 points x 2 rounds, a forward pass, a failing and a silent "
+          "process, 13 bad calls: all as expected")
     return 0
 
 

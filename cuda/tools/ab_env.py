@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """cuda/tools/ab_env.py — one training call of flashattn.attention (forward and backward through
-autograd, as a PyTorch user runs it) timed on one build under two or more environments, in
-alternating processes, so that a switch read from the environment (FLASHATTN_DEPENDENT_LAUNCH,
-FLASHATTN_VARIANT, ...) is measured with and without it on one machine, in one run.
+autograd, as a PyTorch user runs it), or with `--pass forward` one forward call without
+autograd, timed on one build under two or more environments, in alternating processes, so that a
+switch read from the environment (FLASHATTN_DEPENDENT_LAUNCH, FLASHATTN_VARIANT, ...) is measured
+with and without it on one machine, in one run.
 
     PYTHONPATH=build/gpu/python python3 cuda/tools/ab_env.py --rounds 3 \\
         off=FLASHATTN_DEPENDENT_LAUNCH=0 on= -- bf16,16,12,1024,64,c f16,16,16,1024,128
@@ -33,17 +34,21 @@ TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16"}
 # The child: one point under the environment it was started with; prints µs per call.
 CHILD = r"""
 import sys, torch, flashattn
-dtype, B, H, N, d, causal, calls, reps = sys.argv[1:]
+dtype, B, H, N, d, causal, calls, reps, which = sys.argv[1:]
 dtype = getattr(torch, dtype)
 B, H, N, d, calls, reps = int(B), int(H), int(N), int(d), int(calls), int(reps)
 causal = causal == "1"
-q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=dtype, requires_grad=True)
+training = which == "training"
+q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=dtype, requires_grad=training)
            for _ in range(3))
 do = torch.randn(B, H, N, d, device="cuda", dtype=dtype)
 
 def call():
-    q.grad = k.grad = v.grad = None
-    flashattn.attention(q, k, v, causal=causal).backward(do)
+    if training:
+        q.grad = k.grad = v.grad = None
+        flashattn.attention(q, k, v, causal=causal).backward(do)
+    else:
+        flashattn.attention(q, k, v, causal=causal)
 
 for _ in range(20):
     call()
@@ -85,13 +90,13 @@ def parse_point(text):
     return point
 
 
-def run_point(python, point, setting, named, calls, reps):
+def run_point(python, point, setting, named, calls, reps, which="training"):
     env = dict(os.environ)
     for name in named:
         env.pop(name, None)
     env.update(setting.vars)
     args = [python, "-c", CHILD, TORCH_DTYPES[point.dtype], str(point.B), str(point.H), str(point.N),
-            str(point.d), "1" if point.causal else "0", str(calls), str(reps)]
+            str(point.d), "1" if point.causal else "0", str(calls), str(reps), which]
     out = subprocess.run(args, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{point.text} under {setting.label}: {out.stderr.strip()[-1500:]}")
@@ -109,6 +114,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="turns of every setting at every point")
     ap.add_argument("--calls", type=int, default=30, help="calls per timing")
     ap.add_argument("--reps", type=int, default=7, help="timings per process (their median)")
+    ap.add_argument("--pass", dest="which", choices=("training", "forward"), default="training",
+                    help="what a call is: forward and backward through autograd (training), or "
+                    "the forward alone, without autograd (forward)")
     ap.add_argument("--python", default=sys.executable,
                     help="the interpreter each process runs (default: this one)")
     ap.add_argument("settings", nargs="+", help="label=VAR=VALUE[,...] or label=; then --, then "
@@ -142,7 +150,7 @@ def main():
         for r in range(a.rounds):
             for s in settings:
                 try:
-                    us = run_point(a.python, point, s, named, a.calls, a.reps)
+                    us = run_point(a.python, point, s, named, a.calls, a.reps, a.which)
                 except RuntimeError as e:
                     print(f"failed: {e}", file=sys.stderr)
                     failed = True
@@ -154,7 +162,8 @@ def main():
             rows.append((point, times))
 
     first = settings[0].label
-    print(f"\nflashattn.attention forward + backward: median over {a.rounds} round(s) of each "
+    what = "forward + backward" if a.which == "training" else "forward"
+    print(f"\nflashattn.attention {what}: median over {a.rounds} round(s) of each "
           f"process's median µs per call (--calls {a.calls}, --reps {a.reps}); spread = the "
           f"rounds' min-max; ratio < 1: faster than {first}")
     print("| point | " + " | ".join(f"{s.label} µs (spread)" for s in settings) + " | " +
