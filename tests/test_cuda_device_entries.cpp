@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/registry.hpp"
@@ -281,15 +282,19 @@ namespace {
 // hold 0xFFFF (NaN in f16 and bf16).
 struct Strided16 {
     ArrayLayout layout;
+    std::int64_t lead;  // elements before (0, 0, 0, 0): the array's address is the buffer's + lead
     std::vector<std::uint16_t> host;
 
-    Strided16(std::int64_t batch, std::int64_t heads, std::int64_t rows, std::int64_t d) {
-        const std::int64_t row = heads * d + 8;
+    // Rows of heads x d values and row_pad more (8 by default: strides TMA can reach).
+    Strided16(std::int64_t batch, std::int64_t heads, std::int64_t rows, std::int64_t d,
+              std::int64_t row_pad = 8, std::int64_t lead_ = 0)
+        : lead(lead_) {
+        const std::int64_t row = heads * d + row_pad;
         layout = {rows * row + 16, d, row};
-        host.assign(static_cast<std::size_t>(batch * layout.batch), 0xFFFF);
+        host.assign(static_cast<std::size_t>(lead + batch * layout.batch), 0xFFFF);
     }
     std::size_t at(std::int64_t b, std::int64_t h, std::int64_t r, std::int64_t c) const {
-        return static_cast<std::size_t>(layout.offset(b, h) + r * layout.row + c);
+        return static_cast<std::size_t>(lead + layout.offset(b, h) + r * layout.row + c);
     }
 };
 
@@ -423,6 +428,52 @@ TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits
             bad.o_layout.row = Oh.layout.row + 1;
             CHECK_THROWS_AS(fa3.run_device(p, bad), std::invalid_argument);
         });
+}
+
+// A 16-bit O goes out through shared memory and TMA stores where its address and strides allow
+// (d <= 128), and from registers where they do not: the same bits either way, nothing written
+// outside O's rows. N_q = 300 under the causal mask cuts the query tiles from the end (64 rows
+// below row 0 in the first), and N_q > N_kv leaves rows with no visible key.
+TEST_CASE("cuda-fa3's device entry writes a 16-bit O by TMA, or from registers where TMA cannot") {
+    const Backend* found = test::cuda_fa3_or_warn();
+    if (!found) return;
+    const Backend& fa3 = *found;
+    for (auto [dtype, dim, causal] : std::vector<std::tuple<DType, std::int64_t, bool>>{
+             {DType::f16, 64, true}, {DType::bf16, 128, true}, {DType::bf16, 64, false}})
+        for (std::int64_t heads : {4, 96}) {  // 96: more work tiles than SMs (persistent CTAs)
+            const AttentionProblem p = test::make_problem(2, heads, 2, 300, 203, dim, causal);
+            const std::uint64_t seed = test::next_seed();
+            INFO(to_string(dtype) << " " << test::describe(p) << " seed=" << seed);
+            const ProblemData in = random_problem_data(p, seed);
+            const test::Outputs host = test::run_poisoned(fa3, p, in, dtype);
+            const Strided16 Qh = strided_copy(in.Q, p.batch, p.heads, p.seq_q, dim, dtype,
+                                              cuda::q_sign(p));
+            const Strided16 Kh = strided_copy(in.K, p.batch, p.heads_kv, p.seq_kv, dim, dtype);
+            const Strided16 Vh = strided_copy(in.V, p.batch, p.heads_kv, p.seq_kv, dim, dtype);
+            // TMA's strides; a row stride 2 elements past a multiple of 8; an address 4 bytes
+            // past a 16-byte boundary.
+            for (auto [row_pad, lead] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                     {8, 0}, {2, 0}, {8, 2}}) {
+                INFO("O's row padding " << row_pad << ", leading elements " << lead);
+                const Strided16 Oh(p.batch, p.heads, p.seq_q, dim, row_pad, lead);
+                Stream stream;
+                Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
+                Staged O(bytes_of(Oh.host));
+                for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
+                ForwardCall call(fa3, p, dtype, Q.data(), K.data(), V.data(),
+                                 O.device.data() + 2 * lead, stream.s);  // bytes
+                call.a.q_layout = Qh.layout, call.a.k_layout = Kh.layout,
+                call.a.v_layout = Vh.layout;
+                call.a.o_layout = Oh.layout, call.a.o_dtype = dtype;
+                fa3.run_device(p, call.a);
+                FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+                const StridedCheck o = compare_strided(download_bits(O), Oh, host.O, p.batch,
+                                                       p.heads, p.seq_q, dim, dtype);
+                CHECK(o.wrong == 0);
+                CHECK(o.touched == 0);
+                CHECK(max_difference(download(call.lse), host.lse) == 0.0);
+            }
+        }
 }
 
 TEST_CASE("cuda-fa3's backward device entry reads strided arrays and a 16-bit O, and writes 16-bit gradients where they lie") {

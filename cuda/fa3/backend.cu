@@ -67,6 +67,12 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     params.q = tile_map(base.Q, dtype, p.batch, p.heads, p.seq_q, p.dim, at.q, Cfg::Br);
     params.k = tile_map(base.K, dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, at.k, Cfg::Bc);
     params.v = tile_map(base.V, dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, at.v, Cfg::Bc);
+    // O_i through shared memory and a TMA store where the tile has the room (Cfg::kStagedO) and O
+    // is 16-bit (the device entry's) at an address and strides TMA can write; else from registers.
+    params.o_staged = Cfg::kStagedO && base.o_dtype == dtype && tma_aligned(base.O) &&
+                      tma_layout(base.o_layout);
+    if (params.o_staged)
+        params.o = tile_map(base.O, dtype, p.batch, p.heads, p.seq_q, p.dim, base.o_layout, 64);
     auto kernel = fa3_forward_kernel<Cfg, false>;
     if (p.block_mask.active()) kernel = fa3_forward_kernel<Cfg, true>;
     static_assert(fits_shared_memory<Cfg>(), "cuda-fa3: the tile does not fit shared memory");

@@ -39,6 +39,10 @@
 //   6. P~ V_j as one wgmma of N = d per k-step, reading all of V_j's 64-column panels at once
 //      (products.cuh, issue_a_regs_b), instead of one wgmma per panel; at d = 256 that leaves
 //      room for key tiles of Bc = 80 (S's wgmma N = 80), the most shared memory holds.
+//   7. O_i stored by TMA (FlashAttention-3's epilogue; up to d = 128, where shared memory has the
+//      room): each consumer warpgroup writes its O_i / l_i into a staging block in shared memory
+//      and one thread hands it to the copy engine (store_output_staged), instead of every lane
+//      storing its values to HBM from registers.
 //
 // Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
 // chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked
@@ -50,7 +54,7 @@
 // shared memory (TMA, producer) | L5 O, l, m = 0, 0, -inf | L6 loop over key tiles j | L7 K_j,
 // V_j -> shared memory (TMA, producer, ring) | L8 S = Q_i K_j^T on wgmma | L9-L10 mask_scores,
 // softmax_update, rescale_output | L10 O += P~ V_j on wgmma (one tile later) | L12-L15
-// write_output.
+// store_output_staged or write_output (finish_work_tile).
 #pragma once
 
 #include <cuda.h>
@@ -95,6 +99,10 @@ struct Fa3Tile {
     static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
     static constexpr std::uint32_t kQBytes = Br * D * sizeof(T_);
     static constexpr std::uint32_t kTileBytes = Bc * D * sizeof(T_);  // one K_j or V_j
+    // O_i's staging blocks (store_output_staged), one of 64 x D per consumer warpgroup, where they
+    // fit beside Q_i and the ring: up to D = 128 (at D = 256 those take 192-224 KiB already).
+    static constexpr bool kStagedO = D <= 128;
+    static constexpr std::uint32_t kOBytes = kStagedO ? Br * D * sizeof(T_) : 0;
     static_assert(D == 64 || D == 128 || D == 256, "cuda-fa3: D = 64, 128 or 256");
     static_assert(Bc == 64 || Bc == 80 || Bc == 128,
                   "cuda-fa3: Bc = 64, 80 or 128 (the N of S's wgmma)");
@@ -107,7 +115,7 @@ struct Fa3Tile {
 // dynamic shared memory is over-allocated by 1024 and its start rounded up.
 template <class Cfg>
 constexpr int smem_bytes() {
-    return int(Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes) +
+    return int(Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes + Cfg::kOBytes) +
            int(sizeof(Fa3Barriers<Cfg::kStages>)) + 1024;
 }
 // An SM gives a CTA at most 227 KiB: at d = 256 that leaves room for Bc = 80 at most (Q_i 64 KiB,
@@ -117,12 +125,14 @@ constexpr bool fits_shared_memory() {
     return smem_bytes<Cfg>() <= 227 * 1024;
 }
 
-// What the kernel reads: cuda-tc's parameters and the three tensor maps (built by
-// cuda/fa3/backend.cu: 4-D, (d, rows, heads, batch) innermost first at the arrays' strides, boxes
-// of 64 columns x Br or Bc rows of one head).
+// What the kernel reads: cuda-tc's parameters and the tensor maps (built by cuda/fa3/backend.cu:
+// 4-D, (d, rows, heads, batch) innermost first at the arrays' strides, boxes of 64 columns x Br or
+// Bc rows of one head; O's of 64 x 64, a consumer warpgroup's rows, used where o_staged).
 struct Fa3Params {
     KernelParams base;
-    CUtensorMap q, k, v;
+    CUtensorMap q, k, v, o;
+    int o_staged;    // O_i goes out through shared memory and a TMA store (store_output_staged):
+                     // O in the inputs' 16-bit type at strides TMA can write, and Cfg::kStagedO
     int Tr;          // query tiles per head
     int items;       // work tiles: Tr x heads x batch
     int tail;        // heads whose tiles end the schedule longest first (scheduled_tile)
@@ -223,9 +233,9 @@ struct ConsumerState {
 // last row or below row 0, which then skips every product). A warpgroup's wgmma is collective, so
 // whether to skip a key tile or mask it is decided per warpgroup.
 struct ConsumerRows {
-    int cg, warp_begin;
+    int cg, wg_warp, warp_begin;
     TileRange wg_rows;
-    __device__ ConsumerRows(const WorkTile& t, int cw) : cg(cw / 4) {
+    __device__ ConsumerRows(const WorkTile& t, int cw) : cg(cw / 4), wg_warp(cw % 4) {
         const int row_begin = int(t.rows.begin), row_end = int(t.rows.end);
         warp_begin = row_begin + 16 * cw;
         const int wg_begin = min(max(row_begin + 64 * cg, 0), row_end);
@@ -246,11 +256,67 @@ __device__ __forceinline__ void release_q(Fa3Barriers<kStages>* bars) {
     hopper::mbarrier_arrive(&bars->q_empty);
 }
 
-// FA2 L12-L15 for the warp's rows (Q_i already released).
+// FA2 L12-L15 through shared memory, as FlashAttention-3 ends a tile: the warpgroup writes its 64
+// rows of O_i / l_i, rounded to T, into its staging block of sO (Cfg::kPanels panels of 64 rows x
+// 64 columns in the 128-byte swizzle: the layout a TMA load of the box would write), and one
+// thread hands the panels to the copy engine, which stores them in O while the warpgroup goes on
+// to its next work tile. Stored from registers (write_output), each store instruction of a warp
+// writes 4 bytes to each of 8 rows of O, and those stores held the consumers back
+// (docs/cuda_fa3.md, "O_i stored by TMA", measures both ways). Here a warp's shared-memory store
+// lands in 32 different banks (chunk c of row r at c ^ (r % 8), and r % 8 = lane / 4).
+// Rows outside [0, N_q) lie outside O's tensor map and are not written; L_i is written by the
+// lanes (finish_rows). The block's previous store, a work tile ago, must have read it first.
+template <class Cfg, bool kBlockMask, class Softmax>
+__device__ __forceinline__ void store_output_staged(const Fa3Params& params, const WorkTile& t,
+                                                    const ConsumerRows& at, const Softmax& softmax,
+                                                    const float (&O)[Cfg::D / 8][4],
+                                                    typename Cfg::T* sO, int lane) {
+    using T = typename Cfg::T;
+    const AttentionProblem& p = params.base.problem;
+    const bool issuer = at.wg_warp == 0 && lane == 0;
+    T* const block = sO + at.cg * 64 * Cfg::D;
+    if (issuer) hopper::bulk_wait_read<0>();
+    hopper::named_barrier_sync(kOutput + at.cg, 128);
+    // Row 16 wg_warp + lane / 4 + 8 r of the block, columns 8 dt + 2 (lane % 4) (+1): panel dt / 8,
+    // 16-byte chunk dt % 8 of the row, at chunk ^ (lane / 4). The thread's part of the address
+    // once, each store's as one XOR and an immediate offset (store_score_gradients' way).
+    constexpr std::uint32_t kRowBytes = 128, kPanelBytes = 64 * kRowBytes;
+    const std::uint32_t thread_at = hopper::smem_address(block) +
+                                    (16 * at.wg_warp + lane / 4) * kRowBytes +
+                                    std::uint32_t((lane / 4) << 4) + 4 * (lane % 4);
+    float* const lse_head = params.base.lse + p.lse_offset(t.b, t.h);
+    mma::finish_rows<kBlockMask>(
+        softmax.m, softmax.l, params.base, at.warp_begin, lse_head, false, lane,
+        [&](int r, int, float scale, bool overflowed) {
+#pragma unroll
+            for (int dt = 0; dt < Cfg::D / 8; ++dt)
+                hopper::st_shared_b32(
+                    (thread_at ^ ((dt % 8) << 4)) + (dt / 8) * kPanelBytes + 8 * r * kRowBytes,
+                    tc::pack2<T>(final_output_scaled(O[dt][2 * r], scale, overflowed),
+                                 final_output_scaled(O[dt][2 * r + 1], scale, overflowed)));
+        });
+    hopper::fence_proxy_async();  // the stores, read next by the copy engine
+    hopper::named_barrier_sync(kOutput + at.cg, 128);
+    if (!issuer || at.wg_rows.size() == 0) return;
+#pragma unroll
+    for (int pn = 0; pn < Cfg::kPanels; ++pn)
+        hopper::tma_store_4d(&params.o, block + pn * 64 * 64, 64 * pn,
+                             int(t.rows.begin) + 64 * at.cg, int(t.h), int(t.b));
+    hopper::bulk_commit();
+}
+
+// FA2 L12-L15 for the warp's rows (Q_i already released): through shared memory where the
+// tile has the room and O suits TMA (params.o_staged), else from registers.
 template <class Cfg, bool kBlockMask, class Softmax>
 __device__ __forceinline__ void finish_work_tile(const Fa3Params& params, const WorkTile& t,
                                                  const ConsumerRows& at, const Softmax& softmax,
-                                                 const float (&O)[Cfg::D / 8][4], int lane) {
+                                                 const float (&O)[Cfg::D / 8][4],
+                                                 typename Cfg::T* sO, int lane) {
+    if constexpr (Cfg::kStagedO)
+        if (params.o_staged) {
+            store_output_staged<Cfg, kBlockMask>(params, t, at, softmax, O, sO, lane);
+            return;
+        }
     if (at.warp_begin < t.rows.end)
         softmax.template finalize<kBlockMask>(O, params.base, at.warp_begin, t.b, t.h, lane);
 }
@@ -264,6 +330,7 @@ __device__ __forceinline__ void consume_block_masked(const Fa3Params& params, co
                                                      const typename Cfg::T* sQ,
                                                      const typename Cfg::T* sK,
                                                      const typename Cfg::T* sV,
+                                                     typename Cfg::T* sO,
                                                      Fa3Barriers<Cfg::kStages>* bars,
                                                      ConsumerState<Cfg, true>& state, int cw,
                                                      int lane) {
@@ -306,7 +373,7 @@ __device__ __forceinline__ void consume_block_masked(const Fa3Params& params, co
         ring.advance<kStages>();
     }
     release_q(bars);
-    finish_work_tile<Cfg, true>(params, t, at, softmax, O, lane);
+    finish_work_tile<Cfg, true>(params, t, at, softmax, O, sO, lane);
 }
 
 // One consumer warpgroup's share of one work tile without a block mask: FA2 L5-L15 for its 64
@@ -318,6 +385,7 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
                                                    const typename Cfg::T* sQ,
                                                    const typename Cfg::T* sK,
                                                    const typename Cfg::T* sV,
+                                                   typename Cfg::T* sO,
                                                    Fa3Barriers<Cfg::kStages>* bars,
                                                    ConsumerState<Cfg, false>& state, int cw,
                                                    int lane) {
@@ -411,14 +479,14 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
         hopper::mbarrier_arrive(&bars->v_empty[ring.stage]);
         ring.advance<kStages>();
     }
-    finish_work_tile<Cfg, false>(params, t, at, softmax, O, lane);
+    finish_work_tile<Cfg, false>(params, t, at, softmax, O, sO, lane);
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
 // Grid: min(work tiles, SMs) persistent CTAs. Block: Cfg::kThreads (warpgroup 0 produces, the
 // kConsumers others consume). Dynamic shared memory: smem_bytes<Cfg>(): Q_i (Br x D), kStages K_j
-// slots, kStages V_j slots (each a tile of kPanels panels), the barriers; from a 1024-byte
-// boundary.
+// slots, kStages V_j slots (each a tile of kPanels panels), O_i's staging blocks (Cfg::kOBytes),
+// the barriers; from a 1024-byte boundary.
 template <class Cfg, bool kBlockMask>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fa3_forward_kernel(const __grid_constant__ Fa3Params params) {
@@ -430,7 +498,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     T* sQ = reinterpret_cast<T*>((raw + 1023) & ~std::uintptr_t(1023));
     T* sK = sQ + Br * D;
     T* sV = sK + kStages * Bc * D;
-    auto* bars = reinterpret_cast<Fa3Barriers<kStages>*>(sV + kStages * Bc * D);
+    T* sO = sV + kStages * Bc * D;
+    auto* bars = reinterpret_cast<Fa3Barriers<kStages>*>(sO + Cfg::kOBytes / sizeof(T));
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, wg = warp / 4;
 
     if (threadIdx.x == 0) bars->init(Cfg::kConsumerThreads);
@@ -451,12 +520,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             const WorkTile t = work_tile<Br, Bc>(params.base.problem, params.Tr, params.tail,
                                                    params.row_shift, item);
             if constexpr (kBlockMask)
-                consume_block_masked<Cfg>(params, t, sQ, sK, sV, bars, state, cw, lane);
+                consume_block_masked<Cfg>(params, t, sQ, sK, sV, sO, bars, state, cw, lane);
             else
-                consume_overlapped<Cfg>(params, t, sQ, sK, sV, bars, state, cw, lane);
+                consume_overlapped<Cfg>(params, t, sQ, sK, sV, sO, bars, state, cw, lane);
             state.q_phase ^= 1;
         }
         state.turns.finish();
+        // The last O_i stores must have read their staging block before the CTA's shared memory
+        // goes (and be done before the kernel ends).
+        if (Cfg::kStagedO && params.o_staged && cw % 4 == 0 && lane == 0) hopper::bulk_wait<0>();
     }
 #endif
 }

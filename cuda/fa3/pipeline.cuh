@@ -83,8 +83,9 @@ __device__ __forceinline__ WorkTile work_tile(const AttentionProblem& p, int Tr,
 }
 
 // The named barriers (bar.sync ids) the kernel uses beside __syncthreads' barrier 0: consumer
-// warpgroup w's turn to issue its products is barrier kTurn + w.
-enum NamedBarrier : int { kSyncThreads = 0, kTurn = 1 };
+// warpgroup w's turn to issue its products is barrier kTurn + w (w < 2), and its 128 threads meet
+// around their O_i staging block at kOutput + w (w < 3).
+enum NamedBarrier : int { kSyncThreads = 0, kTurn = 1, kOutput = 3 };
 
 // Ping-pong (FA3 Section 3.2): consumer warpgroup w waits for its turn (begin), issues its
 // products, and hands the turn to the other (end); warpgroup 1 first hands warpgroup 0 the opening

@@ -67,22 +67,31 @@ CUtensorMap sum_map(float* base, std::int64_t batch, std::int64_t heads, std::in
                      ArrayLayout::contiguous(heads, rows, d), 32, box_rows);
 }
 
+bool tma_aligned(const void* array) {
+    return reinterpret_cast<std::uintptr_t>(array) % 16 == 0;
+}
+
+bool tma_layout(const ArrayLayout& layout) {
+    for (const std::int64_t stride : {layout.batch, layout.head, layout.row})
+        if (stride <= 0 || stride % 8 != 0) return false;
+    return true;
+}
+
 void require_tma_aligned(const void* array, const char* name) {
     const auto address = reinterpret_cast<std::uintptr_t>(array);
-    if (address % 16 != 0)
+    if (!tma_aligned(array))
         throw std::invalid_argument(std::string(name) + " = " + std::to_string(address) +
                                     ": cuda-fa3 reads it with TMA, which needs a 16-byte aligned "
                                     "address");
 }
 
 void require_tma_layout(const ArrayLayout& layout, const char* name) {
-    for (const std::int64_t stride : {layout.batch, layout.head, layout.row})
-        if (stride <= 0 || stride % 8 != 0)
-            throw std::invalid_argument(
-                std::string(name) + " has strides (" + std::to_string(layout.batch) + ", " +
-                std::to_string(layout.head) + ", " + std::to_string(layout.row) +
-                ") elements for its batch, head and row axes: cuda-fa3 reads it with TMA, which "
-                "needs each to be a positive multiple of 8 (16 bytes)");
+    if (!tma_layout(layout))
+        throw std::invalid_argument(
+            std::string(name) + " has strides (" + std::to_string(layout.batch) + ", " +
+            std::to_string(layout.head) + ", " + std::to_string(layout.row) +
+            ") elements for its batch, head and row axes: cuda-fa3 reads it with TMA, which "
+            "needs each to be a positive multiple of 8 (16 bytes)");
 }
 
 }  // namespace flashattn::fa3

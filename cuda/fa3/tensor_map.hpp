@@ -15,7 +15,8 @@ namespace flashattn::fa3 {
 // A 4-D map over a (batch, heads, rows, d) array of 16-bit values of `dtype` lying at `layout`
 // (resolved: its element strides; innermost first the map's axes are d, rows, heads, batch) whose
 // boxes are 64 columns (one 128-byte panel) x box_rows rows of one head, written to shared memory
-// in the 128-byte swizzle that wgmma reads; rows past `rows` arrive as zeros. TMA needs each
+// in the 128-byte swizzle that wgmma reads; rows past `rows` arrive as zeros (and a box stored
+// from shared memory writes none of them). TMA needs each
 // stride to be a multiple of 16 bytes (require_tma_layout).
 CUtensorMap tile_map(const void* base, DType dtype, std::int64_t batch, std::int64_t heads,
                      std::int64_t rows, std::int64_t d, const ArrayLayout& layout, int box_rows);
@@ -26,12 +27,13 @@ CUtensorMap tile_map(const void* base, DType dtype, std::int64_t batch, std::int
 CUtensorMap sum_map(float* base, std::int64_t batch, std::int64_t heads, std::int64_t rows,
                     std::int64_t d, int box_rows);
 
-// TMA reads global memory from 16-byte aligned addresses only (cuTensorMapEncodeTiled): throws
-// std::invalid_argument naming the array otherwise.
-void require_tma_aligned(const void* array, const char* name);
+// TMA reaches global memory at 16-byte aligned addresses only (cuTensorMapEncodeTiled), and
+// through strides (of 16-bit values here) that are positive multiples of 8 elements (16 bytes).
+bool tma_aligned(const void* array);
+bool tma_layout(const ArrayLayout& layout);
 
-// Throws std::invalid_argument naming the array when a stride of `layout` is not a positive
-// multiple of 8 elements (16 bytes), which TMA cannot read.
+// The same two rules for an array TMA must read: throw std::invalid_argument naming the array.
+void require_tma_aligned(const void* array, const char* name);
 void require_tma_layout(const ArrayLayout& layout, const char* name);
 
 }  // namespace flashattn::fa3

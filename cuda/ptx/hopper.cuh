@@ -304,6 +304,19 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, s
         : "memory");
 }
 
+// Writes the box at coordinates (c0, c1, c2, c3) of a 4-D tensor map from shared memory at src
+// (laid out as a TMA load of that box would write it) to global memory, on the copy engine
+// (cp.async.bulk.tensor ... .global.shared::cta): the issuing thread goes on at once. Box elements
+// outside the tensor are not written. Fenced, grouped and waited for as tma_reduce_add_4d below.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1,
+                                             int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+        " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+        "r"(smem_address(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+
 // Adds the box at dst's coordinates (c0, c1, c2, c3) of a 4-D fp32 tensor map, element by
 // element, from shared memory at src (laid out as a TMA load of that box would write it) to global
 // memory, on the copy engine (cp.reduce.async.bulk.tensor ... .add): the issuing thread goes on at

@@ -205,27 +205,19 @@ __device__ __noinline__ inline bool row_has_visible_key_rare(const AttentionProb
     return p.row_has_visible_key(row);
 }
 
-// FA2 L12-L15 for one row tile (first row row0): O_i = diag(l_i)^-1 O_i (one reciprocal per
-// row, output_scale) and L_i = m_i + log(l_i), written for the rows that exist (NaN for a row whose visible scores all overflowed:
-// scores_overflowed, common/online_softmax.hpp). l_i is first summed over the quad (each lane
-// held a partial sum over its own columns). O's rows lie where params.o_layout says, in
-// params.o_dtype; columns p.dim..D-1 (the zero padding of a head dim that is not one of the
-// compiled D, as cuda-fa2's tensor-core kernel has) are not written.
-template <class Cfg, bool kBlockMask>
-__device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], const float (&m)[2],
-                                             const float (&l)[2], const KernelParams& params,
-                                             int row0, std::int64_t b, std::int64_t h, int lane,
-                                             int split) {
+// FA2 L12-L15 for the lane's two rows of a warp's row tile (first row row0; the lane's rows are
+// row0 + lane / 4 + 8 r, r = 0, 1), for the rows that exist: l_i summed over the quad (each lane
+// held a partial sum over its own columns), L_i = m_i + log(l_i) written to lse_head[row], and
+// store_row(r, row, scale, overflowed) asked to write the row's values O_i * scale
+// (final_output_scaled): O_i = diag(l_i)^-1 O_i with one reciprocal per row (output_scale), NaN
+// for a row whose visible scores all overflowed (scores_overflowed, common/online_softmax.hpp).
+// Under split-KV (`partial`) a chunk may hold none of a row's visible keys: its partial is then
+// the empty one, and the overflow test waits for the merge (cuda/stages/combine.cuh).
+template <bool kBlockMask, class StoreRow>
+__device__ __forceinline__ void finish_rows(const float (&m)[2], const float (&l)[2],
+                                            const KernelParams& params, int row0, float* lse_head,
+                                            bool partial, int lane, StoreRow&& store_row) {
     const AttentionProblem& p = params.problem;
-    // Chunk `split` of a split-KV launch writes its partial result into its own slice
-    // (contiguous float32).
-    const bool partial = params.kv_splits > 1;
-    void* const O_out = partial ? params.O_partial + split * p.q_elements() : params.O;
-    const DType o_dtype = partial ? DType::f32 : params.o_dtype;
-    const std::int64_t row_stride = partial ? p.dim : params.o_layout.row;
-    const std::int64_t O_head = partial ? p.q_offset(b, h) : params.o_layout.offset(b, h);
-    float* lse_head = (partial ? params.lse_partial + split * p.lse_elements() : params.lse) +
-                      p.lse_offset(b, h);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float l_row = l[r];
@@ -235,15 +227,38 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
         // Rows past N_q pad the last query tile; rows below 0 the first one where the tiles are
         // cut from the end (cuda-fa3, query_tile_shift). Neither is stored.
         if (row < 0 || row >= p.seq_q) continue;
-        // A chunk of a split may hold none of a row's visible keys: its partial is then the empty
-        // one, and the overflow test waits for the merge (cuda/stages/combine.cuh).
         const SoftmaxState state{m[r] * params.lse_scale, l_row};  // m in LSE's units
         const bool overflowed =
             !partial && scores_overflowed(state, [&] {
                 return kBlockMask ? row_has_visible_key_rare(p, row) : p.row_has_visible_key(row);
             });
+        store_row(r, row, output_scale(l_row), overflowed);  // 1 / l_i, once for the row
+        if (lane % 4 == 0)
+            lse_head[row] = final_lse(state, overflowed);
+    }
+}
+
+// FA2 L12-L15 for one row tile (first row row0), each lane storing its own values (finish_rows).
+// O's rows lie where params.o_layout says, in params.o_dtype; columns p.dim..D-1 (the zero
+// padding of a head dim that is not one of the compiled D, as cuda-fa2's tensor-core kernel has)
+// are not written. Chunk `split` of a split-KV launch writes its partial result into its own slice
+// (contiguous float32).
+template <class Cfg, bool kBlockMask>
+__device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], const float (&m)[2],
+                                             const float (&l)[2], const KernelParams& params,
+                                             int row0, std::int64_t b, std::int64_t h, int lane,
+                                             int split) {
+    const AttentionProblem& p = params.problem;
+    const bool partial = params.kv_splits > 1;
+    void* const O_out = partial ? params.O_partial + split * p.q_elements() : params.O;
+    const DType o_dtype = partial ? DType::f32 : params.o_dtype;
+    const std::int64_t row_stride = partial ? p.dim : params.o_layout.row;
+    const std::int64_t O_head = partial ? p.q_offset(b, h) : params.o_layout.offset(b, h);
+    float* lse_head = (partial ? params.lse_partial + split * p.lse_elements() : params.lse) +
+                      p.lse_offset(b, h);
+    finish_rows<kBlockMask>(m, l, params, row0, lse_head, partial, lane,
+                            [&](int r, int row, float scale, bool overflowed) {
         const std::int64_t O_row = O_head + std::int64_t(row) * row_stride + 2 * (lane % 4);
-        const float scale = output_scale(l_row);  // 1 / l_i, once for the row's D / 4 values
         if (p.dim == Cfg::D) {
 #pragma unroll
             for (int dt = 0; dt < Cfg::D / 8; ++dt)
@@ -259,9 +274,7 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
                         store_output(O_out, o_dtype, O_row + 8 * dt + e,
                                      final_output_scaled(O[dt][2 * r + e], scale, overflowed));
         }
-        if (lane % 4 == 0)
-            lse_head[row] = final_lse(state, overflowed);
-    }
+    });
 }
 
 // The online-softmax state of one row tile as one object: the lane's m_i and (partial) l_i for its
