@@ -31,6 +31,7 @@
 #include "cpu/reference.hpp"
 #include "cuda/fa2/backend.hpp"
 #include "cuda/fa3/backend.hpp"
+#include "cuda/fa3/tensor_map.hpp"
 #include "cuda/host/device_buffer.hpp"
 #include "cuda/host/half_bits.hpp"
 #include "cuda/tc/backend.hpp"
@@ -460,8 +461,13 @@ TEST_CASE("cuda-fa3's device entry writes a 16-bit O by TMA, or from registers w
                 Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
                 Staged O(bytes_of(Oh.host));
                 for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
-                ForwardCall call(fa3, p, dtype, Q.data(), K.data(), V.data(),
-                                 O.device.data() + 2 * lead, stream.s);  // bytes
+                void* const O_at = O.device.data() + 2 * lead;  // lead 16-bit elements
+                // The bits cannot tell the two paths apart; what picks one is these two rules
+                // (cuda/fa3/backend.cu), so check that the first case meets them and the others
+                // do not.
+                CHECK((fa3::tma_aligned(O_at) && fa3::tma_layout(Oh.layout)) ==
+                      (row_pad == 8 && lead == 0));
+                ForwardCall call(fa3, p, dtype, Q.data(), K.data(), V.data(), O_at, stream.s);
                 call.a.q_layout = Qh.layout, call.a.k_layout = Kh.layout,
                 call.a.v_layout = Vh.layout;
                 call.a.o_layout = Oh.layout, call.a.o_dtype = dtype;
