@@ -432,19 +432,28 @@ TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits
 }
 
 // A 16-bit O goes out through shared memory and TMA stores where its address and strides allow
-// (d <= 128), and from registers where they do not: the same bits either way, nothing written
-// outside O's rows. N_q = 300 under the causal mask cuts the query tiles from the end (64 rows
-// below row 0 in the first), and N_q > N_kv leaves rows with no visible key.
+// (d <= 128, and d = 256 with Bc = 64 in two rounds of half a row), and from registers where they
+// do not: the same bits either way, nothing written outside O's rows. N_q = 300 under the causal
+// mask cuts the query tiles from the end (64 rows below row 0 in the first), and N_q > N_kv leaves
+// rows with no visible key.
 TEST_CASE("cuda-fa3's device entry writes a 16-bit O by TMA, or from registers where TMA cannot") {
     const Backend* found = test::cuda_fa3_or_warn();
     if (!found) return;
     const Backend& fa3 = *found;
-    for (auto [dtype, dim, causal] : std::vector<std::tuple<DType, std::int64_t, bool>>{
-             {DType::f16, 64, true}, {DType::bf16, 128, true}, {DType::bf16, 64, false}})
+    test::ScopedEnv env("FLASHATTN_VARIANT");
+    for (auto [dtype, dim, causal, variant] :
+         std::vector<std::tuple<DType, std::int64_t, bool, const char*>>{
+             {DType::f16, 64, true, ""},
+             {DType::bf16, 128, true, ""},
+             {DType::bf16, 64, false, ""},
+             {DType::f16, 256, false, "d256-Bc64"},
+             {DType::bf16, 256, true, "d256-Bc64-pingpong"}})
         for (std::int64_t heads : {4, 96}) {  // 96: more work tiles than SMs (persistent CTAs)
+            env.set(*variant ? std::string("cuda-fa3=") + variant : "");  // "": the default
             const AttentionProblem p = test::make_problem(2, heads, 2, 300, 203, dim, causal);
             const std::uint64_t seed = test::next_seed();
-            INFO(to_string(dtype) << " " << test::describe(p) << " seed=" << seed);
+            INFO(to_string(dtype) << " " << test::describe(p) << " variant '" << variant
+                                  << "' seed=" << seed);
             const ProblemData in = random_problem_data(p, seed);
             const test::Outputs host = test::run_poisoned(fa3, p, in, dtype);
             const Strided16 Qh = strided_copy(in.Q, p.batch, p.heads, p.seq_q, dim, dtype,

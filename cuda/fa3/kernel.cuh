@@ -39,10 +39,11 @@
 //   6. P~ V_j as one wgmma of N = d per k-step, reading all of V_j's 64-column panels at once
 //      (products.cuh, issue_a_regs_b), instead of one wgmma per panel; at d = 256 that leaves
 //      room for key tiles of Bc = 80 (S's wgmma N = 80), the most shared memory holds.
-//   7. O_i stored by TMA (FlashAttention-3's epilogue; up to d = 128, where shared memory has the
-//      room): each consumer warpgroup writes its O_i / l_i into a staging block in shared memory
-//      and one thread hands it to the copy engine (store_output_staged), instead of every lane
-//      storing its values to HBM from registers.
+//   7. O_i stored by TMA (FlashAttention-3's epilogue, where shared memory has the room: up to
+//      d = 128, and at d = 256 with Bc = 64 half a row at a time): each consumer warpgroup writes
+//      its O_i / l_i into a staging block in shared memory and one thread hands it to the copy
+//      engine (store_output_staged), instead of every lane storing its values to HBM from
+//      registers.
 //
 // Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
 // chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked
@@ -99,10 +100,20 @@ struct Fa3Tile {
     static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
     static constexpr std::uint32_t kQBytes = Br * D * sizeof(T_);
     static constexpr std::uint32_t kTileBytes = Bc * D * sizeof(T_);  // one K_j or V_j
-    // O_i's staging blocks (store_output_staged), one of 64 x D per consumer warpgroup, where they
-    // fit beside Q_i and the ring: up to D = 128 (at D = 256 those take 192-224 KiB already).
-    static constexpr bool kStagedO = D <= 128;
-    static constexpr std::uint32_t kOBytes = kStagedO ? Br * D * sizeof(T_) : 0;
+    // O_i's staging blocks (store_output_staged), one per consumer warpgroup of 64 rows x up to
+    // two panels: a whole row of O_i up to D = 128, half of one at D = 256, staged in two rounds.
+    // Where they fit beside Q_i and the ring: at D = 256 with Bc = 64 (Q_i 64 KiB, the ring 128,
+    // the blocks 32), not with Bc = 80 (the ring 160).
+    static constexpr int kOStagePanels = kPanels < 2 ? kPanels : 2;
+    static constexpr std::uint32_t kOStageBytes = Br * 64 * kOStagePanels * sizeof(T_);
+    // Dynamic shared memory without the staging blocks: Q_i, the ring, the barriers, and 1024
+    // bytes to start the tiles on a 1024-byte boundary (the 128-byte swizzle repeats every 8 rows
+    // of 128 bytes). An SM gives a CTA at most 227 KiB.
+    static constexpr std::uint32_t kUnstagedBytes =
+        kQBytes + 2 * kStages * kTileBytes + sizeof(Fa3Barriers<kStages_>) + 1024;
+    static constexpr std::uint32_t kMaxSharedBytes = 227 * 1024;
+    static constexpr bool kStagedO = kUnstagedBytes + kOStageBytes <= kMaxSharedBytes;
+    static constexpr std::uint32_t kOBytes = kStagedO ? kOStageBytes : 0;
     static_assert(D == 64 || D == 128 || D == 256, "cuda-fa3: D = 64, 128 or 256");
     static_assert(Bc == 64 || Bc == 80 || Bc == 128,
                   "cuda-fa3: Bc = 64, 80 or 128 (the N of S's wgmma)");
@@ -111,18 +122,17 @@ struct Fa3Tile {
                   "without ping-pong (a turn between two)");
 };
 
-// Tiles must start on 1024 bytes (the 128-byte swizzle repeats every 8 rows of 128 bytes): the
-// dynamic shared memory is over-allocated by 1024 and its start rounded up.
+// Tiles must start on 1024 bytes: the dynamic shared memory is over-allocated by 1024 and its
+// start rounded up (Fa3Tile::kUnstagedBytes).
 template <class Cfg>
 constexpr int smem_bytes() {
-    return int(Cfg::kQBytes + 2 * Cfg::kStages * Cfg::kTileBytes + Cfg::kOBytes) +
-           int(sizeof(Fa3Barriers<Cfg::kStages>)) + 1024;
+    return int(Cfg::kUnstagedBytes + Cfg::kOBytes);
 }
-// An SM gives a CTA at most 227 KiB: at d = 256 that leaves room for Bc = 80 at most (Q_i 64 KiB,
-// two K_j and two V_j slots of 40 KiB each: 224 KiB).
+// At d = 256 the limit leaves room for Bc = 80 at most (Q_i 64 KiB, two K_j and two V_j slots of
+// 40 KiB each: 224 KiB).
 template <class Cfg>
 constexpr bool fits_shared_memory() {
-    return smem_bytes<Cfg>() <= 227 * 1024;
+    return std::uint32_t(smem_bytes<Cfg>()) <= Cfg::kMaxSharedBytes;
 }
 
 // What the kernel reads: cuda-tc's parameters and the tensor maps (built by cuda/fa3/backend.cu:
@@ -257,26 +267,36 @@ __device__ __forceinline__ void release_q(Fa3Barriers<kStages>* bars) {
 }
 
 // FA2 L12-L15 through shared memory, as FlashAttention-3 ends a tile: the warpgroup writes its 64
-// rows of O_i / l_i, rounded to T, into its staging block of sO (Cfg::kPanels panels of 64 rows x
-// 64 columns in the 128-byte swizzle: the layout a TMA load of the box would write), and one
-// thread hands the panels to the copy engine, which stores them in O while the warpgroup goes on
-// to its next work tile. Stored from registers (write_output), each store instruction of a warp
-// writes 4 bytes to each of 8 rows of O, and those stores held the consumers back
-// (docs/cuda_fa3.md, "O_i stored by TMA", measures both ways). Here a warp's shared-memory store
-// lands in 32 different banks (chunk c of row r at c ^ (r % 8), and r % 8 = lane / 4).
+// rows of O_i / l_i, rounded to T, into its staging block of sO (Cfg::kOStagePanels panels of 64
+// rows x 64 columns in the 128-byte swizzle: the layout a TMA load of the box would write), and one
+// thread hands the panels to the copy engine, which stores them in O while the warpgroup goes on.
+// At D = 256 the block holds half a row: two rounds, the second waiting until the copy engine has
+// read the first. Stored from registers (write_output), each store instruction of a warp writes 4
+// bytes to each of 8 rows of O, and those stores held the consumers back (docs/cuda_fa3.md, "O_i
+// stored by TMA", measures both ways). Here a warp's shared-memory store lands in 32 different
+// banks (chunk c of row r at c ^ (r % 8), and r % 8 = lane / 4).
 // Rows outside [0, N_q) lie outside O's tensor map and are not written; L_i is written by the
-// lanes (finish_rows). The block's previous store, a work tile ago, must have read it first.
+// lanes (finish_rows). The block's previous store must have read it before it is written again.
 template <class Cfg, bool kBlockMask, class Softmax>
 __device__ __forceinline__ void store_output_staged(const Fa3Params& params, const WorkTile& t,
                                                     const ConsumerRows& at, const Softmax& softmax,
                                                     const float (&O)[Cfg::D / 8][4],
                                                     typename Cfg::T* sO, int lane) {
     using T = typename Cfg::T;
+    constexpr int kStagePanels = Cfg::kOStagePanels, kRounds = Cfg::kPanels / kStagePanels;
     const AttentionProblem& p = params.base.problem;
     const bool issuer = at.wg_warp == 0 && lane == 0;
-    T* const block = sO + at.cg * 64 * Cfg::D;
-    if (issuer) hopper::bulk_wait_read<0>();
-    hopper::named_barrier_sync(kOutput + at.cg, 128);
+    T* const block = sO + at.cg * 64 * 64 * kStagePanels;
+    // 1 / l_i and the overflow test of the thread's two rows, once (rows outside [0, N_q) keep
+    // scale 0: their values are staged but never stored).
+    float scale[2] = {0.0f, 0.0f};
+    bool overflowed[2] = {false, false};
+    float* const lse_head = params.base.lse + p.lse_offset(t.b, t.h);
+    mma::finish_rows<kBlockMask>(softmax.m, softmax.l, params.base, at.warp_begin, lse_head, false,
+                                 lane, [&](int r, int, float row_scale, bool row_overflowed) {
+                                     scale[r] = row_scale;
+                                     overflowed[r] = row_overflowed;
+                                 });
     // Row 16 wg_warp + lane / 4 + 8 r of the block, columns 8 dt + 2 (lane % 4) (+1): panel dt / 8,
     // 16-byte chunk dt % 8 of the row, at chunk ^ (lane / 4). The thread's part of the address
     // once, each store's as one XOR and an immediate offset (store_score_gradients' way).
@@ -284,25 +304,31 @@ __device__ __forceinline__ void store_output_staged(const Fa3Params& params, con
     const std::uint32_t thread_at = hopper::smem_address(block) +
                                     (16 * at.wg_warp + lane / 4) * kRowBytes +
                                     std::uint32_t((lane / 4) << 4) + 4 * (lane % 4);
-    float* const lse_head = params.base.lse + p.lse_offset(t.b, t.h);
-    mma::finish_rows<kBlockMask>(
-        softmax.m, softmax.l, params.base, at.warp_begin, lse_head, false, lane,
-        [&](int r, int, float scale, bool overflowed) {
 #pragma unroll
-            for (int dt = 0; dt < Cfg::D / 8; ++dt)
+    for (int round = 0; round < kRounds; ++round) {
+        if (issuer) hopper::bulk_wait_read<0>();
+        hopper::named_barrier_sync(kOutput + at.cg, 128);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int dt = 0; dt < 8 * kStagePanels; ++dt) {
+                const int col = 8 * kStagePanels * round + dt;  // O's column tile (of 8)
                 hopper::st_shared_b32(
                     (thread_at ^ ((dt % 8) << 4)) + (dt / 8) * kPanelBytes + 8 * r * kRowBytes,
-                    tc::pack2<T>(final_output_scaled(O[dt][2 * r], scale, overflowed),
-                                 final_output_scaled(O[dt][2 * r + 1], scale, overflowed)));
-        });
-    hopper::fence_proxy_async();  // the stores, read next by the copy engine
-    hopper::named_barrier_sync(kOutput + at.cg, 128);
-    if (!issuer || at.wg_rows.size() == 0) return;
+                    tc::pack2<T>(final_output_scaled(O[col][2 * r], scale[r], overflowed[r]),
+                                 final_output_scaled(O[col][2 * r + 1], scale[r], overflowed[r])));
+            }
+        hopper::fence_proxy_async();  // the stores, read next by the copy engine
+        hopper::named_barrier_sync(kOutput + at.cg, 128);
+        if (issuer && at.wg_rows.size() > 0) {
 #pragma unroll
-    for (int pn = 0; pn < Cfg::kPanels; ++pn)
-        hopper::tma_store_4d(&params.o, block + pn * 64 * 64, 64 * pn,
-                             int(t.rows.begin) + 64 * at.cg, int(t.h), int(t.b));
-    hopper::bulk_commit();
+            for (int pn = 0; pn < kStagePanels; ++pn)
+                hopper::tma_store_4d(&params.o, block + pn * 64 * 64,
+                                     64 * (kStagePanels * round + pn),
+                                     int(t.rows.begin) + 64 * at.cg, int(t.h), int(t.b));
+            hopper::bulk_commit();
+        }
+    }
 }
 
 // FA2 L12-L15 for the warp's rows (Q_i already released): through shared memory where the
