@@ -435,25 +435,38 @@ TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits
 // (d <= 128, and d = 256 with Bc = 64 in two rounds of half a row), and from registers where they
 // do not: the same bits either way, nothing written outside O's rows. N_q = 300 under the causal
 // mask cuts the query tiles from the end (64 rows below row 0 in the first), and N_q > N_kv leaves
-// rows with no visible key.
+// rows with no visible key; the block masks (sparse_mask: a row of blocks that sees nothing) run
+// the consumers' other loop, consume_block_masked, into the same epilogue.
 TEST_CASE("cuda-fa3's device entry writes a 16-bit O by TMA, or from registers where TMA cannot") {
     const Backend* found = test::cuda_fa3_or_warn();
     if (!found) return;
     const Backend& fa3 = *found;
     test::ScopedEnv env("FLASHATTN_VARIANT");
-    for (auto [dtype, dim, causal, variant] :
-         std::vector<std::tuple<DType, std::int64_t, bool, const char*>>{
-             {DType::f16, 64, true, ""},
-             {DType::bf16, 128, true, ""},
-             {DType::bf16, 64, false, ""},
-             {DType::f16, 256, false, "d256-Bc64"},
-             {DType::bf16, 256, true, "d256-Bc64-pingpong"}})
+    struct Case {
+        DType dtype;
+        std::int64_t dim;
+        bool causal;
+        const char* variant;  // "": the default
+        bool masked;
+    };
+    for (const Case& c : std::vector<Case>{{DType::f16, 64, true, "", false},
+                                           {DType::bf16, 128, true, "", false},
+                                           {DType::bf16, 64, false, "", false},
+                                           {DType::f16, 256, false, "d256-Bc64", false},
+                                           {DType::bf16, 256, true, "d256-Bc64-pingpong", false},
+                                           {DType::f16, 128, false, "", true},
+                                           {DType::bf16, 256, true, "d256-Bc64", true}})
         for (std::int64_t heads : {4, 96}) {  // 96: more work tiles than SMs (persistent CTAs)
-            env.set(*variant ? std::string("cuda-fa3=") + variant : "");  // "": the default
-            const AttentionProblem p = test::make_problem(2, heads, 2, 300, 203, dim, causal);
+            const DType dtype = c.dtype;
+            const std::int64_t dim = c.dim;
+            env.set(*c.variant ? std::string("cuda-fa3=") + c.variant : "");
+            AttentionProblem p = test::make_problem(2, heads, 2, 300, 203, dim, c.causal);
+            const std::vector<std::uint8_t> mask =
+                c.masked ? sparse_mask(p) : std::vector<std::uint8_t>{};
+            if (c.masked) p.block_mask = {mask.data(), 8, 8};
             const std::uint64_t seed = test::next_seed();
-            INFO(to_string(dtype) << " " << test::describe(p) << " variant '" << variant
-                                  << "' seed=" << seed);
+            INFO(to_string(dtype) << " " << test::describe(p) << " variant '" << c.variant
+                                  << "' mask=" << c.masked << " seed=" << seed);
             const ProblemData in = random_problem_data(p, seed);
             const test::Outputs host = test::run_poisoned(fa3, p, in, dtype);
             const Strided16 Qh = strided_copy(in.Q, p.batch, p.heads, p.seq_q, dim, dtype,
@@ -468,8 +481,8 @@ TEST_CASE("cuda-fa3's device entry writes a 16-bit O by TMA, or from registers w
                 const Strided16 Oh(p.batch, p.heads, p.seq_q, dim, row_pad, lead);
                 Stream stream;
                 Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
-                Staged O(bytes_of(Oh.host));
-                for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
+                Staged O(bytes_of(Oh.host)), mask_device(mask);
+                for (Staged* x : {&Q, &K, &V, &O, &mask_device}) x->copy(stream.s);
                 void* const O_at = O.device.data() + 2 * lead;  // lead 16-bit elements
                 // The bits cannot tell the two paths apart; what picks one is these two rules
                 // (cuda/fa3/backend.cu), so check that the first case meets them and the others
@@ -480,6 +493,8 @@ TEST_CASE("cuda-fa3's device entry writes a 16-bit O by TMA, or from registers w
                 call.a.q_layout = Qh.layout, call.a.k_layout = Kh.layout,
                 call.a.v_layout = Vh.layout;
                 call.a.o_layout = Oh.layout, call.a.o_dtype = dtype;
+                call.a.block_mask =
+                    c.masked ? static_cast<const std::uint8_t*>(mask_device.data()) : nullptr;
                 fa3.run_device(p, call.a);
                 FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
                 const StridedCheck o = compare_strided(download_bits(O), Oh, host.O, p.batch,
