@@ -30,6 +30,13 @@ def check(condition, what, out=None):
         raise SystemExit(f"FAILED: {what}{detail}")
 
 
+def check_refused(out, args, text, ran):
+    """A bad call of a tool: exit status 2, `error:` saying `text`, and (`ran` False) nothing run."""
+    check(out.returncode == 2, f"{args}: exit status 2", out)
+    check("error: " in out.stderr and text in out.stderr, f"{args}: says {text!r}", out)
+    check(not ran, f"{args}: nothing ran", out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True, help="the flashattn CLI")
@@ -112,10 +119,7 @@ def main():
         for args, text in bad:
             js = os.path.join(tmp, "bad.jsonl")
             out = run(a.root, ["--json", js] + args)
-            check(out.returncode == 2, f"{args}: exit status 2", out)
-            check(f"error: " in out.stderr and text in out.stderr, f"{args}: says {text!r}", out)
-            check(not os.path.exists(js) and "round" not in out.stdout, f"{args}: nothing ran",
-                  out)
+            check_refused(out, args, text, os.path.exists(js) or "round" in out.stdout)
     print("ab_builds: 2 builds x 2 points x 2 rounds, a failing build, builds with variants, 12 "
           "bad calls: all as expected")
     return 0

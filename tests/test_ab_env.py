@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from test_ab_builds import check  # FAILED: with the tool's output
+from test_ab_builds import check, check_refused  # FAILED: with the tool's output
 
 
 def run(root, args, env=None):
@@ -116,9 +116,7 @@ def main():
         ]
         for args, text in bad:
             out = run(a.root, ["--python", stand_in] + args, env)
-            check(out.returncode == 2, f"{args}: exit status 2", out)
-            check("error: " in out.stderr and text in out.stderr, f"{args}: says {text!r}", out)
-            check(not os.path.exists(log), f"{args}: nothing ran", out)
+            check_refused(out, args, text, os.path.exists(log))
     print("ab_env: 2 settings x 2 points x 2 rounds, a forward pass, a failing and a silent "
           "process, 13 bad calls: all as expected")
     return 0

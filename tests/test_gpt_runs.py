@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from test_ab_builds import check  # FAILED: with the tool's output
+from test_ab_builds import check, check_refused  # FAILED: with the tool's output
 
 STAND_IN = r'''#!/bin/sh
 # $1 is gpt.py's path; the rest are its arguments.
@@ -124,9 +124,7 @@ def main():
         ]
         for args, text in bad:
             out = run(a.root, ["--python", stand_in] + args, env)
-            check(out.returncode == 2, f"{args}: exit status 2", out)
-            check("error: " in out.stderr and text in out.stderr, f"{args}: says {text!r}", out)
-            check(not os.path.exists(log), f"{args}: nothing ran", out)
+            check_refused(out, args, text, os.path.exists(log))
     print("gpt_runs: 2 settings x 3 runs, a failed loss check, a crashed run, one setting, "
           "6 bad calls: all as expected")
     return 0

@@ -81,6 +81,23 @@ class Setting:
                 raise ValueError(f"setting '{text}': '{item}' is not VAR=VALUE")
             self.vars[name] = value
 
+    def environment(self, named):
+        """The process's environment under this setting: every variable that any setting names
+        (`named`) removed, then this setting's own set."""
+        env = dict(os.environ)
+        for name in named:
+            env.pop(name, None)
+        env.update(self.vars)
+        return env
+
+
+def parse_settings(texts):
+    """The settings, each label used once, and the variables any of them names."""
+    settings = [Setting(t) for t in texts]
+    if len({s.label for s in settings}) != len(settings):
+        raise ValueError("each setting needs its own label")
+    return settings, {name for s in settings for name in s.vars}
+
 
 def parse_point(text):
     """A point of ab_builds.py (dtype,B,H,N,d[,c]), here in f16 or bf16 only."""
@@ -91,10 +108,7 @@ def parse_point(text):
 
 
 def run_point(python, point, setting, named, calls, reps, which="training"):
-    env = dict(os.environ)
-    for name in named:
-        env.pop(name, None)
-    env.update(setting.vars)
+    env = setting.environment(named)
     args = [python, "-c", CHILD, TORCH_DTYPES[point.dtype], str(point.B), str(point.H), str(point.N),
             str(point.d), "1" if point.causal else "0", str(calls), str(reps), which]
     out = subprocess.run(args, env=env, capture_output=True, text=True)
@@ -130,18 +144,15 @@ def main():
             raise ValueError("separate the settings from the points with --, then give the points")
         if a.rounds < 1 or a.calls < 1 or a.reps < 1:
             raise ValueError("--rounds, --calls and --reps must be at least 1")
-        settings = [Setting(t) for t in setting_texts]
+        settings, named = parse_settings(setting_texts)
         points = [parse_point(t) for t in point_texts]
         if len(settings) < 2:
             raise ValueError("give at least two settings (label=VAR=VALUE or label=)")
         if not points:
             raise ValueError("give the points after --")
-        if len({s.label for s in settings}) != len(settings):
-            raise ValueError("each setting needs its own label")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    named = {name for s in settings for name in s.vars}
 
     rows = []
     failed = False

@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 
-from ab_env import Setting  # label=VAR=VALUE[,...]
+from ab_env import parse_settings  # label=VAR=VALUE[,...]
 
 GPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python",
                    "gpt.py")
@@ -65,11 +65,8 @@ class Run:
 
 
 def run_once(python, gpt_args, setting, named):
-    env = dict(os.environ)
-    for name in named:
-        env.pop(name, None)
-    env.update(setting.vars)
-    out = subprocess.run([python, GPT] + gpt_args, env=env, capture_output=True, text=True)
+    out = subprocess.run([python, GPT] + gpt_args, env=setting.environment(named),
+                         capture_output=True, text=True)
     try:
         return Run(out.stdout, out.returncode)
     except ValueError as e:
@@ -100,13 +97,10 @@ def main():
     try:
         if a.runs < 1:
             raise ValueError("--runs must be at least 1")
-        settings = [Setting(t) for t in a.settings]
-        if len({s.label for s in settings}) != len(settings):
-            raise ValueError("each setting needs its own label")
+        settings, named = parse_settings(a.settings)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    named = {name for s in settings for name in s.vars}
 
     runs = {s.label: [] for s in settings}
     failed = False
