@@ -611,6 +611,47 @@ TEST_CASE("device entries without layouts refuse strided arrays, and a 16-bit O 
     }
 }
 
+// The backward through the device entry, everything queued behind a held stream as in the
+// forward's run_forward_on_stream: dQ, dK, dV downloaded, and whether the entry waited or the
+// queue was not held when it returned.
+struct DeviceGradients {
+    std::vector<float> dQ, dK, dV;
+    bool entry_waited;
+};
+DeviceGradients run_backward_on_stream(const Backend& backend, const AttentionProblem& p,
+                                       const ProblemData& in, const test::Outputs& fwd,
+                                       const std::vector<float>& dO, DType dtype,
+                                       const std::vector<std::uint8_t>& mask) {
+    Stream stream;
+    const cudaStream_t s = stream.s;
+    const float sign = dtype == DType::f32 ? 1.0f : cuda::q_sign(p);
+    Staged Q(as_bytes(in.Q, dtype, sign)), K(as_bytes(in.K, dtype));
+    Staged V(as_bytes(in.V, dtype)), dO_device(as_bytes(dO, dtype));
+    Staged O(as_bytes(fwd.O, DType::f32)), lse(as_bytes(fwd.lse, DType::f32));
+    Staged mask_device(mask);
+    cuda::DeviceBuffer<float> dQ_d(p.q_elements()), dK_d(p.kv_elements()), dV_d(p.kv_elements());
+    Workspace workspace(backend.device_backward_workspace_bytes(p, dtype), s);
+    for (Staged* x : {&Q, &K, &V, &dO_device, &O, &lse, &mask_device}) x->poison(s);
+    for (auto* g : {&dQ_d, &dK_d, &dV_d})
+        FA_CUDA_CHECK(cudaMemsetAsync(g->data(), 0xFF, g->bytes(), s));
+    Hold hold;
+    hold.queue(s);
+    for (Staged* x : {&Q, &K, &V, &dO_device, &O, &lse, &mask_device}) x->copy(s);
+    DeviceBackward a;
+    a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.dO = dO_device.data();
+    a.O = static_cast<const float*>(O.data());
+    a.lse = static_cast<const float*>(lse.data());
+    a.dQ = dQ_d.data(), a.dK = dK_d.data(), a.dV = dV_d.data();
+    a.stream = s, a.dtype = dtype;
+    a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+    a.block_mask = p.block_mask.active() ? mask_device.device.data() : nullptr;
+    backend.run_backward_device(p, a);
+    const bool still_held = cudaStreamQuery(s) == cudaErrorNotReady;
+    hold.released = true;
+    FA_CUDA_CHECK(cudaStreamSynchronize(s));
+    return {download(dQ_d), download(dK_d), download(dV_d), hold.gave_up.load() || !still_held};
+}
+
 TEST_CASE("device backward entries queue behind the caller's stream and match the host path") {
     struct BackwardCase {
         std::string backend;
@@ -648,43 +689,71 @@ TEST_CASE("device backward entries queue behind the caller's stream and match th
                                                  fwd.O.data(), fwd.lse.data(), dO.data()};
                     std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
                     run_backward(backend, p, host_in, dQ.data(), dK.data(), dV.data(), c.dtype);
-
-                    Stream stream;
-                    const cudaStream_t s = stream.s;
-                    const float sign = c.dtype == DType::f32 ? 1.0f : cuda::q_sign(p);
-                    Staged Q(as_bytes(in.Q, c.dtype, sign)), K(as_bytes(in.K, c.dtype));
-                    Staged V(as_bytes(in.V, c.dtype)), dO_device(as_bytes(dO, c.dtype));
-                    Staged O(as_bytes(fwd.O, DType::f32)), lse(as_bytes(fwd.lse, DType::f32));
-                    Staged mask_device(mask);
-                    cuda::DeviceBuffer<float> dQ_d(p.q_elements()), dK_d(p.kv_elements()),
-                        dV_d(p.kv_elements());
-                    Workspace workspace(backend.device_backward_workspace_bytes(p, c.dtype), s);
-                    for (Staged* x : {&Q, &K, &V, &dO_device, &O, &lse, &mask_device}) x->poison(s);
-                    for (auto* g : {&dQ_d, &dK_d, &dV_d})
-                        FA_CUDA_CHECK(cudaMemsetAsync(g->data(), 0xFF, g->bytes(), s));
-                    Hold hold;
-                    hold.queue(s);
-                    for (Staged* x : {&Q, &K, &V, &dO_device, &O, &lse, &mask_device}) x->copy(s);
-                    DeviceBackward a;
-                    a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.dO = dO_device.data();
-                    a.O = static_cast<const float*>(O.data());
-                    a.lse = static_cast<const float*>(lse.data());
-                    a.dQ = dQ_d.data(), a.dK = dK_d.data(), a.dV = dV_d.data();
-                    a.stream = s, a.dtype = c.dtype;
-                    a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
-                    a.block_mask = masked ? mask_device.device.data() : nullptr;
-                    backend.run_backward_device(p, a);
-                    CHECK(cudaStreamQuery(s) == cudaErrorNotReady);
-                    hold.released = true;
-                    FA_CUDA_CHECK(cudaStreamSynchronize(s));
-                    CHECK_FALSE(hold.gave_up.load());
+                    const DeviceGradients device =
+                        run_backward_on_stream(backend, p, in, fwd, dO, c.dtype, mask);
+                    CHECK_FALSE(device.entry_waited);
                     // dQ is summed with atomics (in an order that may change) unless
                     // deterministic: equal up to rounding; dK and dV have one order.
                     const double dq_tolerance = mode == "1" ? 0.0 : 1e-5 * (1.0 + max_abs(dQ));
-                    CHECK(max_difference(download(dQ_d), dQ) <= dq_tolerance);
-                    CHECK(max_difference(download(dK_d), dK) == 0.0);
-                    CHECK(max_difference(download(dV_d), dV) == 0.0);
+                    CHECK(max_difference(device.dQ, dQ) <= dq_tolerance);
+                    CHECK(max_difference(device.dK, dK) == 0.0);
+                    CHECK(max_difference(device.dV, dV) == 0.0);
                 }
+    }
+}
+
+// cuda-fa2's host path looks at the inputs and runs its FFMA kernel where one of them holds a NaN
+// or inf (cuda/host/tensor_core_eligibility.hpp says why); its device entry queues both kernels
+// behind a test on the device, whose CTAs each write a flag. One non-finite value anywhere (the
+// first element of Q, the middle of K, the last of V, and in the backward the last of dO or O)
+// must select the FFMA kernel: the host path's bits, which the 3xTF32 kernel's differ from in
+// every finite row. The finite case (the tensor-core kernel) is the tests above.
+TEST_CASE("cuda-fa2's device entries run the FFMA kernels wherever an input is not finite, as the host path does") {
+    const Backend& fa2 = find_backend("cuda-fa2");
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    for (bool causal : {false, true}) {
+        const AttentionProblem p = test::make_problem(2, 4, 2, 113, 203, 64, causal);
+        const std::int64_t nq = p.q_elements(), nkv = p.kv_elements();
+        struct Poke {
+            const char* where;
+            int array;  // 0 Q, 1 K, 2 V, 3 dO, 4 O (the last two: the backward only)
+            std::int64_t index;
+            float value;
+        };
+        for (const Poke& poke : {Poke{"Q[0] = NaN", 0, 0, nan}, Poke{"K[mid] = inf", 1, nkv / 2, inf},
+                                 Poke{"V[last] = -inf", 2, nkv - 1, -inf},
+                                 Poke{"dO[last] = NaN", 3, nq - 1, nan},
+                                 Poke{"O[last] = inf", 4, nq - 1, inf}}) {
+            const std::uint64_t seed = test::next_seed();
+            INFO(test::describe(p) << " " << poke.where << " seed=" << seed);
+            ProblemData in = random_problem_data(p, seed);
+            std::vector<float> dO = random_problem_data(p, seed + 1).Q;
+            if (poke.array < 3) {
+                std::vector<float>& x = poke.array == 0 ? in.Q : poke.array == 1 ? in.K : in.V;
+                x[static_cast<std::size_t>(poke.index)] = poke.value;
+                const test::Outputs host = test::run_poisoned(fa2, p, in, DType::f32);
+                REQUIRE(max_abs(host.O) > 0.0);  // finite rows to compare, not only NaN
+                const DeviceOutputs device = run_forward_on_stream(fa2, p, in, DType::f32, {});
+                CHECK_FALSE(device.entry_waited);
+                CHECK(max_difference(device.O, host.O) == 0.0);
+                CHECK(max_difference(device.lse, host.lse) == 0.0);
+            }
+            test::Outputs fwd = test::run_poisoned(fa2, p, in, DType::f32);
+            if (poke.array == 3) dO[static_cast<std::size_t>(poke.index)] = poke.value;
+            if (poke.array == 4) fwd.O[static_cast<std::size_t>(poke.index)] = poke.value;
+            std::vector<float> dQ(nq), dK(nkv), dV(nkv);
+            run_backward(fa2, p, {in.Q.data(), in.K.data(), in.V.data(), fwd.O.data(),
+                                  fwd.lse.data(), dO.data()},
+                         dQ.data(), dK.data(), dV.data(), DType::f32);
+            REQUIRE(max_abs(dK) > 0.0);
+            const DeviceGradients device = run_backward_on_stream(fa2, p, in, fwd, dO, DType::f32, {});
+            CHECK_FALSE(device.entry_waited);
+            // The FFMA backward sums dQ in one order (no atomics): the same bits.
+            CHECK(max_difference(device.dQ, dQ) == 0.0);
+            CHECK(max_difference(device.dK, dK) == 0.0);
+            CHECK(max_difference(device.dV, dV) == 0.0);
+        }
     }
 }
 

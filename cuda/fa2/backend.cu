@@ -124,9 +124,9 @@ bool tensor_cores_on_device(const AttentionProblem& p) {
     return std::string(choose_variant(p.dim, tf32_shape_allowed(p)).kind) == "tf32";
 }
 
-// The device entry's workspace: one int, the finiteness test's flag, where the test runs.
+// The device entry's workspace: the finiteness test's kNonfiniteSlots flags, where the test runs.
 int* cut_forward_workspace(const AttentionProblem& p, WorkspaceCarver& w) {
-    return tensor_cores_on_device(p) ? w.take<int>(1) : nullptr;
+    return tensor_cores_on_device(p) ? w.take<int>(kNonfiniteSlots) : nullptr;
 }
 
 }  // namespace

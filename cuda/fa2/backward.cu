@@ -143,7 +143,7 @@ void launch_tf32_all(const BackwardParams& params, bool deterministic, cudaStrea
 }
 
 // The device entry's workspace: D, and where the tensor-core kernel may run, the finiteness
-// flag and (deterministic mode) the dQ turn counters.
+// flags and (deterministic mode) the dQ turn counters.
 struct BackwardWorkspace {
     float* D;
     int* nonfinite;
@@ -153,7 +153,7 @@ BackwardWorkspace cut_backward_workspace(const AttentionProblem& p, WorkspaceCar
     BackwardWorkspace parts{w.take<float>(static_cast<std::size_t>(p.lse_elements())), nullptr,
                             nullptr};
     if (use_tensor_cores(p, tf32_shape_allowed(p))) {
-        parts.nonfinite = w.take<int>(1);
+        parts.nonfinite = w.take<int>(kNonfiniteSlots);
         if (deterministic_requested()) parts.dq_turns = w.take<int>(turn_count(p));
     }
     return parts;

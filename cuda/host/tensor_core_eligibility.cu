@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 
 #include "cuda/host/check.hpp"
 
@@ -14,10 +15,30 @@ bool all_finite(const float* x, std::int64_t n) {
     return std::all_of(x, x + n, [](float v) { return std::isfinite(v); });
 }
 
-__global__ void find_nonfinite_kernel(const float* __restrict__ x, std::int64_t n, int* found) {
-    for (std::int64_t e = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < n;
-         e += std::int64_t{gridDim.x} * blockDim.x)
-        if (!isfinite(x[e])) *found = 1;  // any thread's write of 1 will do
+// At most five arrays (the backward's Q, K, V, O and dO), passed by value to one launch.
+constexpr int kMaxTestedArrays = 5;
+struct TestedArrays {
+    const float* x[kMaxTestedArrays];
+    std::int64_t n[kMaxTestedArrays];
+    int count;
+};
+
+// kNonfiniteSlots CTAs stride over every array; CTA b writes flags[b] whatever it found.
+constexpr int kScanThreads = 1024;
+__global__ void __launch_bounds__(kScanThreads)
+    find_nonfinite_kernel(const TestedArrays a, int* __restrict__ flags) {
+    const std::int64_t first = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+    const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+    bool found = false;
+#pragma unroll  // constant indices: the arrays stay in the parameter space, not on a stack
+    for (int k = 0; k < kMaxTestedArrays; ++k) {
+        if (k >= a.count) break;
+        const float* __restrict__ x = a.x[k];
+#pragma unroll 4
+        for (std::int64_t e = first; e < a.n[k]; e += stride) found |= !isfinite(x[e]);
+    }
+    const bool any = __syncthreads_or(found);
+    if (threadIdx.x == 0) flags[blockIdx.x] = any ? 1 : 0;
 }
 
 }  // namespace
@@ -51,13 +72,14 @@ bool tf32_shape_allowed(const AttentionProblem& p) {
 }
 
 void queue_nonfinite_test(std::initializer_list<std::pair<const float*, std::int64_t>> arrays,
-                          int* flag, void* stream) {
-    const auto s = static_cast<cudaStream_t>(stream);
-    FA_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), s));
-    for (const auto& [x, n] : arrays) {
-        find_nonfinite_kernel<<<1024, 256, 0, s>>>(x, n, flag);
-        FA_CUDA_CHECK_LAUNCH();
-    }
+                          int* flags, void* stream) {
+    if (arrays.size() > kMaxTestedArrays)
+        throw std::logic_error("queue_nonfinite_test: at most 5 arrays in one launch");
+    TestedArrays a{};
+    for (const auto& [x, n] : arrays) a.x[a.count] = x, a.n[a.count++] = n;
+    find_nonfinite_kernel<<<kNonfiniteSlots, kScanThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        a, flags);
+    FA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace flashattn::cuda

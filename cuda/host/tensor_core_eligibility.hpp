@@ -41,17 +41,28 @@ bool tf32_shape_allowed(const AttentionProblem& p);
 
 // The device entries cannot look at their inputs without waiting for them (common/backend.hpp).
 // So cuda-fa2's entries queue the finiteness test on the device, and both kernels behind it, each
-// with a gate: queue_nonfinite_test sets *flag (zeroed first) to 1 on `stream` (a cudaStream_t)
-// when any of the arrays holds a NaN or inf; a gated kernel returns at once unless the flag
-// selects it. The kernel not chosen costs a launch of CTAs that exit at their first instruction.
+// with a gate. queue_nonfinite_test is one launch of kNonfiniteSlots CTAs over all the arrays on
+// `stream` (a cudaStream_t); CTA b writes flags[b], 1 where its share of the elements holds a NaN
+// or inf and 0 where not. Every CTA writes its flag either way, so nothing has to zero the flags
+// first: a memset would be one more operation queued per call, and a call's host time is counted
+// in launches (docs/python.md). A gated kernel reads the flags first thing and returns at once
+// unless they select it; the kernel not chosen costs a launch of CTAs that exit there.
+inline constexpr int kNonfiniteSlots = 128;  // 128 ints: one 16-byte load for each lane of a warp
 struct KernelGate {
-    const int* nonfinite = nullptr;  // nullptr: open (the host chose this kernel)
+    const int* nonfinite = nullptr;  // kNonfiniteSlots flags, 16-byte aligned; nullptr: open
     bool runs_on_nonfinite = false;  // the FFMA kernels: true; the tensor-core kernels: false
-    FA_HOST_DEVICE bool closed() const {
-        return nonfinite != nullptr && (*nonfinite != 0) != runs_on_nonfinite;
+#if defined(__CUDACC__)
+    // Warp-collective: every lane of the warp calls it (the kernels do, before anything else).
+    __device__ bool closed() const {
+        static_assert(kNonfiniteSlots == 32 * 4, "one int4 of flags per lane");
+        if (nonfinite == nullptr) return false;
+        const int4 f = reinterpret_cast<const int4*>(nonfinite)[threadIdx.x % 32];
+        const bool found = __any_sync(0xffffffffu, (f.x | f.y | f.z | f.w) != 0);
+        return found != runs_on_nonfinite;
     }
+#endif
 };
 void queue_nonfinite_test(std::initializer_list<std::pair<const float*, std::int64_t>> arrays,
-                          int* flag, void* stream);
+                          int* flags, void* stream);
 
 }  // namespace flashattn::cuda
