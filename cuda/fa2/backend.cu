@@ -174,7 +174,7 @@ Backend cuda_fa2_backend() {
     // The device entry: the same kernels on the caller's device arrays, queued on the caller's
     // stream (common/backend.hpp). The host cannot see whether the inputs are finite without
     // waiting, so where the tensor-core kernel may run, both kernels are queued behind a test on
-    // the device (queue_nonfinite_test) and the flag in the workspace lets one of them run.
+    // the device (queue_nonfinite_test) and its flags in the workspace let one of them run.
     b.device_workspace_bytes = [](const AttentionProblem& p, DType) {
         WorkspaceCarver counter;
         cut_forward_workspace(p, counter);
