@@ -101,8 +101,7 @@ TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
 
 // The default tile follows the problem's size (default_variant in cuda/fa3/backend.cu): at d = 64
 // 128-row tiles with ping-pong where those fill at most two waves of the device's SMs and 192 rows
-// beyond; at d = 256 Bc = 64 up to N_kv = 2048 under a causal mask and up to 1024 without, else
-// Bc = 80. Each side of every threshold, the name read from the prepared call's description, each
+// beyond; at d = 256 Bc = 64 up to N_kv = 2048, causal or not, else Bc = 80. Each side of every threshold, the name read from the prepared call's description, each
 // result against float64.
 TEST_CASE("cuda-fa3: the default tile follows the problem's size") {
     const Backend* b = test::cuda_fa3_or_warn();
@@ -118,8 +117,8 @@ TEST_CASE("cuda-fa3: the default tile follows the problem's size") {
              {test::make_problem(1, two_waves_heads + 1, 1, 1000, 301, 64, true), "d64-Br192-Bc128"},
              {test::make_problem(1, 2, 1, 97, 2048, 256, true), "d256-Bc64"},
              {test::make_problem(1, 2, 1, 97, 2049, 256, true), "d256-Bc80"},
-             {test::make_problem(1, 2, 1, 97, 1024, 256, false), "d256-Bc64"},
-             {test::make_problem(1, 2, 1, 97, 1025, 256, false), "d256-Bc80"}}) {
+             {test::make_problem(1, 2, 1, 97, 2048, 256, false), "d256-Bc64"},
+             {test::make_problem(1, 2, 1, 97, 2049, 256, false), "d256-Bc80"}}) {
         INFO(test::describe(c.p));
         const ProblemData in = random_problem_data(c.p, test::next_seed());
         const std::string tiles =

@@ -135,18 +135,18 @@ const Variant kVariants[] = {
 //    time than 128 where the tiles fill the SMs many times over. Where the 128-row tiles fill at
 //    most two waves, each SM runs one or two tiles and the smaller tile finishes first: 128 rows
 //    with ping-pong, 3-20% faster there.
-//  - d = 256: Bc = 64 under a causal mask up to N_kv = 2048 (2-7% faster: the tiles that straddle
-//    the diagonal are narrower) and without a mask up to N_kv = 1024, Bc = 80 otherwise (up to
-//    10% faster from N_kv = 2048 without a mask, 8% at 4096 under the causal one). Only Bc = 64
-//    leaves shared memory for O_i's staging (Fa3Tile::kStagedO): with a 16-bit O it was 8% faster
-//    than Bc = 80 without a mask at N_kv = 1024 (H200; the two were within 1.5% either way
-//    before O was staged).
+//  - d = 256: Bc = 64 up to N_kv = 2048, Bc = 80 beyond (3% faster at N_kv = 4096 without a mask
+//    and up to 8% under the causal one). Under a causal mask Bc = 64's tiles that straddle the
+//    diagonal are narrower (2-7% faster up to 2048). Only Bc = 64 leaves shared memory for O_i's
+//    staging (Fa3Tile::kStagedO): with a 16-bit O it was 8% faster than Bc = 80 without a mask at
+//    N_kv = 1024 and 4-5% at 2048 (H200; the two were within 1.5% either way before O was
+//    staged).
 const char* default_variant(const AttentionProblem& p, int sm_count) {
     if (p.dim == 64) {
         const std::int64_t tiles128 = tile_count(p.seq_q, 128) * p.heads * p.batch;
         return tiles128 <= 2 * std::int64_t{sm_count} ? "d64-Bc128-pingpong" : "";
     }
-    if (p.dim == 256) return p.seq_kv <= (p.causal ? 2048 : 1024) ? "d256-Bc64" : "";
+    if (p.dim == 256) return p.seq_kv <= 2048 ? "d256-Bc64" : "";
     return "";
 }
 
