@@ -66,6 +66,14 @@ struct Hold {
         }
     }
     void queue(cudaStream_t s) { FA_CUDA_CHECK(cudaLaunchHostFunc(s, &Hold::wait, this)); }
+    // Called once the entry has returned: whether it waited (the stream no longer held, or the
+    // hold gave up), after releasing the stream and waiting for what was queued behind it.
+    bool release_after_entry(cudaStream_t s) {
+        const bool still_held = cudaStreamQuery(s) == cudaErrorNotReady;
+        released = true;
+        FA_CUDA_CHECK(cudaStreamSynchronize(s));
+        return gave_up.load() || !still_held;
+    }
 };
 
 // Page-locked host memory: cudaMemcpyAsync from it is queued, not performed on the spot.
@@ -208,10 +216,8 @@ DeviceOutputs run_forward_on_stream(const Backend& backend, const AttentionProbl
     a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
     a.block_mask = p.block_mask.active() ? mask_device.device.data() : nullptr;
     backend.run_device(p, a);
-    const bool still_held = cudaStreamQuery(s) == cudaErrorNotReady;
-    hold.released = true;
-    FA_CUDA_CHECK(cudaStreamSynchronize(s));
-    return {download(O), download(lse), hold.gave_up.load() || !still_held};
+    const bool waited = hold.release_after_entry(s);
+    return {download(O), download(lse), waited};
 }
 
 }  // namespace
@@ -646,10 +652,8 @@ DeviceGradients run_backward_on_stream(const Backend& backend, const AttentionPr
     a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
     a.block_mask = p.block_mask.active() ? mask_device.device.data() : nullptr;
     backend.run_backward_device(p, a);
-    const bool still_held = cudaStreamQuery(s) == cudaErrorNotReady;
-    hold.released = true;
-    FA_CUDA_CHECK(cudaStreamSynchronize(s));
-    return {download(dQ_d), download(dK_d), download(dV_d), hold.gave_up.load() || !still_held};
+    const bool waited = hold.release_after_entry(s);
+    return {download(dQ_d), download(dK_d), download(dV_d), waited};
 }
 
 TEST_CASE("device backward entries queue behind the caller's stream and match the host path") {

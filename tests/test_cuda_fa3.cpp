@@ -101,8 +101,8 @@ TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
 
 // The default tile follows the problem's size (default_variant in cuda/fa3/backend.cu): at d = 64
 // 128-row tiles with ping-pong where those fill at most two waves of the device's SMs and 192 rows
-// beyond; at d = 256 Bc = 64 up to N_kv = 2048, causal or not, else Bc = 80. Each side of every threshold, the name read from the prepared call's description, each
-// result against float64.
+// beyond; at d = 256 Bc = 64 up to N_kv = 2048, causal or not, else Bc = 80. Each side of every
+// threshold, the name read from the prepared call's description, each result against float64.
 TEST_CASE("cuda-fa3: the default tile follows the problem's size") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
