@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "common/array_layout.hpp"
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
 
@@ -50,6 +51,19 @@ inline AttentionProblem gqa_packed(const AttentionProblem& p, std::int64_t Br) {
     packed.causal = false;  // seq_q = 1 (gqa_packable): its one row sees every key
     if (p.block_mask.active()) packed.block_mask.block_q = packed.seq_q;  // the one mask row
     return packed;
+}
+
+// The same reading of an array at a caller's strides (cuda-fa3's device entry): the group's heads
+// are one head of G seq_q rows only where each head's rows end where the next head's begin (head
+// stride = seq_q row stride, as in a contiguous array). `layout` is resolved for p; `packed` is
+// gqa_packed(p, ...). Returns the layout of the packed head, or p's own where nothing was packed.
+inline bool gqa_packable_layout(const ArrayLayout& layout, const AttentionProblem& p) {
+    return layout.head == p.seq_q * layout.row;
+}
+inline ArrayLayout gqa_packed_layout(const ArrayLayout& layout, const AttentionProblem& p,
+                                     const AttentionProblem& packed) {
+    if (packed.heads == p.heads) return layout;
+    return {layout.batch, layout.head * p.group_size(), layout.row};
 }
 
 }  // namespace flashattn

@@ -371,6 +371,42 @@ struct ForwardCall {
     }
 };
 
+// One forward device call on strided 16-bit copies of a problem's inputs (Strided16: Q times
+// q_sign, K, V), O written in the inputs' dtype at its own strides into an array of 0xFFFF. `call.a`
+// holds the arguments, for the caller to vary.
+struct StridedForward {
+    Strided16 Qh, Kh, Vh, Oh;
+    Stream stream;
+    Staged Q, K, V, O;
+    ForwardCall call;
+    StridedForward(const Backend& backend, const AttentionProblem& p, DType dtype,
+                   const ProblemData& in)
+        : Qh(strided_copy(in.Q, p.batch, p.heads, p.seq_q, p.dim, dtype, cuda::q_sign(p))),
+          Kh(strided_copy(in.K, p.batch, p.heads_kv, p.seq_kv, p.dim, dtype)),
+          Vh(strided_copy(in.V, p.batch, p.heads_kv, p.seq_kv, p.dim, dtype)),
+          Oh(p.batch, p.heads, p.seq_q, p.dim),
+          Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host)), O(bytes_of(Oh.host)),
+          call(backend, p, dtype, Q.data(), K.data(), V.data(), O.device.data(), stream.s) {
+        for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
+        DeviceForward& a = call.a;
+        a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
+        a.o_layout = Oh.layout, a.o_dtype = dtype;
+    }
+    // Runs the call and checks it against the host path's outputs `expect` (contiguous float32):
+    // O is expect's O rounded to nearest even, bit for bit, nothing outside O's rows is written,
+    // and the LSE has expect's bits.
+    void run_and_check(const Backend& backend, const AttentionProblem& p, DType dtype,
+                       const test::Outputs& expect) {
+        backend.run_device(p, call.a);
+        FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+        const StridedCheck o = compare_strided(download_bits(O), Oh, expect.O, p.batch, p.heads,
+                                               p.seq_q, p.dim, dtype);
+        CHECK(o.wrong == 0);
+        CHECK(o.touched == 0);
+        CHECK(max_difference(download(call.lse), expect.lse) == 0.0);
+    }
+};
+
 }  // namespace
 
 // The problems the strided tests run, each with fresh random inputs: ragged N_q = 113 and
@@ -395,46 +431,63 @@ TEST_CASE("cuda-fa3's device entry reads strided Q, K, V and writes O in 16 bits
     REQUIRE(fa3.device_layouts);
     for_each_strided_case([&](const AttentionProblem& p, DType dtype, const ProblemData& in,
                               std::uint64_t) {
-            const std::int64_t dim = p.dim;
             // The host path: contiguous arrays, float32 O (checked against float64 elsewhere).
             const test::Outputs host = test::run_poisoned(fa3, p, in, dtype);
-
-            const Strided16 Qh = strided_copy(in.Q, p.batch, p.heads, p.seq_q, dim, dtype,
-                                              cuda::q_sign(p));
-            const Strided16 Kh = strided_copy(in.K, p.batch, p.heads_kv, p.seq_kv, dim, dtype);
-            const Strided16 Vh = strided_copy(in.V, p.batch, p.heads_kv, p.seq_kv, dim, dtype);
-            const Strided16 Oh(p.batch, p.heads, p.seq_q, dim);  // all 0xFFFF
-            Stream stream;
-            Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
-            Staged O(bytes_of(Oh.host));
-            for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
-            ForwardCall call(fa3, p, dtype, Q.data(), K.data(), V.data(), O.device.data(),
-                             stream.s);
-            DeviceForward& a = call.a;
-            a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
-            a.o_layout = Oh.layout, a.o_dtype = dtype;
-            fa3.run_device(p, a);
-            FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
-            // The same kernel on the same values: O is the host path's float32 O rounded to
-            // nearest even, bit for bit, and nothing outside O's rows was written.
-            const StridedCheck o = compare_strided(download_bits(O), Oh, host.O, p.batch, p.heads,
-                                                   p.seq_q, dim, dtype);
-            CHECK(o.wrong == 0);
-            CHECK(o.touched == 0);
-            CHECK(max_difference(download(call.lse), host.lse) == 0.0);
+            // The same kernel on the same values, read and written at other strides.
+            StridedForward strided(fa3, p, dtype, in);
+            strided.run_and_check(fa3, p, dtype, host);
 
             // Strides TMA cannot read, an O dtype that is neither float32 nor the inputs', and a
             // misaligned 16-bit O are refused before any work.
+            const DeviceForward& a = strided.call.a;
             DeviceForward bad = a;
-            bad.k_layout.row = Kh.layout.row + 4;
+            bad.k_layout.row = a.k_layout.row + 4;
             CHECK_THROWS_AS(fa3.run_device(p, bad), std::invalid_argument);
             bad = a;
             bad.o_dtype = dtype == DType::f16 ? DType::bf16 : DType::f16;
             CHECK_THROWS_AS(fa3.run_device(p, bad), std::invalid_argument);
             bad = a;
-            bad.o_layout.row = Oh.layout.row + 1;
+            bad.o_layout.row = a.o_layout.row + 1;
             CHECK_THROWS_AS(fa3.run_device(p, bad), std::invalid_argument);
         });
+}
+
+// Decoding shapes: one or four query rows of 8 heads (GQA over 2 KV heads) against 4099 keys
+// leave most SMs idle, so cuda-fa3 splits the keys (split-KV, docs/decoding.md) and merges the
+// chunks' partial results with the combine kernel. The host path's arrays are contiguous, so each
+// GQA group is packed into one head's rows; through the device entry:
+//   * contiguous arrays, S left to the backend: the same plan, the same bits;
+//   * Q and O strided as (batch, rows, heads, d) with padding: a group's heads are not one block
+//     of rows, so nothing is packed, and the combine writes the 16-bit O at its strides. At a
+//     forced S (7) the chunks are the same, and each row's sums do not depend on the other rows
+//     of its work tile: the same bits again, and nothing outside O's rows touched.
+TEST_CASE("cuda-fa3's device entry splits the keys at decoding shapes, at the caller's layouts") {
+    const Backend* found = test::cuda_fa3_or_warn();
+    if (!found) return;
+    const Backend& fa3 = *found;
+    for (auto [dtype, dim] : std::vector<std::pair<DType, std::int64_t>>{{DType::f16, 64},
+                                                                          {DType::bf16, 128}})
+        for (std::int64_t Nq : {1, 4})
+            for (bool causal : {false, true}) {
+                AttentionProblem p = test::make_problem(1, 8, 2, Nq, 4099, dim, causal);
+                const std::uint64_t seed = test::next_seed();
+                INFO(to_string(dtype) << " " << test::describe(p) << " seed=" << seed);
+                const ProblemData in = random_problem_data(p, seed);
+                {
+                    auto prepared = fa3.prepare(p, in.Q.data(), in.K.data(), in.V.data(), dtype);
+                    prepared->execute();
+                    CHECK(prepared->kv_splits() > 1);
+                }
+                const test::Outputs host = test::run_poisoned(fa3, p, in, dtype);
+                const DeviceOutputs device = run_forward_on_stream(fa3, p, in, dtype, {});
+                CHECK(max_difference(device.O, host.O) == 0.0);
+                CHECK(max_difference(device.lse, host.lse) == 0.0);
+
+                p.kv_splits = 7;
+                const test::Outputs forced = test::run_poisoned(fa3, p, in, dtype);
+                StridedForward strided(fa3, p, dtype, in);
+                strided.run_and_check(fa3, p, dtype, forced);
+            }
 }
 
 // A 16-bit O goes out through shared memory and TMA stores where its address and strides allow

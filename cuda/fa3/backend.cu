@@ -1,6 +1,7 @@
 // cuda/fa3/backend.cu — the cuda-fa3 backend: checks, the tensor maps TMA copies through, launch,
-// and the upload path every CUDA backend shares (cuda/host/prepared.hpp: 16-bit Q, K, V with Q
-// times q_sign, poisoned O and LSE).
+// split-KV at decoding shapes (the chunks' partial results, then cuda-tc's combine kernel: the
+// host side is cuda/host/split_kv.hpp), and the upload path every CUDA backend shares
+// (cuda/host/prepared.hpp: 16-bit Q, K, V with Q times q_sign, poisoned O and LSE).
 #include "cuda/fa3/backend.hpp"
 
 #include <cuda.h>
@@ -15,27 +16,20 @@
 #include <string_view>
 #include <vector>
 
+#include "common/gqa_packing.hpp"
 #include "common/tiling.hpp"
 #include "cuda/host/check.hpp"
 #include "cuda/fa3/backward.hpp"
 #include "cuda/fa3/kernel.cuh"
 #include "cuda/fa3/tensor_map.hpp"
 #include "cuda/host/prepared.hpp"
+#include "cuda/host/split_kv.hpp"
 #include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/host/variants.hpp"
 #include "cuda/host/workspace.hpp"
 
 namespace flashattn::fa3 {
 namespace {
-
-void check_problem(const AttentionProblem& p, DType dtype) {
-    fa3_check_inputs(p, dtype);
-    // Work tiles (Br >= 128 rows in every variant) are numbered with int: the counter is an int.
-    const std::int64_t items = tile_count(p.seq_q, 128) * p.heads * p.batch;
-    if (items > (std::int64_t{1} << 30))
-        throw std::invalid_argument("batch x heads x ceil(seq_q / 128) = " + std::to_string(items) +
-                                    ": cuda-fa3 numbers its work tiles with int, at most 2^30");
-}
 
 // Where Q, K and V lie (resolved ArrayLayouts): contiguous for the library's own arrays, any
 // TMA-readable strides for a caller's (DeviceForward).
@@ -59,7 +53,8 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     Fa3Params params;
     params.base = base;
     params.Tr = int(tile_count(p.seq_q, Cfg::Br));
-    params.items = params.Tr * int(p.heads) * int(p.batch);
+    // S work tiles per query tile under split-KV (plan_forward has checked the count fits int).
+    params.items = params.Tr * int(p.heads) * int(p.batch) * base.kv_splits;
     params.next_item = next_item;
     params.tail = int(schedule_tail(p.causal, params.Tr, p.heads * p.batch,
                                     cuda::device_limits().sm_count));
@@ -68,13 +63,17 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     params.k = tile_map(base.K, dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, at.k, Cfg::Bc);
     params.v = tile_map(base.V, dtype, p.batch, p.heads_kv, p.seq_kv, p.dim, at.v, Cfg::Bc);
     // O_i through shared memory and a TMA store where the tile has the room (Cfg::kStagedO) and O
-    // is 16-bit (the device entry's) at an address and strides TMA can write; else from registers.
-    params.o_staged = Cfg::kStagedO && base.o_dtype == dtype && tma_aligned(base.O) &&
-                      tma_layout(base.o_layout);
+    // is 16-bit (the device entry's) at an address and strides TMA can write; else from registers,
+    // as every chunk's partial result is under split-KV (float32, merged by the combine).
+    params.o_staged = Cfg::kStagedO && base.kv_splits == 1 && base.o_dtype == dtype &&
+                      tma_aligned(base.O) && tma_layout(base.o_layout);
     if (params.o_staged)
         params.o = tile_map(base.O, dtype, p.batch, p.heads, p.seq_q, p.dim, base.o_layout, 64);
-    auto kernel = fa3_forward_kernel<Cfg, false>;
-    if (p.block_mask.active()) kernel = fa3_forward_kernel<Cfg, true>;
+    // Four instantiations (block mask or not, split-KV or not), each carrying only its own code.
+    const bool split = base.kv_splits > 1;
+    auto kernel = split ? fa3_forward_kernel<Cfg, false, true> : fa3_forward_kernel<Cfg, false, false>;
+    if (p.block_mask.active())
+        kernel = split ? fa3_forward_kernel<Cfg, true, true> : fa3_forward_kernel<Cfg, true, false>;
     static_assert(fits_shared_memory<Cfg>(), "cuda-fa3: the tile does not fit shared memory");
     constexpr int kSmem = smem_bytes<Cfg>();
     cuda::allow_dynamic_shared_memory(kernel, kSmem);
@@ -102,6 +101,7 @@ struct Variant {
     const char* kind;  // no groups: every variant is named on its own
     int dim;
     int Br;  // query rows per work tile: 64 per consumer warpgroup
+    int Bc;  // keys per key tile
     void (*run)(const KernelParams&, const InputLayouts&, DType, int* next_item, cudaStream_t);
 };
 
@@ -117,15 +117,15 @@ void run_variant(const KernelParams& params, const InputLayouts& at, DType dtype
 }
 
 const Variant kVariants[] = {
-    {"d64-Br192-Bc128", "", 64, 192, run_variant<64, 128, 2, false, 3>},
-    {"d64-Bc128", "", 64, 128, run_variant<64, 128, 2, false>},
-    {"d64-Bc128-pingpong", "", 64, 128, run_variant<64, 128, 2, true>},
-    {"d128-Bc128-pingpong", "", 128, 128, run_variant<128, 128, 2, true>},
-    {"d128-Bc128", "", 128, 128, run_variant<128, 128, 2, false>},
-    {"d256-Bc80", "", 256, 128, run_variant<256, 80, 2, false>},
-    {"d256-Bc80-pingpong", "", 256, 128, run_variant<256, 80, 2, true>},
-    {"d256-Bc64", "", 256, 128, run_variant<256, 64, 2, false>},
-    {"d256-Bc64-pingpong", "", 256, 128, run_variant<256, 64, 2, true>},
+    {"d64-Br192-Bc128", "", 64, 192, 128, run_variant<64, 128, 2, false, 3>},
+    {"d64-Bc128", "", 64, 128, 128, run_variant<64, 128, 2, false>},
+    {"d64-Bc128-pingpong", "", 64, 128, 128, run_variant<64, 128, 2, true>},
+    {"d128-Bc128-pingpong", "", 128, 128, 128, run_variant<128, 128, 2, true>},
+    {"d128-Bc128", "", 128, 128, 128, run_variant<128, 128, 2, false>},
+    {"d256-Bc80", "", 256, 128, 80, run_variant<256, 80, 2, false>},
+    {"d256-Bc80-pingpong", "", 256, 128, 80, run_variant<256, 80, 2, true>},
+    {"d256-Bc64", "", 256, 128, 64, run_variant<256, 64, 2, false>},
+    {"d256-Bc64-pingpong", "", 256, 128, 64, run_variant<256, 64, 2, true>},
 };
 
 // The default variant for problem p on a device with sm_count SMs: a name of kVariants, or "" for
@@ -163,42 +163,101 @@ const Variant& choose_variant(const AttentionProblem& p) {
         [&](const Variant& v) { return v.dim == p.dim; }, "dim = " + std::to_string(p.dim));
 }
 
-// Whether the persistent CTAs need the work-tile counter: not where there are no more work tiles
-// than the device has SMs, so that the grid has a CTA for each (small problems, where the
-// counter's allocation and zeroing would be much of a call's host time).
-bool needs_counter(const AttentionProblem& p) {
-    const std::int64_t items = tile_count(p.seq_q, choose_variant(p).Br) * p.heads * p.batch;
-    return items > cuda::device_limits().sm_count;
+// What one forward call runs. At decoding shapes a GQA group's query heads are read as one head's
+// rows (common/gqa_packing.hpp), so that each K/V tile is copied once for all of them, where the
+// layouts of Q and O allow it; then split-KV's S for the problem as the kernel sees it: with one
+// persistent CTA per SM, S chunks of >= 4 key tiles when its work tiles leave SMs idle
+// (cuda::kv_splits_for, as cuda-tc chooses), or the caller's kv_splits.
+struct ForwardPlan {
+    const Variant* variant;
+    AttentionProblem problem;  // p, or p with its GQA groups packed
+    std::int64_t kv_splits;
+    std::int64_t work_tiles() const {
+        return tile_count(problem.seq_q, variant->Br) * problem.heads * problem.batch * kv_splits;
+    }
+    // Whether the persistent CTAs need the work-tile counter: not where there are no more work
+    // tiles than the device has SMs, so that the grid has a CTA for each (small problems, where
+    // the counter's allocation and zeroing would be much of a call's host time).
+    bool needs_counter() const { return work_tiles() > cuda::device_limits().sm_count; }
+};
+
+ForwardPlan plan_forward(const AttentionProblem& p, bool layouts_packable) {
+    const Variant& v = choose_variant(p);
+    const AttentionProblem run = layouts_packable ? gqa_packed(p, v.Br) : p;
+    const std::int64_t S = cuda::kv_splits_for(run, tile_count(run.seq_q, v.Br), 1,
+                                               tile_count(run.seq_kv, v.Bc));
+    ForwardPlan plan{&v, run, S};
+    // Work tiles are numbered with int: the counter is an int.
+    if (plan.work_tiles() > (std::int64_t{1} << 30))
+        throw std::invalid_argument(
+            "batch x heads x ceil(seq_q / " + std::to_string(v.Br) + ") x kv_splits = " +
+            std::to_string(plan.work_tiles()) + ": cuda-fa3 numbers its work tiles with int, at most 2^30");
+    return plan;
 }
 
-// The device entry's workspace: the work-tile counter, where one is needed.
-int* cut_workspace(const AttentionProblem& p, cuda::WorkspaceCarver& w) {
-    return needs_counter(p) ? w.take<int>(1) : nullptr;
+// A forward call's workspace: split-KV's partial results (S > 1) and the work-tile counter (where
+// one is needed).
+struct ForwardWorkspace {
+    cuda::SplitPartials partials;
+    int* next_item = nullptr;
+};
+ForwardWorkspace cut_workspace(const ForwardPlan& plan, cuda::WorkspaceCarver& w) {
+    ForwardWorkspace out;
+    out.partials = cuda::cut_split_partials(plan.problem, plan.kv_splits, w);
+    if (plan.needs_counter()) out.next_item = w.take<int>(1);
+    return out;
+}
+
+// The forward on `stream`: the kernel, then under split-KV the combine that merges the chunks'
+// partial results into O (at params.o_layout, in params.o_dtype) and LSE. `params` and `at`
+// describe plan.problem.
+void run_forward(const ForwardPlan& plan, KernelParams params, const InputLayouts& at,
+                 DType dtype, const ForwardWorkspace& w, cudaStream_t stream) {
+    if (plan.kv_splits > 1)
+        params.kv_splits = int(plan.kv_splits), params.O_partial = w.partials.O,
+        params.lse_partial = w.partials.lse;
+    plan.variant->run(params, at, dtype, w.next_item, stream);
+    if (plan.kv_splits > 1)
+        cuda::launch_combine(params.O_partial, params.lse_partial, plan.kv_splits,
+                             plan.problem.lse_elements(), plan.problem.dim, params.O,
+                             params.o_dtype, params.lse, stream, &plan.problem, &params.o_layout);
 }
 
 class PreparedFa3 final : public cuda::PreparedCuda {
 public:
+    // The library's own arrays are contiguous: GQA groups are packed wherever the problem allows.
     PreparedFa3(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                 DType dtype)
         : PreparedCuda("cuda-fa3", p, Q, K, V, dtype, cuda::InputForm::bits16),
-          variant_(choose_variant(p)),
-          next_item_(workspace<int>(1)) {}
+          plan_(plan_forward(problem_, true)) {  // problem_: the block mask's device copy
+        cuda::WorkspaceCarver counter;
+        cut_workspace(plan_, counter);
+        memory_ = workspace<unsigned char>(counter.bytes());
+        cuda::WorkspaceCarver carver(memory_.data(), counter.bytes(), "cuda-fa3");
+        workspace_ = cut_workspace(plan_, carver);
+    }
 
     void execute() override {
-        variant_.run(mma::make_params(problem_, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
-                                      lse_.data()),
-                     InputLayouts::contiguous(problem_), dtype_, next_item_.data(), nullptr);
+        const AttentionProblem& run = plan_.problem;
+        run_forward(plan_,
+                    mma::make_params(run, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
+                                     lse_.data()),
+                    InputLayouts::contiguous(run), dtype_, workspace_, nullptr);
         synchronize();
     }
     std::string tiles() const override {
-        return std::string(variant_.name) + ": Br = " + std::to_string(variant_.Br) + " (" +
-               std::to_string(variant_.Br / 64) +
-               " consumer warpgroups + 1 TMA producer), wgmma, one persistent CTA per SM";
+        const Variant& v = *plan_.variant;
+        return std::string(v.name) + ": Br = " + std::to_string(v.Br) + " (" +
+               std::to_string(v.Br / 64) +
+               " consumer warpgroups + 1 TMA producer), wgmma, one persistent CTA per SM" +
+               (plan_.kv_splits > 1 ? ", split-KV S = " + std::to_string(plan_.kv_splits) : "");
     }
+    std::int64_t kv_splits() const override { return plan_.kv_splits; }
 
 private:
-    const Variant& variant_;
-    cuda::DeviceBuffer<int> next_item_;  // the persistent CTAs' work-tile counter
+    ForwardPlan plan_;
+    cuda::DeviceBuffer<unsigned char> memory_;  // split-KV's partials, the work-tile counter
+    ForwardWorkspace workspace_;
 };
 
 }  // namespace
@@ -237,28 +296,35 @@ Backend fa3_backend() {
     b.summary =
         "FlashAttention-3 on Hopper: wgmma, TMA copies into an mbarrier ring, a producer warpgroup "
         "and two consumer warpgroups (three at d = 64), softmax overlapped with P V (and ping-pong "
-        "at d = 128), persistent CTAs; fp16/bf16, d = 64, 128 or 256; backward on wgmma too";
+        "at d = 128), persistent CTAs, split-KV for decoding; fp16/bf16, d = 64, 128 or 256; "
+        "backward on wgmma too";
     b.dtypes = {DType::f16, DType::bf16};
     b.tile_sizes = TileSizes::own;
     b.prepare = [](const AttentionProblem& p, const float* Q, const float* K, const float* V,
                    DType dtype) -> std::unique_ptr<PreparedAttention> {
-        check_problem(p, dtype);
+        fa3_check_inputs(p, dtype);  // and plan_forward, in the constructor: the work-tile count
         require_array(Q, "Q"), require_array(K, "K"), require_array(V, "V");
         return std::make_unique<PreparedFa3>(p, Q, K, V, dtype);
     };
     // The device entry: the same kernels on the caller's 16-bit arrays (Q times q_sign, as
     // cuda-tc's), queued on the caller's stream (common/backend.hpp), read where they lie (any
     // strides TMA can read) and O written at its layout, in float32 or the inputs' dtype. Its
-    // workspace is the persistent CTAs' work-tile counter (none where each work tile has a CTA).
+    // workspace: split-KV's partial results and the persistent CTAs' work-tile counter (none where
+    // each work tile has a CTA). The plan depends on whether the layouts let GQA groups be packed,
+    // which the workspace's size is asked without: it covers either plan.
     b.device_layouts = true;
     b.device_o_dtype = true;
     b.device_workspace_bytes = [](const AttentionProblem& p, DType) {
-        cuda::WorkspaceCarver counter;
-        cut_workspace(p, counter);
-        return counter.bytes();
+        std::size_t bytes = 0;
+        for (bool packable : {false, true}) {
+            cuda::WorkspaceCarver counter;
+            cut_workspace(plan_forward(p, packable), counter);
+            bytes = std::max(bytes, counter.bytes());
+        }
+        return bytes;
     };
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
-        check_problem(problem, a.dtype);
+        fa3_check_inputs(problem, a.dtype);
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
         require_tma_aligned(a.Q, "Q"), require_tma_aligned(a.K, "K"), require_tma_aligned(a.V, "V");
@@ -273,12 +339,16 @@ Backend fa3_backend() {
         const ArrayLayout o_at = a.o_layout.resolved(problem.heads, problem.seq_q, problem.dim);
         require_output_layout(a.O, o_at, a.o_dtype, "O");
         const AttentionProblem p = cuda::with_device_mask(problem, a.block_mask);
-        cuda::WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-fa3");
-        int* next_item = cut_workspace(p, workspace);
-        workspace.require_fits();
-        mma::KernelParams params = mma::make_params(p, a.Q, a.K, a.V, a.O, a.lse);
-        params.o_layout = o_at, params.o_dtype = a.o_dtype;
-        choose_variant(p).run(params, at, a.dtype, next_item, static_cast<cudaStream_t>(a.stream));
+        const ForwardPlan plan = plan_forward(
+            p, gqa_packable_layout(at.q, p) && gqa_packable_layout(o_at, p));
+        cuda::WorkspaceCarver carver(a.workspace, a.workspace_bytes, "cuda-fa3");
+        const ForwardWorkspace workspace = cut_workspace(plan, carver);
+        carver.require_fits();
+        const AttentionProblem& run = plan.problem;  // Q's and O's layouts as it reads them
+        const InputLayouts run_at{gqa_packed_layout(at.q, p, run), at.k, at.v};
+        mma::KernelParams params = mma::make_params(run, a.Q, a.K, a.V, a.O, a.lse);
+        params.o_layout = gqa_packed_layout(o_at, p, run), params.o_dtype = a.o_dtype;
+        run_forward(plan, params, run_at, a.dtype, workspace, static_cast<cudaStream_t>(a.stream));
     };
     // The backward: cuda/fa3/backward.cu, with cuda-tc's entries around it (16-bit uploads, D and
     // the dQ turn counters as workspace); its device entry takes layouts and 16-bit O and

@@ -44,6 +44,10 @@
 //      its O_i / l_i into a staging block in shared memory and one thread hands it to the copy
 //      engine (store_output_staged), instead of every lane storing its values to HBM from
 //      registers.
+//   And for decoding (a few query rows against a long KV cache, whose work tiles leave SMs idle),
+//   split-KV (Flash-Decoding; docs/decoding.md): kSplitKV kernels give each work tile one chunk of
+//   its key tiles and write that chunk's partial (O, LSE) in float32 from registers; the combine
+//   kernel (cuda/stages/combine.cuh, cuda-tc's) merges the chunks by Algorithm 1's update.
 //
 // Shared-memory tiles are panels of 64 columns (128 bytes per row) in the 128-byte swizzle (16-byte
 // chunk c of row r at c ^ (r % 8)): TMA writes that layout and wgmma reads it (descriptors checked
@@ -150,6 +154,10 @@ struct Fa3Params {
                      // of 64, so whole warpgroups lie below row 0)
     int* next_item;  // device counter, zero at launch: work tiles taken past the first gridDim.x
                      // (null where the grid has a CTA for every work tile: each takes its own)
+    // Split-KV (decoding) is base.kv_splits = S > 1: items counts S work tiles per query tile, one
+    // per chunk of its key tiles (WorkTile::split), each writing its partial result to
+    // base.O_partial / base.lse_partial (never staged: o_staged = 0); the host then launches the
+    // combine kernel (cuda/stages/combine.cuh).
 };
 
 // FA2 L8: issues S = Q_i K_j^T for a consumer warpgroup's 64 rows (not waited for): d / 16
@@ -181,7 +189,7 @@ __device__ __forceinline__ void issue_pv(float (&O)[Cfg::D / 8][4],
 // can see, in the order the consumers take them. A slot's K (V) is refilled once every consumer
 // thread has released the K (V) it held. The ring runs on across work tiles, so the next tile's
 // copies start while the consumers still work on this one. Ends by handing the consumers item -1.
-template <class Cfg, bool kBlockMask>
+template <class Cfg, bool kBlockMask, bool kSplitKV>
 __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename Cfg::T* sK,
                         typename Cfg::T* sV, Fa3Barriers<Cfg::kStages>* bars) {
     constexpr int Br = Cfg::Br, Bc = Cfg::Bc;
@@ -197,7 +205,9 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
             return;
         }
         bars->item = item;
-        const WorkTile t = work_tile<Br, Bc>(p, params.Tr, params.tail, params.row_shift, item);
+        const WorkTile t = work_tile<Br, Bc, kSplitKV>(p, params.Tr, params.tail,
+                                                       params.row_shift, params.base.kv_splits,
+                                                       item);
         // Tensor-map coordinates (cuda/fa3/tensor_map.hpp): column, row, head, batch entry.
         const int b = int(t.b), q_head = int(t.h), kv_head = int(p.kv_head(t.h));
 
@@ -207,8 +217,8 @@ __device__ void produce(const Fa3Params& params, typename Cfg::T* sQ, typename C
             hopper::tma_load_4d(sQ + pn * Br * 64, &params.q, &bars->q, 64 * pn, int(t.rows.begin),
                                 q_head, b);
 
-        for (int j = mma::next_key_tile<kBlockMask>(p, t.rows, 0, t.Tc_seen, Bc); j < t.Tc_seen;
-             j = mma::next_key_tile<kBlockMask>(p, t.rows, j + 1, t.Tc_seen, Bc)) {
+        for (int j = mma::next_key_tile<kBlockMask>(p, t.rows, t.key_begin, t.key_end, Bc);
+             j < t.key_end; j = mma::next_key_tile<kBlockMask>(p, t.rows, j + 1, t.key_end, Bc)) {
             const int s = ring.stage;
             hopper::mbarrier_wait(&bars->k_empty[s], ring.phase ^ 1);  // the slot's last K is read
             hopper::mbarrier_arrive_expect_bytes(&bars->k_full[s], Cfg::kTileBytes);  // FA2 L7
@@ -333,25 +343,26 @@ __device__ __forceinline__ void store_output_staged(const Fa3Params& params, con
 
 // FA2 L12-L15 for the warp's rows (Q_i already released): through shared memory where the
 // tile has the room and O suits TMA (params.o_staged), else from registers.
-template <class Cfg, bool kBlockMask, class Softmax>
+template <class Cfg, bool kBlockMask, bool kSplitKV, class Softmax>
 __device__ __forceinline__ void finish_work_tile(const Fa3Params& params, const WorkTile& t,
                                                  const ConsumerRows& at, const Softmax& softmax,
                                                  const float (&O)[Cfg::D / 8][4],
                                                  typename Cfg::T* sO, int lane) {
-    if constexpr (Cfg::kStagedO)
+    if constexpr (Cfg::kStagedO && !kSplitKV)
         if (params.o_staged) {
             store_output_staged<Cfg, kBlockMask>(params, t, at, softmax, O, sO, lane);
             return;
         }
-    if (at.warp_begin < t.rows.end)
-        softmax.template finalize<kBlockMask>(O, params.base, at.warp_begin, t.b, t.h, lane);
+    if (at.warp_begin < t.rows.end)  // O_i, or under split-KV chunk t.split's partial result
+        softmax.template finalize<kBlockMask>(O, params.base, at.warp_begin, t.b, t.h, lane,
+                                              kSplitKV ? t.split : 0);
 }
 
 // One consumer warpgroup's share of one work tile with a block mask: FA2 L5-L15 for its 64 rows.
 // A tile may be hidden from this warpgroup or need the mask, asked tile by tile (64-bit divisions,
 // subroutine calls). ptxas serializes a wgmma left running across such branches, so here each
 // tile's products are waited for at once (stage 2 of docs/cuda_fa3.md).
-template <class Cfg>
+template <class Cfg, bool kSplitKV>
 __device__ __forceinline__ void consume_block_masked(const Fa3Params& params, const WorkTile& t,
                                                      const typename Cfg::T* sQ,
                                                      const typename Cfg::T* sK,
@@ -369,8 +380,8 @@ __device__ __forceinline__ void consume_block_masked(const Fa3Params& params, co
     float O[D / 8][4];  // FA2 L5
     zero_output<Cfg>(O);
     mma::RowSoftmax<Cfg> softmax;
-    for (int j = mma::next_key_tile<true>(p, t.rows, 0, t.Tc_seen, Bc); j < t.Tc_seen;
-         j = mma::next_key_tile<true>(p, t.rows, j + 1, t.Tc_seen, Bc)) {
+    for (int j = mma::next_key_tile<true>(p, t.rows, t.key_begin, t.key_end, Bc); j < t.key_end;
+         j = mma::next_key_tile<true>(p, t.rows, j + 1, t.key_end, Bc)) {
         const int s = ring.stage;
         const TileRange cols = tile_range(j, Bc, p.seq_kv);
         const TileVisibility seen = at.wg_rows.size() > 0
@@ -399,14 +410,16 @@ __device__ __forceinline__ void consume_block_masked(const Fa3Params& params, co
         ring.advance<kStages>();
     }
     release_q(bars);
-    finish_work_tile<Cfg, true>(params, t, at, softmax, O, sO, lane);
+    finish_work_tile<Cfg, true, kSplitKV>(params, t, at, softmax, O, sO, lane);
 }
 
 // One consumer warpgroup's share of one work tile without a block mask: FA2 L5-L15 for its 64
 // rows, the products overlapped with the softmax (FA3 Section 3.2). The tiles this warpgroup sees
 // are a prefix of the producer's sequence, and those that need the mask a suffix of that prefix
 // (causal_key_tiles): a loop for each, so that no run-time branch separates a wgmma from its wait.
-template <class Cfg>
+// Under split-KV the producer's sequence is the chunk [key_begin, key_end), and the warpgroup's
+// tiles its prefix up to n_seen.
+template <class Cfg, bool kSplitKV>
 __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, const WorkTile& t,
                                                    const typename Cfg::T* sQ,
                                                    const typename Cfg::T* sK,
@@ -425,8 +438,14 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
     float O[D / 8][4];  // FA2 L5
     zero_output<Cfg>(O);
     mma::RowSoftmax<Cfg> softmax;
-    const KeyTileSplit split = causal_key_tiles(p, at.wg_rows, Bc);
-    const int n_full = int(split.full), n_seen = int(split.seen);
+    // Tiles [first, full) need no mask, [full, seen) do, [seen, t.key_end) only the CTA's other
+    // warpgroup sees (all within this work tile's chunk).
+    // Without a split these are causal_key_tiles' own (the clamps to the chunk are not free: the
+    // kernels at the register limit spill more with them).
+    const KeyTileSplit tiles = causal_key_tiles(p, at.wg_rows, Bc);
+    const int first = kSplitKV ? t.key_begin : 0;
+    const int seen = kSplitKV ? min(int(tiles.seen), t.key_end) : int(tiles.seen);
+    const int full = kSplitKV ? min(int(tiles.full), seen) : int(tiles.full);
     RingPosition pv;              // the slot of the tile whose P~ V is pending
     std::uint32_t a[Bc / 16][4];  // that tile's P~, wgmma's A operand
 
@@ -458,8 +477,8 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
         ring.advance<kStages>();
     };
 
-    if (n_seen > 0) {
-        {  // Tile 0: its S alone (nothing is pending), its softmax; O is still zero.
+    if (seen > first) {
+        {  // The first tile: its S alone (nothing is pending), its softmax; O is still zero.
             hopper::mbarrier_wait(&bars->k_full[ring.stage], ring.phase);
             float S[Bc / 8][4];
             turns.begin();
@@ -468,16 +487,16 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
             hopper::wgmma_wait<0>();
             hopper::wgmma_fence_registers(S);
             hopper::mbarrier_arrive(&bars->k_empty[ring.stage]);
-            if (n_full == 0) mma::mask_scores<Cfg, false>(S, p, at.warp_begin, 0, lane);
+            if (full <= first) mma::mask_scores<Cfg, false>(S, p, at.warp_begin, first * Bc, lane);
             float old_scale[2];
             softmax.update_only(S, params.base.scale_log2, old_scale);
             pack_p<Cfg>(a, S);
             pv = ring;
             ring.advance<kStages>();
         }
-        int j = 1;
-        for (; j < n_full; ++j) step(j, std::false_type{});
-        for (; j < n_seen; ++j) step(j, std::true_type{});
+        int j = first + 1;
+        for (; j < full; ++j) step(j, std::false_type{});
+        for (; j < seen; ++j) step(j, std::true_type{});
         // Every S has landed: Q_i is released, so that the next work tile's Q_i is copied while
         // the last P V and the epilogue run. Then FA2 L10 for the last tile.
         release_q(bars);
@@ -496,7 +515,7 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
     }
     // Tiles only the CTA's other warpgroup sees: released unread, each after both its copies have
     // landed (the producer must not refill a slot a copy is still writing).
-    for (int j = n_seen; j < t.Tc_seen; ++j) {
+    for (int j = kSplitKV ? max(seen, first) : seen; j < t.key_end; ++j) {
         turns.begin();
         turns.end();
         hopper::mbarrier_wait(&bars->k_full[ring.stage], ring.phase);
@@ -505,7 +524,7 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
         hopper::mbarrier_arrive(&bars->v_empty[ring.stage]);
         ring.advance<kStages>();
     }
-    finish_work_tile<Cfg, false>(params, t, at, softmax, O, sO, lane);
+    finish_work_tile<Cfg, false, kSplitKV>(params, t, at, softmax, O, sO, lane);
 }
 
 // ---- the kernel ------------------------------------------------------------------------------
@@ -513,7 +532,7 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
 // kConsumers others consume). Dynamic shared memory: smem_bytes<Cfg>(): Q_i (Br x D), kStages K_j
 // slots, kStages V_j slots (each a tile of kPanels panels), O_i's staging blocks (Cfg::kOBytes),
 // the barriers; from a 1024-byte boundary.
-template <class Cfg, bool kBlockMask>
+template <class Cfg, bool kBlockMask, bool kSplitKV>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fa3_forward_kernel(const __grid_constant__ Fa3Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -534,7 +553,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (wg == 0) {
         // The producer warpgroup: one thread issues every copy; the registers go to the consumers.
         hopper::release_registers<Cfg::kProducerRegisters>();
-        if (warp == 0 && lane == 0) produce<Cfg, kBlockMask>(params, sQ, sK, sV, bars);
+        if (warp == 0 && lane == 0) produce<Cfg, kBlockMask, kSplitKV>(params, sQ, sK, sV, bars);
     } else {
         hopper::claim_registers<Cfg::kConsumerRegisters>();
         const int cw = warp - 4;  // consumer warp 0 .. 4 kConsumers - 1
@@ -543,12 +562,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             hopper::mbarrier_wait(&bars->q, state.q_phase);  // Q_i of the next work tile
             const int item = *static_cast<volatile int*>(&bars->item);
             if (item < 0) break;
-            const WorkTile t = work_tile<Br, Bc>(params.base.problem, params.Tr, params.tail,
-                                                   params.row_shift, item);
+            const WorkTile t = work_tile<Br, Bc, kSplitKV>(params.base.problem, params.Tr,
+                                                           params.tail, params.row_shift,
+                                                           params.base.kv_splits, item);
             if constexpr (kBlockMask)
-                consume_block_masked<Cfg>(params, t, sQ, sK, sV, sO, bars, state, cw, lane);
+                consume_block_masked<Cfg, kSplitKV>(params, t, sQ, sK, sV, sO, bars, state, cw,
+                                                    lane);
             else
-                consume_overlapped<Cfg>(params, t, sQ, sK, sV, sO, bars, state, cw, lane);
+                consume_overlapped<Cfg, kSplitKV>(params, t, sQ, sK, sV, sO, bars, state, cw,
+                                                  lane);
             state.q_phase ^= 1;
         }
         state.turns.finish();

@@ -61,16 +61,30 @@ struct RingPosition {
 // i Br - shift (query_tile_shift, common/tiling.hpp): under a causal mask whole warpgroups of
 // missing rows go below row 0, into the first tile, which sees the fewest keys; those rows read as
 // zeros (TMA fills a box's rows outside the array), skip their products and are never stored.
+//
+// Split-KV (decoding, docs/decoding.md; kSplitKV, a kernel of its own so that the others carry
+// none of it): with kv_splits = S there are S work tiles per (i, h, b), one per chunk of its
+// visible key tiles (split_chunk), item = split x (Tr heads batch) + the unsplit item; each
+// writes a partial result that the combine kernel merges. Without a split the chunk is all of
+// them: [key_begin, key_end) = [0, Tc_seen).
 struct WorkTile {
     int i;
     std::int64_t h, b;
     TileRange rows;
     int Tc_seen;
+    int split;                 // the chunk (0 without a split)
+    int key_begin, key_end;    // its key tiles [key_begin, key_end) of [0, Tc_seen)
 };
-template <int Br, int Bc>
+template <int Br, int Bc, bool kSplitKV>
 __device__ __forceinline__ WorkTile work_tile(const AttentionProblem& p, int Tr, int tail,
-                                              int shift, int item) {
+                                              int shift, int kv_splits, int item) {
     WorkTile t;
+    t.split = 0;
+    if constexpr (kSplitKV) {
+        const int unsplit_items = Tr * int(p.heads * p.batch);
+        t.split = item / unsplit_items;
+        item -= t.split * unsplit_items;
+    }
     const ScheduledTile<int> s = scheduled_tile(item, Tr, int(p.heads * p.batch), tail);
     const int head_of_all = s.unit;
     t.i = int(longest_first(p.causal, s.rank, Tr));
@@ -79,6 +93,11 @@ __device__ __forceinline__ WorkTile work_tile(const AttentionProblem& p, int Tr,
     const int row_begin = t.i * Br - shift;
     t.rows = {row_begin, min(row_begin + Br, int(p.seq_q))};
     t.Tc_seen = int(causal_key_tiles(p, t.rows, Bc).seen);
+    t.key_begin = 0, t.key_end = t.Tc_seen;
+    if constexpr (kSplitKV) {
+        const TileRange chunk = split_chunk(t.Tc_seen, kv_splits, t.split);
+        t.key_begin = int(chunk.begin), t.key_end = int(chunk.end);
+    }
     return t;
 }
 

@@ -30,7 +30,7 @@ SplitPartials cut_split_partials(const AttentionProblem& p, std::int64_t S, Work
 
 void launch_combine(const float* O_partial, const float* lse_partial, std::int64_t S,
                     std::int64_t rows, std::int64_t d, void* O, DType o_dtype, float* lse,
-                    void* stream, const AttentionProblem* problem) {
+                    void* stream, const AttentionProblem* problem, const ArrayLayout* o_layout) {
     if (d < 1 || d > mma::kCombineMaxDim)
         throw std::invalid_argument("dim = " + std::to_string(d) +
                                     ": the merge of partial results takes d in [1, 256]");
@@ -38,6 +38,9 @@ void launch_combine(const float* O_partial, const float* lse_partial, std::int64
     if (rows > std::int64_t{0x7fffffff})
         throw std::invalid_argument("rows = " + std::to_string(rows) +
                                     ": the merge of partial results takes at most 2^31 - 1 rows");
+    // O's rows: the problem's heads of N_q rows at o_layout, or one contiguous block of rows.
+    const std::int64_t o_heads = problem ? problem->heads : 1, o_rows = problem ? problem->seq_q : rows;
+    const ArrayLayout at = o_layout && problem ? *o_layout : ArrayLayout::contiguous(o_heads, o_rows, d);
     // One CTA per row; a column per lane and warp up to d = 128, two beyond.
     auto kernel = d <= 128 ? mma::combine_partials_kernel<1> : mma::combine_partials_kernel<2>;
     // Launched right behind the split forward (cuda/host/dependent_launch.hpp): the CTAs start
@@ -45,8 +48,9 @@ void launch_combine(const float* O_partial, const float* lse_partial, std::int64
     // hidden behind that kernel's tail.
     launch_overlapping_previous(kernel, dim3(static_cast<unsigned>(rows)),
                                 dim3(32 * mma::kCombineWarps), 0, static_cast<cudaStream_t>(stream),
-                                O_partial, lse_partial, int(S), rows, int(d), O, o_dtype, lse,
-                                problem ? *problem : AttentionProblem{}, problem != nullptr);
+                                O_partial, lse_partial, int(S), rows, int(d), O, at, o_heads,
+                                o_rows, o_dtype, lse, problem ? *problem : AttentionProblem{},
+                                problem != nullptr);
 }
 
 }  // namespace flashattn::cuda

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/array_layout.hpp"
 #include "common/dtype.hpp"
 #include "common/problem.hpp"
 #include "cuda/host/workspace.hpp"
@@ -26,13 +27,15 @@ struct SplitPartials {
 };
 SplitPartials cut_split_partials(const AttentionProblem& p, std::int64_t S, WorkspaceCarver& w);
 
-// Merges S partial results per row into O (rows x d, contiguous, float32 or the inputs' 16-bit
-// o_dtype) and LSE (rows, float32), queued on `stream`; d <= 256. With `problem` (rows = its
-// B H N_q; its block mask, if any, on the device), rows whose scores all overflowed become NaN
-// (cuda/stages/combine.cuh); without, the partials are merged as given
+// Merges S partial results per row into O (rows x d, float32 or the inputs' 16-bit o_dtype) and
+// LSE (rows, float32), queued on `stream`; d <= 256. With `problem` (rows = its B H N_q; its block
+// mask, if any, on the device), rows whose scores all overflowed become NaN
+// (cuda/stages/combine.cuh), and O's rows lie at `o_layout` (the problem's resolved layout; null:
+// contiguous); without, the partials are merged as given into a contiguous O
 // (flashattn.merge_partials).
 void launch_combine(const float* O_partial, const float* lse_partial, std::int64_t S,
                     std::int64_t rows, std::int64_t d, void* O, DType o_dtype, float* lse,
-                    void* stream, const AttentionProblem* problem = nullptr);
+                    void* stream, const AttentionProblem* problem = nullptr,
+                    const ArrayLayout* o_layout = nullptr);
 
 }  // namespace flashattn::cuda

@@ -22,7 +22,9 @@
 // and lse_partial[s rows + r], the layout the forward kernels write (KernelParams::O_partial).
 //
 // O is written as float32 or in the inputs' 16-bit type (o_dtype, rounded once from the float32
-// sum), contiguous: a split forward's O needs no cast afterwards.
+// sum), at o_layout (row r is row r % o_rows of head (r / o_rows) % o_heads of batch entry
+// r / (o_rows o_heads): contiguous for cuda-tc, a caller's strides for cuda-fa3's device entry): a
+// split forward's O needs no cast or copy afterwards.
 //
 // With the problem given (a split forward's combine), a merged row with no weight (LSE = -inf)
 // that has a visible key had every score overflow: it becomes NaN (scores_overflowed), as the
@@ -31,6 +33,7 @@
 
 #include <cstdint>
 
+#include "common/array_layout.hpp"
 #include "common/online_softmax.hpp"
 #include "common/dtype.hpp"
 #include "common/problem.hpp"
@@ -49,7 +52,8 @@ constexpr int kCombineMaxDim = 256;  // d
 template <int kCols>
 __global__ void __launch_bounds__(32 * kCombineWarps)
     combine_partials_kernel(const float* O_partial, const float* lse_partial, int S,
-                            std::int64_t rows, int d, void* O, DType o_dtype, float* lse,
+                            std::int64_t rows, int d, void* O, ArrayLayout o_layout,
+                            std::int64_t o_heads, std::int64_t o_rows, DType o_dtype, float* lse,
                             const AttentionProblem problem, bool mark_overflow) {
     // Launched right behind the split forward (programmatic dependent launch): this CTA may
     // start while the forward's last CTAs still run, and waits here for all of their partials.
@@ -115,9 +119,10 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
             for (int k = 0; k < kCols; ++k) sum[k] += w * x[u][k];
         }
     }
+    const std::int64_t O_row = o_layout.row_start(row, o_heads, o_rows);
 #pragma unroll
     for (int k = 0; k < kCols; ++k)
-        if (col0 + 32 * k < d) store_output(O, o_dtype, row * d + col0 + 32 * k, sum[k]);
+        if (col0 + 32 * k < d) store_output(O, o_dtype, O_row + col0 + 32 * k, sum[k]);
     if (threadIdx.x == 0) lse[row] = lse_row;
 }
 
