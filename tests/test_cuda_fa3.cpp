@@ -41,8 +41,9 @@ TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
     for (const char* variant : {"d64-Bc128", "d64-Bc128-pingpong", "d64-Br192-Bc128",
-                                "d128-Bc128-pingpong", "d128-Bc128", "d256-Bc64-pingpong",
-                                "d256-Bc64", "d256-Bc80", "d256-Bc80-pingpong"}) {
+                                "d64-Bc128-s4-pingpong", "d128-Bc128-pingpong", "d128-Bc128",
+                                "d256-Bc64-pingpong", "d256-Bc64", "d256-Bc80",
+                                "d256-Bc80-pingpong"}) {
         INFO("FLASHATTN_VARIANT=cuda-fa3=" << variant);
         test::ScopedEnv env("FLASHATTN_VARIANT");
         env.set(std::string("cuda-fa3=") + variant);
@@ -101,8 +102,9 @@ TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
 
 // The default tile follows the problem's size (default_variant in cuda/fa3/backend.cu): at d = 64
 // 128-row tiles with ping-pong where those fill at most two waves of the device's SMs and 192 rows
-// beyond; at d = 256 Bc = 64 up to N_kv = 2048, causal or not, else Bc = 80. Each side of every
-// threshold, the name read from the prepared call's description, each result against float64.
+// beyond; at d = 256 Bc = 64 up to N_kv = 2048, causal or not, else Bc = 80; a split launch
+// (decoding) at d = 64 the same tile with a deeper ring. Each side of every threshold,
+// the name read from the prepared call's description, each result against float64.
 TEST_CASE("cuda-fa3: the default tile follows the problem's size") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
@@ -118,7 +120,10 @@ TEST_CASE("cuda-fa3: the default tile follows the problem's size") {
              {test::make_problem(1, 2, 1, 97, 2048, 256, true), "d256-Bc64"},
              {test::make_problem(1, 2, 1, 97, 2049, 256, true), "d256-Bc80"},
              {test::make_problem(1, 2, 1, 97, 2048, 256, false), "d256-Bc64"},
-             {test::make_problem(1, 2, 1, 97, 2049, 256, false), "d256-Bc80"}}) {
+             {test::make_problem(1, 2, 1, 97, 2049, 256, false), "d256-Bc80"},
+             // Decoding: split-KV, and at d = 64 the deeper ring (split_variant).
+             {test::make_problem(1, 8, 2, 1, 4099, 64, false), "d64-Bc128-s4-pingpong"},
+             {test::make_problem(1, 8, 2, 4, 4099, 128, true), "d128-Bc128-pingpong"}}) {
         INFO(test::describe(c.p));
         const ProblemData in = random_problem_data(c.p, test::next_seed());
         const std::string tiles =

@@ -94,7 +94,8 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
 // ping-pong between two consumer warpgroups. The first listed for a d is the one measured fastest
 // where the work fills the device many times over (docs/cuda_fa3.md): at d = 128 with ping-pong;
 // at d = 64 three consumer warpgroups (stage 5); at d = 256 Bc = 80, the most keys the shared
-// memory holds. default_variant below picks another at sizes where another was measured faster.
+// memory holds. default_variant below picks another at sizes where another was measured faster,
+// and split_variant the deeper ring at d = 64 ("-s4": four slots) for a split launch.
 // FLASHATTN_VARIANT=cuda-fa3=<name> picks one by name.
 struct Variant {
     const char* name;
@@ -120,6 +121,7 @@ const Variant kVariants[] = {
     {"d64-Br192-Bc128", "", 64, 192, 128, run_variant<64, 128, 2, false, 3>},
     {"d64-Bc128", "", 64, 128, 128, run_variant<64, 128, 2, false>},
     {"d64-Bc128-pingpong", "", 64, 128, 128, run_variant<64, 128, 2, true>},
+    {"d64-Bc128-s4-pingpong", "", 64, 128, 128, run_variant<64, 128, 4, true>},
     {"d128-Bc128-pingpong", "", 128, 128, 128, run_variant<128, 128, 2, true>},
     {"d128-Bc128", "", 128, 128, 128, run_variant<128, 128, 2, false>},
     {"d256-Bc80", "", 256, 128, 80, run_variant<256, 80, 2, false>},
@@ -181,16 +183,32 @@ struct ForwardPlan {
     bool needs_counter() const { return work_tiles() > cuda::device_limits().sm_count; }
 };
 
+// The variant a split launch takes by default: at d = 64 the chosen 128-row tile with four K/V
+// slots instead of two. A split work tile does little more than stream its chunk of K and V, and
+// one CTA per SM keeps only as many tiles in flight as its ring holds: two 16 KiB K/V pairs were
+// too few (graph-timed on an H200, docs/decoding.md: 97 against 77 us at N_kv = 131k). At d = 128
+// three slots (the most shared memory holds) were slower than two at 32k and 131k keys.
+const Variant* split_variant(const Variant& chosen) {
+    if (chosen.dim != 64) return &chosen;
+    for (const Variant& v : kVariants)
+        if (std::string_view(v.name) == "d64-Bc128-s4-pingpong" && v.Br == chosen.Br &&
+            v.Bc == chosen.Bc)
+            return &v;
+    return &chosen;
+}
+
 ForwardPlan plan_forward(const AttentionProblem& p, bool layouts_packable) {
-    const Variant& v = choose_variant(p);
-    const AttentionProblem run = layouts_packable ? gqa_packed(p, v.Br) : p;
-    const std::int64_t S = cuda::kv_splits_for(run, tile_count(run.seq_q, v.Br), 1,
-                                               tile_count(run.seq_kv, v.Bc));
-    ForwardPlan plan{&v, run, S};
+    const Variant* v = &choose_variant(p);
+    const AttentionProblem run = layouts_packable ? gqa_packed(p, v->Br) : p;
+    const std::int64_t S = cuda::kv_splits_for(run, tile_count(run.seq_q, v->Br), 1,
+                                               tile_count(run.seq_kv, v->Bc));
+    // The same Br and Bc: the packing and S stand. A variant named in FLASHATTN_VARIANT stays.
+    if (S > 1 && cuda::requested_variant("cuda-fa3").empty()) v = split_variant(*v);
+    ForwardPlan plan{v, run, S};
     // Work tiles are numbered with int: the counter is an int.
     if (plan.work_tiles() > (std::int64_t{1} << 30))
         throw std::invalid_argument(
-            "batch x heads x ceil(seq_q / " + std::to_string(v.Br) + ") x kv_splits = " +
+            "batch x heads x ceil(seq_q / " + std::to_string(v->Br) + ") x kv_splits = " +
             std::to_string(plan.work_tiles()) + ": cuda-fa3 numbers its work tiles with int, at most 2^30");
     return plan;
 }
