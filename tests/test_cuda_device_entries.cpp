@@ -26,6 +26,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/gqa_packing.hpp"
 #include "common/registry.hpp"
 #include "common/tiling.hpp"
 #include "cpu/reference.hpp"
@@ -488,6 +489,44 @@ TEST_CASE("cuda-fa3's device entry splits the keys at decoding shapes, at the ca
                 StridedForward strided(fa3, p, dtype, in);
                 strided.run_and_check(fa3, p, dtype, forced);
             }
+}
+
+// GQA groups packed into one head's rows (common/gqa_packing.hpp) without a split: one decoding
+// row per head (S forced to 1), and 65 query rows of 8 heads per KV head, which pack into 5
+// query tiles instead of 8. Contiguous arrays and a 16-bit O: the packed problem's O goes out by
+// TMA through a tensor map of the packed heads, and must hold the host path's bits (which pack
+// too, and store a float32 O from registers), rounded to nearest even.
+TEST_CASE("cuda-fa3's device entry stores a 16-bit O through the packed heads' tensor map") {
+    const Backend* found = test::cuda_fa3_or_warn();
+    if (!found) return;
+    const Backend& fa3 = *found;
+    for (auto [dtype, dim] : std::vector<std::pair<DType, std::int64_t>>{{DType::f16, 64},
+                                                                          {DType::bf16, 128}})
+        for (AttentionProblem p : {test::make_problem(1, 8, 2, 1, 4099, dim),
+                                   test::make_problem(2, 16, 2, 65, 300, dim)}) {
+            p.kv_splits = 1;
+            REQUIRE(gqa_packed(p, 128).heads == p.heads_kv);  // both pack
+            const std::uint64_t seed = test::next_seed();
+            INFO(to_string(dtype) << " " << test::describe(p) << " seed=" << seed);
+            const ProblemData in = random_problem_data(p, seed);
+            const test::Outputs host = test::run_poisoned(fa3, p, in, dtype);
+            Stream stream;
+            Staged Q(as_bytes(in.Q, dtype, cuda::q_sign(p))), K(as_bytes(in.K, dtype));
+            Staged V(as_bytes(in.V, dtype));
+            Staged O(std::vector<std::uint8_t>(2 * std::size_t(p.q_elements()), 0xFF));
+            for (Staged* x : {&Q, &K, &V, &O}) x->copy(stream.s);
+            ForwardCall call(fa3, p, dtype, Q.data(), K.data(), V.data(), O.device.data(),
+                             stream.s);
+            call.a.o_dtype = dtype;  // contiguous, 16-bit: stored by TMA
+            fa3.run_device(p, call.a);
+            FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+            const std::vector<std::uint16_t> bits = download_bits(O);
+            std::size_t wrong = 0;
+            for (std::size_t x = 0; x < bits.size(); ++x)
+                wrong += bits[x] != cuda::to_bits(host.O[x], dtype);
+            CHECK(wrong == 0);
+            CHECK(max_difference(download(call.lse), host.lse) == 0.0);
+        }
 }
 
 // A 16-bit O goes out through shared memory and TMA stores where its address and strides allow
