@@ -418,7 +418,7 @@ __device__ __forceinline__ void consume_block_masked(const Fa3Params& params, co
 // are a prefix of the producer's sequence, and those that need the mask a suffix of that prefix
 // (causal_key_tiles): a loop for each, so that no run-time branch separates a wgmma from its wait.
 // Under split-KV the producer's sequence is the chunk [key_begin, key_end), and the warpgroup's
-// tiles its prefix up to n_seen.
+// tiles are that chunk's prefix up to `seen`.
 template <class Cfg, bool kSplitKV>
 __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, const WorkTile& t,
                                                    const typename Cfg::T* sQ,
@@ -439,9 +439,8 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
     zero_output<Cfg>(O);
     mma::RowSoftmax<Cfg> softmax;
     // Tiles [first, full) need no mask, [full, seen) do, [seen, t.key_end) only the CTA's other
-    // warpgroup sees (all within this work tile's chunk).
-    // Without a split these are causal_key_tiles' own (the clamps to the chunk are not free: the
-    // kernels at the register limit spill more with them).
+    // warpgroup sees (all within this work tile's chunk). Without a split these are
+    // causal_key_tiles' own: the clamps to the chunk cost the kernels at the register limit spills.
     const KeyTileSplit tiles = causal_key_tiles(p, at.wg_rows, Bc);
     const int first = kSplitKV ? t.key_begin : 0;
     const int seen = kSplitKV ? min(int(tiles.seen), t.key_end) : int(tiles.seen);
