@@ -74,6 +74,13 @@ struct AttentionProblem {
     FA_HOST_DEVICE std::int64_t q_elements() const { return batch * heads * seq_q * dim; }
     FA_HOST_DEVICE std::int64_t kv_elements() const { return batch * heads_kv * seq_kv * dim; }
     FA_HOST_DEVICE std::int64_t lse_elements() const { return batch * heads * seq_q; }
+    // FLOPs of the forward: 4 * B * H * N_q * N_kv * d (QK^T and PV, a multiply-add = 2), halved
+    // for causal when N_q == N_kv (docs/design.md, Command-line contract).
+    double forward_flops() const {
+        const double full = 4.0 * double(batch) * double(heads) * double(seq_q) * double(seq_kv) *
+                            double(dim);
+        return causal && seq_q == seq_kv ? full / 2 : full;
+    }
 
     // Offsets of the (seq, dim) matrix of one (batch, head) pair.
     FA_HOST_DEVICE std::int64_t q_offset(std::int64_t b, std::int64_t h) const {

@@ -798,13 +798,161 @@ TEST_CASE("device backward entries queue behind the caller's stream and match th
     }
 }
 
-// cuda-fa2's host path looks at the inputs and runs its FFMA kernel where one of them holds a NaN
-// or inf (cuda/host/tensor_core_eligibility.hpp says why); its device entry queues both kernels
+// On a small problem (up to 2^30 FLOPs) cuda-fa2's forward (host path and device entry alike) runs
+// its 3xTF32 kernel in the mode that looks at every value it splits: a query tile whose inputs hold
+// a value the tf32 split cannot carry (a NaN, an inf, or a finite value the split rounds to inf) is
+// computed by the FFMA kernel's code in the same CTA (cuda/fa2/kernel_tf32.cuh). So exactly the query tiles that loaded the value get the
+// FFMA kernel's bits (the forced FFMA configuration of the same rows, threads and Bc), and every
+// other tile the tensor-core kernel's bits on the input without it -- which differ from the FFMA
+// kernel's in every finite row, so the rule shows. The device entry must give the host path's
+// bits without waiting.
+TEST_CASE("cuda-fa2's forward computes exactly the query tiles that loaded a NaN, inf or huge value with its FFMA code") {
+    const Backend& fa2 = find_backend("cuda-fa2");
+    const test::ScopedEnv variant("FLASHATTN_VARIANT");
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    // The NaN a GPU's arithmetic makes (all mantissa bits set), which the split's rounding would
+    // turn into 0, and the largest float, which it would round to inf.
+    const float gpu_nan = [] {
+        const std::uint32_t bits = 0x7fffffffu;
+        float x;
+        std::memcpy(&x, &bits, sizeof x);
+        return x;
+    }();
+    const float huge = std::numeric_limits<float>::max();
+    constexpr std::int64_t Br = 128, Bc = 64;  // the default tensor-core tiles (cuda/fa2/backend.cu)
+    struct Dim {
+        std::int64_t d;
+        const char* ffma;  // the FFMA configuration a fallback tile runs (Tf32Tile::Ffma)
+    };
+    for (const Dim dim : {Dim{64, "d64_128x32_2b"}, Dim{100, "d128_128x32"}})
+        for (bool causal : {false, true}) {
+            // 3 query tiles (the last ragged), 4 key tiles (the last ragged), GQA groups of 2;
+            // causal bottom-right: query tile 0 loads key tile 0 only (its rows 0-96 see no key),
+            // tile 1 key tiles 0-2.
+            const AttentionProblem p = test::make_problem(2, 4, 2, 300, 203, dim.d, causal);
+            REQUIRE(p.forward_flops() <= double(std::int64_t{1} << 30));  // the one-launch size
+            const std::int64_t d = p.dim, group = p.heads / p.heads_kv;
+            struct Poke {
+                const char* where;
+                int array;  // 0 Q, 1 K, 2 V
+                std::int64_t b, head, row, col;
+                float value;
+            };
+            for (const Poke& poke : {Poke{"Q = NaN (b 1, h 2, row 5)", 0, 1, 2, 5, 3, nan},
+                                     Poke{"Q = the GPU's NaN (b 0, h 3, row 299)", 0, 0, 3, 299, 0, gpu_nan},
+                                     Poke{"K = inf (b 0, kv head 1, key 101)", 1, 0, 1, 101, d - 1, inf},
+                                     Poke{"V = -inf (b 1, kv head 0, key 202)", 2, 1, 0, 202, 7, -inf},
+                                     Poke{"V = FLT_MAX (b 0, kv head 0, key 70)", 2, 0, 0, 70, 1, huge}}) {
+                const std::uint64_t seed = test::next_seed();
+                INFO(test::describe(p) << " " << poke.where << " seed=" << seed);
+                const ProblemData clean = random_problem_data(p, seed);
+                ProblemData in = clean;
+                const bool on_q = poke.array == 0;
+                std::vector<float>& x = on_q ? in.Q : poke.array == 1 ? in.K : in.V;
+                const std::int64_t head_offset = on_q ? p.q_offset(poke.b, poke.head)
+                                                      : p.kv_offset(poke.b, poke.head * group);
+                x[static_cast<std::size_t>(head_offset + poke.row * d + poke.col)] = poke.value;
+
+                variant.set("cuda-fa2=tf32");
+                const test::Outputs tf32_clean = test::run_poisoned(fa2, p, clean, DType::f32);
+                const test::Outputs host = test::run_poisoned(fa2, p, in, DType::f32);
+                variant.set(std::string("cuda-fa2=") + dim.ffma);
+                const test::Outputs ffma = test::run_poisoned(fa2, p, in, DType::f32);
+                // The two kernels' bits differ (on the clean input): a kernel that took the FFMA
+                // code everywhere, or nowhere, would fail the checks below.
+                REQUIRE(max_difference(test::run_poisoned(fa2, p, clean, DType::f32).O,
+                                       tf32_clean.O) > 0.0);
+
+                int fallback_tiles = 0;
+                for (std::int64_t b = 0; b < p.batch; ++b)
+                    for (std::int64_t h = 0; h < p.heads; ++h)
+                        for (std::int64_t i = 0; i * Br < p.seq_q; ++i) {
+                            const TileRange rows = tile_range(i, Br, p.seq_q);
+                            // Did this CTA load the poked value? Q: its own rows; K, V: the key
+                            // tiles up to its causal diagonal, of its KV head.
+                            const bool loaded =
+                                b == poke.b &&
+                                (on_q ? h == poke.head && rows.begin <= poke.row &&
+                                            poke.row < rows.end
+                                      : h / group == poke.head &&
+                                            poke.row / Bc < causal_key_tiles(p, rows, Bc).seen);
+                            fallback_tiles += loaded;
+                            const test::Outputs& want = loaded ? ffma : tf32_clean;
+                            const std::int64_t first = p.q_offset(b, h) + rows.begin * d;
+                            const std::int64_t lse_first = p.lse_offset(b, h) + rows.begin;
+                            const auto slice = [](const std::vector<float>& v, std::int64_t at,
+                                                  std::int64_t n) {
+                                return std::vector<float>(v.begin() + at, v.begin() + at + n);
+                            };
+                            INFO("b " << b << " h " << h << " query tile " << i
+                                      << (loaded ? " (loaded it: the FFMA code)" : ""));
+                            CHECK(max_difference(slice(host.O, first, rows.size() * d),
+                                                 slice(want.O, first, rows.size() * d)) == 0.0);
+                            CHECK(max_difference(slice(host.lse, lse_first, rows.size()),
+                                                 slice(want.lse, lse_first, rows.size())) == 0.0);
+                        }
+                CHECK(fallback_tiles >= 1);
+
+                variant.set("cuda-fa2=tf32");
+                const DeviceOutputs device = run_forward_on_stream(fa2, p, in, DType::f32, {});
+                CHECK_FALSE(device.entry_waited);
+                CHECK(max_difference(device.O, host.O) == 0.0);
+                CHECK(max_difference(device.lse, host.lse) == 0.0);
+            }
+        }
+}
+
+// On a larger problem cuda-fa2's forward runs behind a test of its inputs: the host path looks at
+// them and runs the FFMA kernel where one holds a NaN or inf; the device entry queues both kernels
 // behind a test on the device, whose CTAs each write a flag. One non-finite value anywhere (the
-// first element of Q, the middle of K, the last of V, and in the backward the last of dO or O)
-// must select the FFMA kernel: the host path's bits, which the 3xTF32 kernel's differ from in
-// every finite row. The finite case (the tensor-core kernel) is the tests above.
-TEST_CASE("cuda-fa2's device entries run the FFMA kernels wherever an input is not finite, as the host path does") {
+// first element of Q, the middle of K, the last of V) must select the FFMA kernel: the host path's
+// bits, which the 3xTF32 kernel's differ from in every finite row.
+TEST_CASE("cuda-fa2's forward on a larger problem runs the FFMA kernel wherever an input is not finite, on both paths") {
+    const Backend& fa2 = find_backend("cuda-fa2");
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    for (bool causal : {false, true}) {
+        const AttentionProblem p = test::make_problem(1, 4, 2, 1100, 1300, 64, causal);
+        REQUIRE(p.forward_flops() > double(std::int64_t{1} << 30));  // past the one-launch size
+        const std::int64_t nkv = p.kv_elements();
+        struct Poke {
+            const char* where;
+            int array;  // 0 Q, 1 K, 2 V
+            std::int64_t index;
+            float value;
+        };
+        for (const Poke& poke : {Poke{"Q[0] = NaN", 0, 0, nan}, Poke{"K[mid] = inf", 1, nkv / 2, inf},
+                                 Poke{"V[last] = -inf", 2, nkv - 1, -inf}}) {
+            const std::uint64_t seed = test::next_seed();
+            INFO(test::describe(p) << " " << poke.where << " seed=" << seed);
+            ProblemData in = random_problem_data(p, seed);
+            const test::Outputs tf32 = test::run_poisoned(fa2, p, in, DType::f32);
+            std::vector<float>& x = poke.array == 0 ? in.Q : poke.array == 1 ? in.K : in.V;
+            x[static_cast<std::size_t>(poke.index)] = poke.value;
+            const test::Outputs host = test::run_poisoned(fa2, p, in, DType::f32);
+            REQUIRE(max_abs(host.O) > 0.0);  // finite rows to compare, not only NaN
+            // The FFMA kernel ran everywhere: rows 1 to 1099 of head 0 see none of the poked
+            // values (Q's is row 0, K's and V's are in KV head 1), yet they no longer hold the
+            // 3xTF32 kernel's bits.
+            const std::int64_t first = p.q_offset(0, 0) + p.dim, end = p.q_offset(0, 1);
+            CHECK(max_difference(std::vector<float>(host.O.begin() + first, host.O.begin() + end),
+                                 std::vector<float>(tf32.O.begin() + first, tf32.O.begin() + end)) > 0.0);
+            const DeviceOutputs device = run_forward_on_stream(fa2, p, in, DType::f32, {});
+            CHECK_FALSE(device.entry_waited);
+            CHECK(max_difference(device.O, host.O) == 0.0);
+            CHECK(max_difference(device.lse, host.lse) == 0.0);
+        }
+    }
+}
+
+// cuda-fa2's backward: the host path looks at the inputs and runs the FFMA kernels where one of them
+// holds a NaN or inf (cuda/host/tensor_core_eligibility.hpp says why); its device entry queues
+// both kernels behind a test on the device, whose CTAs each write a flag. One non-finite value
+// anywhere (the first element of Q, the middle of K, the last of V, the last of dO or of O) must
+// select the FFMA kernels: the host path's bits, which the 3xTF32 kernel's differ from in every
+// finite row. The finite case (the tensor-core kernel) is the tests above.
+TEST_CASE("cuda-fa2's backward device entry runs the FFMA kernels wherever an input is not finite, as the host path does") {
     const Backend& fa2 = find_backend("cuda-fa2");
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const float inf = std::numeric_limits<float>::infinity();
@@ -813,7 +961,7 @@ TEST_CASE("cuda-fa2's device entries run the FFMA kernels wherever an input is n
         const std::int64_t nq = p.q_elements(), nkv = p.kv_elements();
         struct Poke {
             const char* where;
-            int array;  // 0 Q, 1 K, 2 V, 3 dO, 4 O (the last two: the backward only)
+            int array;  // 0 Q, 1 K, 2 V, 3 dO, 4 O
             std::int64_t index;
             float value;
         };
@@ -828,14 +976,9 @@ TEST_CASE("cuda-fa2's device entries run the FFMA kernels wherever an input is n
             if (poke.array < 3) {
                 std::vector<float>& x = poke.array == 0 ? in.Q : poke.array == 1 ? in.K : in.V;
                 x[static_cast<std::size_t>(poke.index)] = poke.value;
-                const test::Outputs host = test::run_poisoned(fa2, p, in, DType::f32);
-                REQUIRE(max_abs(host.O) > 0.0);  // finite rows to compare, not only NaN
-                const DeviceOutputs device = run_forward_on_stream(fa2, p, in, DType::f32, {});
-                CHECK_FALSE(device.entry_waited);
-                CHECK(max_difference(device.O, host.O) == 0.0);
-                CHECK(max_difference(device.lse, host.lse) == 0.0);
             }
             test::Outputs fwd = test::run_poisoned(fa2, p, in, DType::f32);
+            REQUIRE(max_abs(fwd.O) > 0.0);  // finite rows to compare, not only NaN
             if (poke.array == 3) dO[static_cast<std::size_t>(poke.index)] = poke.value;
             if (poke.array == 4) fwd.O[static_cast<std::size_t>(poke.index)] = poke.value;
             std::vector<float> dQ(nq), dK(nkv), dV(nkv);
@@ -913,10 +1056,8 @@ TEST_CASE("device entries refuse a workspace smaller than device_workspace_bytes
         DType dtype;
         bool backward;
     };
-    std::vector<Entry> entries = {{"cuda-fa2", DType::f32, false},
-                                  {"cuda-fa2", DType::f32, true},
-                                  {"cuda-tc", DType::f16, true}};
-    // (cuda-fa3's forward needs no workspace at this size: its own test below.)
+    std::vector<Entry> entries = {{"cuda-fa2", DType::f32, true}, {"cuda-tc", DType::f16, true}};
+    // (cuda-fa2's and cuda-fa3's forwards need none at this size: their own tests.)
     cuda::DeviceBuffer<std::uint16_t> Q(p.q_elements()), K(p.kv_elements()), V(p.kv_elements());
     cuda::DeviceBuffer<float> O(p.q_elements()), lse(p.lse_elements()), dQ(p.q_elements()),
         dK(p.kv_elements()), dV(p.kv_elements());

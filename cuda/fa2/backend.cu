@@ -3,15 +3,20 @@
 // The kernels: cuda/fa2/kernel_ffma.cuh (FFMA, v3) and cuda/fa2/kernel_tf32.cuh (tensor cores, v4);
 // how each version was measured: docs/cuda_fp32_notes.md.
 //
-// Two kernels, chosen once per call on the host (PreparedFa2):
-//   * v4, the default for 16 <= d <= 128 with finite inputs: both products on tensor cores in
-//     3xTF32 (cuda/fa2/kernel_tf32.cuh; cuda/ptx/tf32_mma.cuh explains why that is fp32-accurate),
-//     with the register-level softmax of cuda/stages/mma_stages.cuh. d is padded to D = 64 or 128.
+// Two kernels (PreparedFa2 and the device entry choose alike, so that both give the same bits):
+//   * v4, the default for 16 <= d <= 128: both products on tensor cores in 3xTF32
+//     (cuda/fa2/kernel_tf32.cuh; cuda/ptx/tf32_mma.cuh explains why that is fp32-accurate), with
+//     the register-level softmax of cuda/stages/mma_stages.cuh. d is padded to D = 64 or 128.
 //     Each k-step's mma result is added to S and O with an fp32 add: the tensor core truncates the
-//     sums it forms, and longer mma chains broke the tests' 2x rule.
-//   * v3, the FFMA kernel (cuda/fa2/kernel_ffma.cuh): wherever tf32_tensor_cores_allowed
-//     (cuda/host/tensor_core_eligibility.hpp) says no, and d > 128. d is padded to D = 64, 128 or
-//     256.
+//     sums it forms, and longer mma chains broke the tests' 2x rule. It cannot take every input
+//     (a NaN or an inf; cuda/ptx/tf32_mma.cuh says which): on a small problem
+//     (inspects_own_inputs) it looks at them itself and computes a query tile that holds one with
+//     the FFMA kernel's code, in one launch; on a larger one it runs only where a test of the
+//     inputs found them finite (on the host, or on the device: queue_nonfinite_test, then both
+//     kernels behind its flags).
+//   * v3, the FFMA kernel (cuda/fa2/kernel_ffma.cuh): where tf32_tensor_cores_allowed
+//     (cuda/host/tensor_core_eligibility.hpp) says no on a larger problem, and d > 128. d is
+//     padded to D = 64, 128 or 256.
 //   FLASHATTN_VARIANT=cuda-fa2=ffma forces v3, =tf32 v4, =<name> one configuration (kVariants).
 // Any N >= 1 on both.
 // Tiles, the fastest of the compiled configurations as measured (kVariants below; the timings
@@ -37,6 +42,7 @@
 
 #include "cuda/fa2/backend.hpp"
 #include "cuda/fa2/kernel_ffma.cuh"
+#include "cuda/fa2/kernel_tf32.cuh"
 #include "cuda/host/prepared.hpp"
 #include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/host/variants.hpp"
@@ -47,7 +53,6 @@ namespace {
 
 using fa2::Fa2Config;
 using fa2::launch_fa2;
-using fa2::launch_fa2_tf32;
 
 // The compiled configurations. The default for d is the first tensor-core one whose D covers d
 // where tf32_tensor_cores_allowed() allows it, else the first FFMA one; FLASHATTN_VARIANT picks
@@ -57,8 +62,9 @@ struct Fa2Variant {
     const char* kind;  // "tf32" (the 3xTF32 kernel: finite inputs, cuda-tc's grid limits) or "ffma"
     int max_dim;
     std::size_t smem_bytes;
+    // (problem, Q, K, V, O, LSE, gate, inspect: the 3xTF32 kernel looks at its own inputs, stream)
     void (*launch)(const AttentionProblem&, const float*, const float*, const float*, float*,
-                   float*, KernelGate, cudaStream_t);
+                   float*, KernelGate, bool, cudaStream_t);
 };
 template <class C>
 constexpr Fa2Variant variant(const char* name) {
@@ -118,15 +124,27 @@ void require_fits(const Fa2Variant& v, const AttentionProblem& p) {
                                     std::to_string(have));
 }
 
-// Whether the device entry's default for this problem is the tensor-core kernel, which it then
-// queues behind the finiteness test.
-bool tensor_cores_on_device(const AttentionProblem& p) {
-    return std::string(choose_variant(p.dim, tf32_shape_allowed(p)).kind) == "tf32";
+// Whether the 3xTF32 kernel looks at its own inputs (one launch) rather than running behind a test
+// of them (three launches on the device: the test, and both kernels behind its flags). Looking
+// costs the kernel 4-7% of its time; the test costs a pass over Q, K and V and ~3.6 us of GPU time
+// for the two extra launches, and a PyTorch call two launches of host time. Up to 2^30 FLOPs
+// (forward_flops: a kernel of at most ~60 us on an H200) the GPU pays about the same either way
+// and one launch returns sooner; past it the test is the cheaper (docs/cuda_fp32_notes.md, "One
+// launch").
+bool inspects_own_inputs(const AttentionProblem& p) {
+    return p.forward_flops() <= double(std::int64_t{1} << 30);
+}
+
+// Whether the device entry's default for this problem is the tensor-core kernel behind the
+// finiteness test on the device.
+bool tested_on_device(const AttentionProblem& p) {
+    return std::string(choose_variant(p.dim, tf32_shape_allowed(p)).kind) == "tf32" &&
+           !inspects_own_inputs(p);
 }
 
 // The device entry's workspace: the finiteness test's kNonfiniteSlots flags, where the test runs.
 int* cut_forward_workspace(const AttentionProblem& p, WorkspaceCarver& w) {
-    return tensor_cores_on_device(p) ? w.take<int>(kNonfiniteSlots) : nullptr;
+    return tested_on_device(p) ? w.take<int>(kNonfiniteSlots) : nullptr;
 }
 
 }  // namespace
@@ -144,13 +162,15 @@ public:
     PreparedFa2(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                 DType dtype)
         : PreparedCuda("cuda-fa2", p, Q, K, V, dtype),
-          variant_(choose_variant(p.dim, tf32_tensor_cores_allowed(p, Q, K, V))) {
+          inspects_(inspects_own_inputs(p)),
+          variant_(choose_variant(p.dim, inspects_ ? tf32_shape_allowed(p)
+                                                   : tf32_tensor_cores_allowed(p, Q, K, V))) {
         require_fits(variant_, p);
     }
 
     void execute() override {
         variant_.launch(problem_, Q_.data(), K_.data(), V_.data(), O_.data(), lse_.data(), {},
-                        nullptr);
+                        inspects_, nullptr);
         synchronize();
     }
 
@@ -159,6 +179,7 @@ public:
     }
 
 private:
+    const bool inspects_;
     const Fa2Variant& variant_;
 };
 
@@ -173,8 +194,9 @@ Backend cuda_fa2_backend() {
     add_cuda_fa2_backward(b);
     // The device entry: the same kernels on the caller's device arrays, queued on the caller's
     // stream (common/backend.hpp). The host cannot see whether the inputs are finite without
-    // waiting, so where the tensor-core kernel may run, both kernels are queued behind a test on
-    // the device (queue_nonfinite_test) and its flags in the workspace let one of them run.
+    // waiting: on a small problem the tensor-core kernel looks at them itself; on a larger one
+    // both kernels are queued behind a test on the device (queue_nonfinite_test) and its flags in
+    // the workspace let one of them run.
     b.device_workspace_bytes = [](const AttentionProblem& p, DType) {
         WorkspaceCarver counter;
         cut_forward_workspace(p, counter);
@@ -199,14 +221,14 @@ Backend cuda_fa2_backend() {
         const Fa2Variant& ffma = choose_variant(p.dim, false);
         const Fa2Variant& chosen = choose_variant(p.dim, tf32_shape_allowed(p));
         require_fits(ffma, p), require_fits(chosen, p);
-        if (!tensor_cores_on_device(p)) {
-            chosen.launch(p, Q, K, V, O, a.lse, {}, stream);
+        if (!tested_on_device(p)) {
+            chosen.launch(p, Q, K, V, O, a.lse, {}, inspects_own_inputs(p), stream);
             return;
         }
         queue_nonfinite_test({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()}},
                              nonfinite, stream);
-        chosen.launch(p, Q, K, V, O, a.lse, {nonfinite, false}, stream);
-        ffma.launch(p, Q, K, V, O, a.lse, {nonfinite, true}, stream);
+        chosen.launch(p, Q, K, V, O, a.lse, {nonfinite, false}, false, stream);
+        ffma.launch(p, Q, K, V, O, a.lse, {nonfinite, true}, false, stream);
     };
     return b;
 }

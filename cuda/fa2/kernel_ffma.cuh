@@ -38,7 +38,7 @@
 #include "cuda/stages/async_copy.cuh"
 #include "cuda/host/check.hpp"
 #include "cuda/host/prepared.hpp"
-#include "cuda/fa2/kernel_tf32.cuh"
+#include "cuda/host/tensor_core_eligibility.hpp"
 #include "cuda/stages/warp_softmax.cuh"
 
 namespace flashattn::cuda::fa2 {
@@ -150,9 +150,9 @@ __device__ inline void pv_micro_tile(const float* P_ij, const float* V_j, int rg
 // The block-mask lookup of AttentionProblem::key_visible (two 64-bit divisions), kept out of line:
 // inlined, its registers would count against the register-blocked loops even on tiles (and in
 // problems) that have no block mask.
-__device__ __noinline__ bool block_allows(const std::uint8_t* mask, std::int64_t block_q,
-                                          std::int64_t block_kv, std::int64_t seq_kv,
-                                          std::int64_t row, std::int64_t col) {
+__device__ __noinline__ inline bool block_allows(const std::uint8_t* mask, std::int64_t block_q,
+                                                 std::int64_t block_kv, std::int64_t seq_kv,
+                                                 std::int64_t row, std::int64_t col) {
     AttentionProblem masked;
     masked.seq_kv = seq_kv;
     masked.block_mask = {mask, block_q, block_kv};
@@ -209,29 +209,21 @@ __device__ inline void online_softmax_tile(const AttentionProblem& p, float (&s)
     }
 }
 
-// One thread block = one query tile Q_i of one (batch, head). gate: closed when the device
-// entry's finiteness test chose the tensor-core kernel (cuda/host/tensor_core_eligibility.hpp).
+// Query tile i of head h of batch b, computed by the C::THREADS threads of one thread block in
+// `smem` (C::SMEM_BYTES). The FFMA kernel below runs one per block; the 3xTF32 kernel
+// (cuda/fa2/kernel_tf32.cuh) runs it for a tile whose inputs it cannot take.
 template <class C>
-__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
-    fa2_forward_kernel(const AttentionProblem p, const float* __restrict__ Q,
-                       const float* __restrict__ K, const float* __restrict__ V,
-                       float* __restrict__ O, float* __restrict__ lse, const KernelGate gate) {
-    if (gate.closed()) return;
-    extern __shared__ float4 smem_float4[];
-    float* Q_i = reinterpret_cast<float*>(smem_float4);
+__device__ inline void fa2_forward_tile(const AttentionProblem& p, const float* __restrict__ Q,
+                                        const float* __restrict__ K, const float* __restrict__ V,
+                                        float* __restrict__ O, float* __restrict__ lse,
+                                        std::int64_t b, std::int64_t h, std::int64_t i,
+                                        void* smem) {
+    float* Q_i = static_cast<float*>(smem);
     float* K_j = Q_i + C::Br * C::Q_STRIDE;
     float* V_j = K_j + C::Bc * C::K_STRIDE;
     float* P_ij = V_j + C::Bc * C::V_STRIDE;
 
-    // Which (b, h, i): consecutive blocks are the query tiles of one head, so the blocks that
-    // run at the same time share K and V and read them from L2, not HBM (a head-minor order
-    // read K, V from HBM once per query tile: 3.7x less traffic than cuda-standard instead of
-    // >9x, docs/cuda_fp32_notes.md). Inside a head, longest first (common/tiling.hpp).
-    const std::int64_t Tr = tile_count(p.seq_q, C::Br);
     const std::int64_t Tc = tile_count(p.seq_kv, C::Bc);
-    const std::int64_t bh = blockIdx.x / Tr;
-    const std::int64_t i = longest_first(p.causal, blockIdx.x % Tr, Tr);
-    const std::int64_t b = bh / p.heads, h = bh % p.heads;
     const TileRange rows = tile_range(i, C::Br, p.seq_q);
     const std::int64_t d = p.dim;
     Q += p.q_offset(b, h) + rows.begin * d;
@@ -326,10 +318,30 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     }
 }
 
-// The launches, queued on `stream` (asynchronous), each behind `gate`.
+// One thread block = one query tile Q_i of one (batch, head). gate: closed when the device
+// entry's finiteness test chose the tensor-core kernel (cuda/host/tensor_core_eligibility.hpp).
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
+    fa2_forward_kernel(const AttentionProblem p, const float* __restrict__ Q,
+                       const float* __restrict__ K, const float* __restrict__ V,
+                       float* __restrict__ O, float* __restrict__ lse, const KernelGate gate) {
+    if (gate.closed()) return;
+    extern __shared__ float4 smem_float4[];
+    // Which (b, h, i): consecutive blocks are the query tiles of one head, so the blocks that
+    // run at the same time share K and V and read them from L2, not HBM (a head-minor order
+    // read K, V from HBM once per query tile: 3.7x less traffic than cuda-standard instead of
+    // >9x, docs/cuda_fp32_notes.md). Inside a head, longest first (common/tiling.hpp).
+    const std::int64_t Tr = tile_count(p.seq_q, C::Br);
+    const std::int64_t bh = blockIdx.x / Tr;
+    const std::int64_t i = longest_first(p.causal, blockIdx.x % Tr, Tr);
+    fa2_forward_tile<C>(p, Q, K, V, O, lse, bh / p.heads, bh % p.heads, i, smem_float4);
+}
+
+// The launch, queued on `stream` (asynchronous), behind `gate`. (`inspect` is the 3xTF32
+// kernel's choice, cuda/fa2/kernel_tf32.cuh: this kernel takes every float as it is.)
 template <class C>
 void launch_fa2(const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                float* O, float* lse, KernelGate gate, cudaStream_t stream) {
+                float* O, float* lse, KernelGate gate, bool /*inspect*/, cudaStream_t stream) {
     const std::int64_t blocks = tile_count(p.seq_q, C::Br) * p.batch * p.heads;
     if (blocks > 0x7fffffff)
         throw std::invalid_argument("batch*heads*ceil(seq_q/" + std::to_string(C::Br) +
@@ -338,18 +350,6 @@ void launch_fa2(const AttentionProblem& p, const float* Q, const float* K, const
     cuda::allow_dynamic_shared_memory(fa2_forward_kernel<C>, int(C::SMEM_BYTES));
     fa2_forward_kernel<C><<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(p, Q, K, V, O,
                                                                                    lse, gate);
-    FA_CUDA_CHECK_LAUNCH();
-}
-
-// The tensor-core kernel (cuda/fa2/kernel_tf32.cuh) on its 3D grid (Tr, heads, batch).
-template <class C>
-void launch_fa2_tf32(const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                     float* O, float* lse, KernelGate gate, cudaStream_t stream) {
-    const mma::KernelParams params = mma::make_params(p, Q, K, V, O, lse);
-    auto kernel = p.block_mask.active() ? fa2_tf32_kernel<C, true> : fa2_tf32_kernel<C, false>;
-    cuda::allow_dynamic_shared_memory(kernel, int(C::SMEM_BYTES));
-    const dim3 grid(unsigned(tile_count(p.seq_q, C::Br)), unsigned(p.heads), unsigned(p.batch));
-    kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(params, gate);
     FA_CUDA_CHECK_LAUNCH();
 }
 

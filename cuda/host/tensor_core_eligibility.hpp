@@ -19,7 +19,8 @@ namespace flashattn::cuda {
 // rows). Returns an empty string when the problem fits, else why it does not.
 std::string mma_grid_limits(const AttentionProblem& p);
 
-// Whether the 3xTF32 kernels (cuda-fa1 v5, cuda-fa2 v4) may compute this fp32 problem:
+// Whether a 3xTF32 kernel that does not look at its own inputs (cuda-fa1 v5, cuda-fa2's backward,
+// and its forward on problems past the one-launch size) may compute this fp32 problem:
 //   * the grid limits above;
 //   * d >= 16. 3xTF32 carries ~22 of fp32's 24 mantissa bits per operand; at tiny d a score is
 //     one or two unscaled products and the error reached 1.27x the 2x rule's bound at d = 1
@@ -27,6 +28,8 @@ std::string mma_grid_limits(const AttentionProblem& p);
 //     and d < 16 would do 4x+ padded work on the D = 64 tile anyway;
 //   * every input finite: the tf32 split (cuda/ptx/tf32_mma.cuh) turns inf into NaN, and a masked
 //     key's P = 0 times a NaN would be NaN, where the FFMA kernels leave masked keys out.
+// (cuda-fa2's forward kernel on a small problem looks at what it splits and computes a tile it
+// cannot carry with its FFMA code: cuda/fa2/kernel_tf32.cuh. It asks only tf32_shape_allowed.)
 // The kernels' own limits (largest D, shared memory) are their host code's to check.
 bool tf32_tensor_cores_allowed(const AttentionProblem& p, const float* Q, const float* K,
                                const float* V);
@@ -40,9 +43,9 @@ bool tf32_backward_allowed(const AttentionProblem& p, const float* Q, const floa
 bool tf32_shape_allowed(const AttentionProblem& p);
 
 // The device entries cannot look at their inputs without waiting for them (common/backend.hpp).
-// So cuda-fa2's entries queue the finiteness test on the device, and both kernels behind it, each
-// with a gate. queue_nonfinite_test is one launch of kNonfiniteSlots CTAs over all the arrays on
-// `stream` (a cudaStream_t); CTA b writes flags[b], 1 where its share of the elements holds a NaN
+// So cuda-fa2's entries (the forward past its one-launch size, the backward) queue the
+// finiteness test on the device, and both kernels behind it, each with a gate. queue_nonfinite_test is one launch of kNonfiniteSlots CTAs over all the
+// arrays on `stream` (a cudaStream_t); CTA b writes flags[b], 1 where its share of the elements holds a NaN
 // or inf and 0 where not. Every CTA writes its flag either way, so nothing has to zero the flags
 // first: a memset would be one more operation queued per call, and a call's host time is counted
 // in launches (docs/python.md). A gated kernel reads the flags first thing and returns at once

@@ -11,8 +11,12 @@
 // trick is PyTorch's fp32 EFFICIENT_ATTENTION (CUTLASS OpMultiplyAddFastF32) and Triton's
 // "tf32x3". The small products go first so that the large one is added to a nearly final sum.
 //
-// Non-finite inputs: small = inf - inf = NaN for x = +-inf, so a product involving inf gives NaN
-// where fp32 gives inf. Callers use this path only for finite inputs (cuda-fa2 checks once).
+// What the split cannot carry: a NaN, an inf, and a finite value within half a tf32 unit of
+// FLT_MAX (it rounds to inf). With the rounding below, inf splits into (inf, -0), so a product
+// with a value whose small part is 0 gives inf * 0 = NaN where fp32 gives inf, and a NaN whose top
+// mantissa bits are all set (the NaN a GPU's arithmetic makes) into (-0, -0): it would vanish.
+// Callers either check their inputs first (cuda-fa1, cuda-fa2's backward) or track what they split
+// (split_carries: cuda-fa2's forward) and compute a tile that holds such a value another way.
 //
 // ---------------------------------------------------------------------------------------------
 // Fragment layouts of mma.sync.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8").
@@ -65,6 +69,20 @@ __device__ __forceinline__ std::uint32_t round_to_tf32(std::uint32_t bits) {
 __device__ __forceinline__ Split split(float x) {
     const std::uint32_t big = round_to_tf32(__float_as_uint(x));
     return {big, round_to_tf32(__float_as_uint(x - __uint_as_float(big)))};  // x - big is exact
+}
+
+// The running largest |x| of the values a kernel has split, a NaN kept (PTX max.NaN; fmaxf would
+// drop a NaN and hide it). Start from 0.
+__device__ __forceinline__ float largest_magnitude(float seen, float x) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(seen), "f"(fabsf(x)));
+    return r;
+}
+
+// Whether the split carries every value whose largest_magnitude is `seen`: false for a NaN, an inf
+// and |x| >= the bits 0x7f7ff000, from which round_to_tf32 gives inf.
+__device__ __forceinline__ bool split_carries(float seen) {
+    return seen < __uint_as_float(0x7f7ff000u);  // false for NaN
 }
 
 // c += a b for one 16 x 8 x 8 product of tf32 values. Not volatile: the instruction has no side

@@ -25,7 +25,10 @@
 //   using Cfg (Br, Bc, D, kWarps, kMTiles, kWarpRows, kStages, kThreads), using Element (the
 //   stored input type), kExactDifference (exponents as (s - m) c: the fp32 kernel's accuracy);
 //   Ops(params, smem, warp, lane); load_q(Q_head, row_begin, n); load_kv(slot, K_head, V_head,
-//   key_begin, n); hold_q(); scores(S, slot); accumulate_pv(O, S, slot).
+//   key_begin, n); hold_q() (Q_i has landed); scores(S, slot); accumulate_pv(O, S, slot);
+//   inspect_skipped(slot) (a warp whose rows skip tile j) and computed_tile() (CTA-wide, before
+//   anything is written: false declines the tile, for the kernel to compute it another way):
+//   cuda-fa2's 3xTF32 products and an input they cannot carry; cuda-tc's do nothing.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +46,9 @@ namespace flashattn::mma {
 // the launch splits the keys (params.kv_splits > 1), also a separate instantiation: the chunk's
 // bounds cost registers that the d = 64 tiles, at the 255 limit, do not have to spare (they spill,
 // ~8% slower). The host checks that seq_q and seq_kv fit in int; element offsets are 64-bit.
+// Returns whether the tile was computed and written (Ops::computed_tile, above).
 template <class Ops, bool kBlockMask, bool kSplitKV = false>
-__device__ __forceinline__ void flash_forward(const KernelParams& params, void* smem) {
+__device__ __forceinline__ bool flash_forward(const KernelParams& params, void* smem) {
     using Cfg = typename Ops::Cfg;
     using Element = typename Ops::Element;
     constexpr int Bc = Cfg::Bc, kStages = Cfg::kStages, kM = Cfg::kMTiles;
@@ -137,15 +141,19 @@ __device__ __forceinline__ void flash_forward(const KernelParams& params, void* 
             for (int mt = 0; mt < kM; ++mt)  // FA2 L9, L10 (rescale)
                 softmax[mt].update(S[mt], O[mt], params.scale_log2);
             ops.accumulate_pv(O, S, stage);  // FA2 L10 (+ P~ V_j)
+        } else {
+            ops.inspect_skipped(stage);
         }
         stage = (stage + 1) % kStages;
     }
 
+    if (!ops.computed_tile()) return false;
     // FA2 L12-L15.
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
         if (warp_begin + 16 * mt < row_end)
             softmax[mt].template finalize<kBlockMask>(O[mt], params, warp_begin + 16 * mt, b, h, lane, split);
+    return true;
 }
 
 }  // namespace flashattn::mma

@@ -261,6 +261,9 @@ struct TcForwardOps {
     __device__ __forceinline__ void hold_q() {
         if constexpr (Cfg::kQInRegisters) load_q_fragments<Cfg>(q, sQ, warp, lane);
     }
+    // fp16 / bf16 products take every value their inputs can hold: nothing to look at.
+    __device__ __forceinline__ void inspect_skipped(int) {}
+    __device__ __forceinline__ static constexpr bool computed_tile() { return true; }
     __device__ __forceinline__ void scores(float (&S)[Cfg::kMTiles][Bc / 8][4], int slot) const {
         compute_scores<Cfg>(S, q, sQ, sK + slot * Bc * D, warp, lane);
     }

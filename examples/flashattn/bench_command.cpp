@@ -234,7 +234,7 @@ int bench(const BenchOptions& o) {
         if (time_forward)
             contenders.push_back({b->name, b->device, device_name(b->device), "forward",
                                   [run] { run->execute(); }, [run] { return run->extra_bytes(); },
-                                  [run] { return run->kv_splits(); }, attention_flops(p), {}});
+                                  [run] { return run->kv_splits(); }, p.forward_flops(), {}});
         if (time_backward) {
             // The backward reads what the forward saved: one untimed forward run gives O and LSE.
             SavedForward& f = saved.emplace_back();
@@ -260,7 +260,7 @@ int bench(const BenchOptions& o) {
                                   [back] { back->execute(); },
                                   [back] { return back->extra_bytes(); },
                                   [] { return std::int64_t{1}; },
-                                  kBackwardFlopsFactor * attention_flops(p), {}});
+                                  kBackwardFlopsFactor * p.forward_flops(), {}});
         }
         if (time_forward) prepared.push_back(std::move(forward));  // else done with: free it
     }

@@ -97,7 +97,7 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
         return grad_bounds[t];
     };
 
-    const double flops = attention_flops(p);
+    const double flops = p.forward_flops();
     Table table({"backend", "device", "dtype", "time ms", "runs", "GFLOP/s", "working mem", "max |err|",
                  "2x bound", "grad err/bound", "check"});
     int failures = 0;

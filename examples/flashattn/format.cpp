@@ -54,9 +54,4 @@ std::string human_bytes(std::size_t bytes) {
     return buf;
 }
 
-double attention_flops(const AttentionProblem& p) {
-    const double full = 4.0 * p.batch * p.heads * double(p.seq_q) * double(p.seq_kv) * p.dim;
-    return p.causal && p.seq_q == p.seq_kv ? full / 2 : full;
-}
-
 }  // namespace flashattn::cli

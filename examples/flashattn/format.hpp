@@ -26,8 +26,4 @@ std::string fixed(double v, int decimals);
 std::string scientific(double v);
 std::string human_bytes(std::size_t bytes);  // "0 B", "12.0 KiB", "1.00 GiB"
 
-// FLOPs of one attention call: 4 * B * H * N_q * N_kv * d (QK^T and PV, a multiply-add = 2),
-// halved for causal when N_q == N_kv (docs/design.md, Command-line contract).
-double attention_flops(const AttentionProblem& p);
-
 }  // namespace flashattn::cli
