@@ -101,8 +101,8 @@ struct Tf32Tile {
 // Which of the values a warp splits it also looks at, for a kernel that must know whether the
 // split carried them all (tf32::split_carries). Every warp splits all of K_j and V_j, and one look
 // at each value is enough: warp w looks at the k-step pairs qd of S (16 columns of K_j) and the key
-// tiles nt of P V (8 rows of V_j) whose index % warps is w. NoInspection: the kernels that check
-// their inputs before they run (cuda-fa2's backward).
+// tiles nt of P V (8 rows of V_j) whose index % warps is w. NoInspection: the kernels whose inputs
+// were tested before they run (the forward with kInspect = false, and cuda-fa2's backward).
 struct NoInspection {
     __device__ __forceinline__ static NoInspection of_warp(int) { return {}; }
     __device__ __forceinline__ static constexpr bool takes(int) { return false; }
