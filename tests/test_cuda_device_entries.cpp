@@ -829,7 +829,9 @@ TEST_CASE("cuda-fa2's forward computes exactly the query tiles that loaded a NaN
         for (bool causal : {false, true}) {
             // 3 query tiles (the last ragged), 4 key tiles (the last ragged), GQA groups of 2;
             // causal bottom-right: query tile 0 loads key tile 0 only (its rows 0-96 see no key),
-            // tile 1 key tiles 0-2.
+            // tile 1 key tiles 0-2. Query tile 2 has rows for its first 3 warps only: K's poked
+            // column (d - 1) is looked at by warp 3 (d = 64) or 6 (d = 100), which skips the
+            // products there, so that tile finds it only through Ops::inspect_skipped.
             const AttentionProblem p = test::make_problem(2, 4, 2, 300, 203, dim.d, causal);
             REQUIRE(p.forward_flops() <= double(std::int64_t{1} << 30));  // the one-launch size
             const std::int64_t d = p.dim, group = p.heads / p.heads_kv;

@@ -44,9 +44,10 @@ bool tf32_shape_allowed(const AttentionProblem& p);
 
 // The device entries cannot look at their inputs without waiting for them (common/backend.hpp).
 // So cuda-fa2's entries (the forward past its one-launch size, the backward) queue the
-// finiteness test on the device, and both kernels behind it, each with a gate. queue_nonfinite_test is one launch of kNonfiniteSlots CTAs over all the
-// arrays on `stream` (a cudaStream_t); CTA b writes flags[b], 1 where its share of the elements holds a NaN
-// or inf and 0 where not. Every CTA writes its flag either way, so nothing has to zero the flags
+// finiteness test on the device, and both kernels behind it, each with a gate.
+// queue_nonfinite_test is one launch of kNonfiniteSlots CTAs over all the arrays on `stream` (a
+// cudaStream_t); CTA b writes flags[b], 1 where its share of the elements holds a NaN or inf and
+// 0 where not. Every CTA writes its flag either way, so nothing has to zero the flags
 // first: a memset would be one more operation queued per call, and a call's host time is counted
 // in launches (docs/python.md). A gated kernel reads the flags first thing and returns at once
 // unless they select it; the kernel not chosen costs a launch of CTAs that exit there.

@@ -15,8 +15,9 @@
 // FLT_MAX (it rounds to inf). With the rounding below, inf splits into (inf, -0), so a product
 // with a value whose small part is 0 gives inf * 0 = NaN where fp32 gives inf, and a NaN whose top
 // mantissa bits are all set (the NaN a GPU's arithmetic makes) into (-0, -0): it would vanish.
-// Callers either check their inputs first (cuda-fa1, cuda-fa2's backward) or track what they split
-// (split_carries: cuda-fa2's forward) and compute a tile that holds such a value another way.
+// Callers either check their inputs first (cuda-fa1, cuda-fa2's backward, and its forward past
+// 2^30 FLOPs) or track what they split (split_carries: cuda-fa2's forward on smaller problems)
+// and compute a tile that holds such a value another way.
 //
 // ---------------------------------------------------------------------------------------------
 // Fragment layouts of mma.sync.m16n8k8 .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8").
