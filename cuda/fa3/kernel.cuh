@@ -18,7 +18,8 @@
 //   3. Overlap (Section 3.2), two ways:
 //      * within a warpgroup: tile j's S = Q_i K_j^T and tile j-1's O += P~ V_{j-1} are issued
 //        together, and the softmax of tile j runs while the P V is still on the tensor cores;
-//        O's rescale waits for that product (softmax_update, then rescale_output);
+//        O's rescale waits for that product (softmax_update, then rescale_output), and at
+//        d = 256 is put off to the next step, between its S and its P V (kRescaleBeforePv);
 //      * between the two warpgroups (ping-pong, kPingPong): they take turns issuing their products
 //        (named barriers), so that one warpgroup's softmax tends to run while the other's products
 //        do. A compile-time choice: measured, it pays at d = 128 and costs at d = 64
@@ -102,6 +103,10 @@ struct Fa3Tile {
     // registers with two consumer warpgroups, 128 x 24 + 384 x 160 = 64,512 with three.
     static constexpr int kProducerRegisters = 24;
     static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+    // Where the overlapped loop rescales O by the last softmax's factor (FA2 L10): at d = 256,
+    // between issuing the next S and the pending P V, while S runs (FlashAttention-3's order at
+    // head dims above 128); below, after that P V has landed (consume_overlapped says why).
+    static constexpr bool kRescaleBeforePv = D > 128;
     static constexpr std::uint32_t kQBytes = Br * D * sizeof(T_);
     static constexpr std::uint32_t kTileBytes = Bc * D * sizeof(T_);  // one K_j or V_j
     // O_i's staging blocks (store_output_staged), one per consumer warpgroup of 64 rows x up to
@@ -447,9 +452,18 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
     const int full = kSplitKV ? min(int(tiles.full), seen) : int(tiles.full);
     RingPosition pv;              // the slot of the tile whose P~ V is pending
     std::uint32_t a[Bc / 16][4];  // that tile's P~, wgmma's A operand
+    // The factor exp(scale (m_old - m_new)) of the last softmax_update, by which O is rescaled
+    // (FA2 L10) before the next P~ V adds to it. The rescale cannot start before O is ours again,
+    // once the pending P V has landed. Below d = 256 it runs right then, at the end of the step.
+    // At d = 256 (Cfg::kRescaleBeforePv) O is 128 registers a thread, and the rescale is put off
+    // to the next step, between issuing its S and the pending P V: the multiplications then run
+    // while S does, not between this step's last product and the next step's first, when the
+    // warpgroup has nothing on the tensor cores. The same sums: O s + P~ V instead of (O + P~ V) s,
+    // with the factor applied one product later.
+    float old_scale[2];
 
     // One step of the overlapped loop: tile j's S is issued with tile j-1's P V; tile j's softmax
-    // runs while that P V does; then O's rescale and P~_j.
+    // runs while that P V does; then O's rescale (or in the next step) and P~_j.
     const auto step = [&](int j, auto masked) {
         const int s = ring.stage;
         hopper::mbarrier_wait(&bars->k_full[s], ring.phase);       // FA2 L7: K_j
@@ -457,27 +471,28 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
         float S[Bc / 8][4];
         turns.begin();
         issue_scores<Cfg>(S, sQ_wg, sK + s * Bc * D);  // FA2 L8, tile j
-        issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);   // FA2 L10, tile j-1
+        if constexpr (Cfg::kRescaleBeforePv) softmax.rescale(O, old_scale);  // tile j-1's factor
+        issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);  // FA2 L10, tile j-1
         turns.end();
         hopper::wgmma_wait<1>();  // S has landed; the P V still runs
         hopper::wgmma_fence_registers(S);
         hopper::mbarrier_arrive(&bars->k_empty[s]);
         if constexpr (decltype(masked)::value)
             mma::mask_scores<Cfg, false>(S, p, at.warp_begin, j * Bc, lane);
-        float old_scale[2];
         softmax.update_only(S, params.base.scale_log2, old_scale);  // FA2 L9
         hopper::wgmma_wait<0>();  // the P V has landed: O is ours again, V_{j-1} free
         hopper::wgmma_fence_registers(O);
         hopper::wgmma_fence_registers(a);
         hopper::mbarrier_arrive(&bars->v_empty[pv.stage]);
-        softmax.rescale(O, old_scale);  // FA2 L10, O's rescale
+        if constexpr (!Cfg::kRescaleBeforePv) softmax.rescale(O, old_scale);  // FA2 L10
         pack_p<Cfg>(a, S);
         pv = ring;
         ring.advance<kStages>();
     };
 
     if (seen > first) {
-        {  // The first tile: its S alone (nothing is pending), its softmax; O is still zero.
+        {  // The first tile: its S alone (nothing is pending), its softmax; O is still zero
+            // (a rescale put off to the next step multiplies zeros, by 0 where m was -inf).
             hopper::mbarrier_wait(&bars->k_full[ring.stage], ring.phase);
             float S[Bc / 8][4];
             turns.begin();
@@ -487,7 +502,6 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
             hopper::wgmma_fence_registers(S);
             hopper::mbarrier_arrive(&bars->k_empty[ring.stage]);
             if (full <= first) mma::mask_scores<Cfg, false>(S, p, at.warp_begin, first * Bc, lane);
-            float old_scale[2];
             softmax.update_only(S, params.base.scale_log2, old_scale);
             pack_p<Cfg>(a, S);
             pv = ring;
@@ -499,6 +513,7 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
         // Every S has landed: Q_i is released, so that the next work tile's Q_i is copied while
         // the last P V and the epilogue run. Then FA2 L10 for the last tile.
         release_q(bars);
+        if constexpr (Cfg::kRescaleBeforePv) softmax.rescale(O, old_scale);  // the last factor
         hopper::mbarrier_wait(&bars->v_full[pv.stage], pv.phase);
         turns.begin();
         issue_pv<Cfg>(O, a, sV + pv.stage * Bc * D);
