@@ -168,6 +168,23 @@ inline std::int64_t choose_kv_splits(std::int64_t work_items, std::int64_t slots
     return 1;
 }
 
+// choose_kv_splits, then one refinement for long chunks: where every chunk would still hold at
+// least `long_chunk_tiles` key tiles, S becomes as many chunks as one wave of the slots holds (at
+// most `max_splits`). A task then streams its chunk for most of the step, and the step lasts as
+// long as its longest chunk: the smallest good S leaves slots empty and every chunk longer (B = 1,
+// 8 KV heads on 264 slots: S = 29, chunks of up to 36 tiles in 1024, where S = 32 has 32). Short
+// chunks keep the smallest good S: there each chunk's start and the merge weigh more.
+inline std::int64_t choose_kv_splits_filling_wave(std::int64_t work_items, std::int64_t slots,
+                                                  std::int64_t key_tiles,
+                                                  std::int64_t min_chunk_tiles,
+                                                  std::int64_t long_chunk_tiles,
+                                                  std::int64_t max_splits) {
+    const std::int64_t S = choose_kv_splits(work_items, slots, key_tiles, min_chunk_tiles);
+    if (S <= 1) return S;  // the tasks fill the slots (or nothing to split): no wave to fill
+    const std::int64_t wave = std::min<std::int64_t>(max_splits, slots / work_items);
+    return wave > S && key_tiles / wave >= long_chunk_tiles ? wave : S;
+}
+
 // classify_causal for every key tile of width `block` at once, for the query rows [rows): tiles
 // [0, full) need no per-element mask, [full, seen) do (the causal diagonal and the ragged last
 // tile), and tiles from `seen` on are hidden. For kernels that run the masked tiles in a loop of

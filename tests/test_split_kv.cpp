@@ -253,6 +253,30 @@ TEST_CASE("split-KV omp: splits a lone decoding row when threads would idle, and
     CHECK(omp_kv_splits(automatic, 1, 100, 16) == 32);
 }
 
+TEST_CASE("split-KV: the choice of S, and the full wave where chunks stay long") {
+    // choose_kv_splits: S = 1 once the tasks fill 80% of the slots; else the smallest S within
+    // 85% of the best wave efficiency, chunks of at least 4 tiles.
+    CHECK(choose_kv_splits(212, 264, 1024, 4) == 1);
+    CHECK(choose_kv_splits(8, 264, 1024, 4) == 29);  // 232 of 264 slots
+    CHECK(choose_kv_splits(8, 132, 1024, 4) == 15);  // 120 of 132
+    CHECK(choose_kv_splits(8, 264, 64, 4) == 14);    // at most 64 / 4 = 16 chunks: 112 of 264
+    CHECK(choose_kv_splits(32, 264, 1024, 4) == 8);  // 256 of 264
+    // The GPU's refinement (cuda::kv_splits_for: long chunks = 32 tiles, at most 32 chunks): a
+    // full wave where every chunk keeps 32 tiles or more, the smallest good S elsewhere.
+    const auto gpu = [](std::int64_t items, std::int64_t slots, std::int64_t tiles) {
+        return choose_kv_splits_filling_wave(items, slots, tiles, 4, 32, 32);
+    };
+    CHECK(gpu(8, 264, 1024) == 32);  // chunks of 32 tiles, not up to 36
+    CHECK(gpu(8, 264, 2048) == 32);  // capped at 32 chunks, though 33 would fit
+    CHECK(gpu(8, 264, 1023) == 29);  // 1023 / 32 < 32 tiles a chunk: unchanged
+    CHECK(gpu(8, 264, 512) == 29);
+    CHECK(gpu(8, 132, 1024) == 16);  // one CTA per SM (cuda-fa3): 128 of 132
+    CHECK(gpu(32, 264, 1024) == 8);  // the smallest good S already fills the wave
+    CHECK(gpu(212, 264, 1024) == 1);
+    CHECK(gpu(300, 264, 1024) == 1);
+    CHECK(gpu(0, 264, 1024) == 1);
+}
+
 TEST_CASE("split-KV omp: working memory counts the partial results") {
     const Backend& omp = find_backend("omp");
     ThreadCount scope(2);

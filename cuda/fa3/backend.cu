@@ -169,7 +169,8 @@ const Variant& choose_variant(const AttentionProblem& p) {
 // rows (common/gqa_packing.hpp), so that each K/V tile is copied once for all of them, where the
 // layouts of Q and O allow it; then split-KV's S for the problem as the kernel sees it: with one
 // persistent CTA per SM, S chunks of >= 4 key tiles when its work tiles leave SMs idle
-// (cuda::kv_splits_for, as cuda-tc chooses), or the caller's kv_splits.
+// (cuda::kv_splits_for, as cuda-tc chooses, without its full wave for long chunks:
+// docs/decoding.md), or the caller's kv_splits.
 struct ForwardPlan {
     const Variant* variant;
     AttentionProblem problem;  // p, or p with its GQA groups packed
@@ -201,7 +202,7 @@ ForwardPlan plan_forward(const AttentionProblem& p, bool layouts_packable) {
     const Variant* v = &choose_variant(p);
     const AttentionProblem run = layouts_packable ? gqa_packed(p, v->Br) : p;
     const std::int64_t S = cuda::kv_splits_for(run, tile_count(run.seq_q, v->Br), 1,
-                                               tile_count(run.seq_kv, v->Bc));
+                                               tile_count(run.seq_kv, v->Bc), false);
     // The same Br and Bc: the packing and S stand. A variant named in FLASHATTN_VARIANT stays.
     if (S > 1 && cuda::requested_variant("cuda-fa3").empty()) v = split_variant(*v);
     ForwardPlan plan{v, run, S};

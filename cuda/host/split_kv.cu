@@ -16,10 +16,15 @@
 namespace flashattn::cuda {
 
 std::int64_t kv_splits_for(const AttentionProblem& p, std::int64_t query_tiles,
-                           std::int64_t ctas_per_sm, std::int64_t key_tiles) {
+                           std::int64_t ctas_per_sm, std::int64_t key_tiles, bool fill_wave) {
     if (p.kv_splits > 0) return std::clamp<std::int64_t>(p.kv_splits, 1, std::max<std::int64_t>(1, key_tiles));
     const std::int64_t slots = std::int64_t{device_limits().sm_count} * std::max<std::int64_t>(1, ctas_per_sm);
-    return choose_kv_splits(query_tiles * p.heads * p.batch, slots, key_tiles, 4);
+    const std::int64_t work_items = query_tiles * p.heads * p.batch;
+    // Chunks of at least 4 key tiles. With fill_wave, where they hold 32 or more, one full wave of
+    // CTAs, up to 32 chunks: the combine's lanes read the LSEs of 32 parts in one round
+    // (cuda/stages/combine.cuh), and S = 33 was slower than 32 (docs/decoding.md, "S, the chunks").
+    return fill_wave ? choose_kv_splits_filling_wave(work_items, slots, key_tiles, 4, 32, 32)
+                     : choose_kv_splits(work_items, slots, key_tiles, 4);
 }
 
 SplitPartials cut_split_partials(const AttentionProblem& p, std::int64_t S, WorkspaceCarver& w) {

@@ -15,9 +15,11 @@ namespace flashattn::cuda {
 
 // S for a launch of `query_tiles` x heads x batch CTAs, `ctas_per_sm` of which fit on one SM,
 // over `key_tiles` key tiles: problem.kv_splits when the caller forced it (at most key_tiles),
-// else choose_kv_splits (common/tiling.hpp) on the device's SM count, chunks of >= 4 tiles.
+// else choose_kv_splits (common/tiling.hpp) on the device's SM count, chunks of >= 4 tiles; with
+// `fill_wave`, choose_kv_splits_filling_wave: one full wave of up to 32 chunks where each keeps
+// >= 32 tiles (cuda-tc's decoding kernel; docs/decoding.md has what each form measured).
 std::int64_t kv_splits_for(const AttentionProblem& p, std::int64_t query_tiles,
-                           std::int64_t ctas_per_sm, std::int64_t key_tiles);
+                           std::int64_t ctas_per_sm, std::int64_t key_tiles, bool fill_wave);
 
 // The partial results of S chunks, S (O, LSE) pairs in fp32, cut from a device entry's workspace
 // (cuda/host/workspace.hpp; a counting carver gives their bytes). Null pointers for S = 1.

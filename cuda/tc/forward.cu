@@ -248,8 +248,10 @@ const CompiledTile& compiled_tile(std::int64_t dim, DType dtype, const TcTileSha
 std::int64_t tc_kv_splits(const AttentionProblem& problem, DType dtype, const TcTileShape& tile) {
     const CompiledTile& t = compiled_tile(problem.dim, dtype, tile);
     const AttentionProblem p = gqa_packed(problem, tile.Br());  // the problem tc_forward runs
+    // The full wave where chunks are long for the decoding kernel, where it was measured faster
+    // (docs/decoding.md, "S, the chunks"); the prefill tiles keep the smallest good S.
     return cuda::kv_splits_for(p, tile_count(p.seq_q, tile.Br()), t.ctas_per_sm(),
-                               tile_count(p.seq_kv, tile.Bc));
+                               tile_count(p.seq_kv, tile.Bc), tile.decode);
 }
 
 void tc_forward(const TcDeviceArgs& args, const TcTileShape& tile) {
