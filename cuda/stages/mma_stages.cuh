@@ -207,7 +207,8 @@ __device__ __noinline__ inline bool row_has_visible_key_rare(const AttentionProb
 
 // FA2 L12-L15 for the lane's two rows of a warp's row tile (first row row0; the lane's rows are
 // row0 + lane / 4 + 8 r, r = 0, 1), for the rows that exist: l_i summed over the quad (each lane
-// held a partial sum over its own columns), L_i = m_i + log(l_i) written to lse_head[row], and
+// held a partial sum over its own columns), L_i = m_i + log(l_i) written to lse_head[row] (not
+// when lse_head is null: another warp writes it), and
 // store_row(r, row, scale, overflowed) asked to write the row's values O_i * scale
 // (final_output_scaled): O_i = diag(l_i)^-1 O_i with one reciprocal per row (output_scale), NaN
 // for a row whose visible scores all overflowed (scores_overflowed, common/online_softmax.hpp).
@@ -233,7 +234,7 @@ __device__ __forceinline__ void finish_rows(const float (&m)[2], const float (&l
                 return kBlockMask ? row_has_visible_key_rare(p, row) : p.row_has_visible_key(row);
             });
         store_row(r, row, output_scale(l_row), overflowed);  // 1 / l_i, once for the row
-        if (lane % 4 == 0)
+        if (lane % 4 == 0 && lse_head != nullptr)
             lse_head[row] = final_lse(state, overflowed);
     }
 }
@@ -242,12 +243,14 @@ __device__ __forceinline__ void finish_rows(const float (&m)[2], const float (&l
 // O's rows lie where params.o_layout says, in params.o_dtype; columns p.dim..D-1 (the zero
 // padding of a head dim that is not one of the compiled D, as cuda-fa2's tensor-core kernel has)
 // are not written. Chunk `split` of a split-KV launch writes its partial result into its own slice
-// (contiguous float32).
-template <class Cfg, bool kBlockMask>
-__device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], const float (&m)[2],
+// (contiguous float32). A warp may hold only kTiles of O's n8 column tiles, starting at column
+// col0 (cuda/tc/decode_kernel.cuh, whose warps share the columns); then only one of the warps
+// that share the rows stores L_i (store_lse).
+template <class Cfg, bool kBlockMask, int kTiles = Cfg::D / 8>
+__device__ __forceinline__ void write_output(const float (&O)[kTiles][4], const float (&m)[2],
                                              const float (&l)[2], const KernelParams& params,
                                              int row0, std::int64_t b, std::int64_t h, int lane,
-                                             int split) {
+                                             int split, int col0 = 0, bool store_lse = true) {
     const AttentionProblem& p = params.problem;
     const bool partial = params.kv_splits > 1;
     void* const O_out = partial ? params.O_partial + split * p.q_elements() : params.O;
@@ -256,21 +259,22 @@ __device__ __forceinline__ void write_output(const float (&O)[Cfg::D / 8][4], co
     const std::int64_t O_head = partial ? p.q_offset(b, h) : params.o_layout.offset(b, h);
     float* lse_head = (partial ? params.lse_partial + split * p.lse_elements() : params.lse) +
                       p.lse_offset(b, h);
-    finish_rows<kBlockMask>(m, l, params, row0, lse_head, partial, lane,
+    finish_rows<kBlockMask>(m, l, params, row0, store_lse ? lse_head : nullptr, partial, lane,
                             [&](int r, int row, float scale, bool overflowed) {
-        const std::int64_t O_row = O_head + std::int64_t(row) * row_stride + 2 * (lane % 4);
+        const std::int64_t O_row =
+            O_head + std::int64_t(row) * row_stride + col0 + 2 * (lane % 4);
         if (p.dim == Cfg::D) {
 #pragma unroll
-            for (int dt = 0; dt < Cfg::D / 8; ++dt)
+            for (int dt = 0; dt < kTiles; ++dt)
                 store_output_pair(O_out, o_dtype, O_row + 8 * dt,
                                   final_output_scaled(O[dt][2 * r], scale, overflowed),
                                   final_output_scaled(O[dt][2 * r + 1], scale, overflowed));
         } else {  // padded d (possibly odd: no paired stores)
 #pragma unroll
-            for (int dt = 0; dt < Cfg::D / 8; ++dt)
+            for (int dt = 0; dt < kTiles; ++dt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                    if (8 * dt + 2 * (lane % 4) + e < p.dim)
+                    if (col0 + 8 * dt + 2 * (lane % 4) + e < p.dim)
                         store_output(O_out, o_dtype, O_row + 8 * dt + e,
                                      final_output_scaled(O[dt][2 * r + e], scale, overflowed));
         }

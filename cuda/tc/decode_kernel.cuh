@@ -14,7 +14,8 @@
 //     (m_w, l_w) and O_w += P~ V_w. The warps' states are partial results over disjoint keys;
 //   * after the last tile the warps' partial results are merged in shared memory -- the
 //     online-softmax update (common/online_softmax.hpp) applied to whole blocks, as split-KV's
-//     combine merges chunks across CTAs -- and one warp writes O_i and L_i (write_output).
+//     combine merges chunks across CTAs -- each warp merging and writing its own columns of O_i
+//     (write_output); warp 0 writes L_i.
 //
 // Everything else is the prefill kernel's: the tile stages of cuda/tc/kernel.cuh (swizzled
 // cp.async copies, ldmatrix, m16n8k16 products), the masks and the softmax of
@@ -53,6 +54,8 @@ struct DecodeTile {
     static constexpr int Br = kDecodeRows, Bc = kWarps_ * kWarpKeys_, kThreads = 32 * kWarps_;
     // What a lane hands to the merge: its O_w fragments (D / 2 values), m_w and l_w of rows g, g + 8.
     static constexpr int kMergeValues = D_ / 2 + 4;
+    // O's n8 column tiles that each warp merges and writes (merge_warps).
+    static constexpr int kSliceTiles = D_ / 8 / kWarps_;
     static constexpr int kRingBytes = 2 * kStages_ * Bc * D_ * int(sizeof(T_));
     static constexpr int kMergeBytes = kWarps_ * 32 * kMergeValues * int(sizeof(float));
     // Q_i, then the ring of K_j and V_j tiles; the merge reuses the ring once the loop is done.
@@ -60,19 +63,24 @@ struct DecodeTile {
         Br * D_ * int(sizeof(T_)) + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
 
     static_assert(kWarpKeys_ % 16 == 0, "a warp's slice is whole k = 16 steps of P V");
+    static_assert(D_ / 8 % kWarps_ == 0, "the warps share O's column tiles evenly in the merge");
 };
 
 // Merges the kWarps partial results (O_w, m_w, l_w) of one row tile, each over its warp's key
-// slices, into warp 0's registers: m = max_w m_w, and with f_w = e^(scale (m_w - m)),
-// O = sum_w f_w O_w and l = sum_w f_w l_w (FlashAttention's Algorithm 1 lines 11-12 with whole
-// blocks; exp2_shift and exp2_shifted are the rule of common/online_softmax.hpp, so a warp that
-// saw no key (m_w = -inf) weighs 0 and a NaN anywhere makes the row NaN). `merge` is shared memory
-// of Tile::kMergeBytes, laid out [warp][value][lane] so that every access is conflict-free.
-// Called by all threads; returns true in warp 0, which then holds the merged state.
+// slices: m = max_w m_w, and with f_w = e^(scale (m_w - m)), O = sum_w f_w O_w and
+// l = sum_w f_w l_w (FlashAttention's Algorithm 1 lines 11-12 with whole blocks; exp2_shift and
+// exp2_shifted are the rule of common/online_softmax.hpp, so a warp that saw no key (m_w = -inf)
+// weighs 0 and a NaN anywhere makes the row NaN). The warps share the columns: warp w merges
+// O's columns [w D / kWarps, (w + 1) D / kWarps) into O_slice, a quarter of the columns' work
+// where one warp did it all (docs/decoding.md, "The warps' merge shared by columns"), and every
+// warp computes the same m and l (the lane's partial sums, as write_output takes them). `merge` is shared memory of Tile::kMergeBytes, laid out
+// [warp][value][lane] so that every access is conflict-free. The warps are summed in a fixed
+// order: the same bits on every run. Called by all threads.
 template <class Tile>
-__device__ __forceinline__ bool merge_warps(float (&O)[Tile::D / 8][4], float (&m)[2],
-                                            float (&l)[2], float* merge, float scale_log2,
-                                            int warp, int lane) {
+__device__ __forceinline__ void merge_warps(const float (&O)[Tile::D / 8][4], float (&m)[2],
+                                            float (&l)[2],
+                                            float (&O_slice)[Tile::kSliceTiles][4],
+                                            float* merge, float scale_log2, int warp, int lane) {
     constexpr int kO = Tile::D / 2;  // O's values per lane
     float* mine = merge + warp * 32 * Tile::kMergeValues + lane;
 #pragma unroll
@@ -82,36 +90,38 @@ __device__ __forceinline__ bool merge_warps(float (&O)[Tile::D / 8][4], float (&
 #pragma unroll
     for (int r = 0; r < 2; ++r) mine[(kO + r) * 32] = m[r], mine[(kO + 2 + r) * 32] = l[r];
     __syncthreads();
-    if (warp != 0) return false;
-    float m_new[2] = {m[0], m[1]};
+    auto value = [&](int w, int v) { return merge[(w * Tile::kMergeValues + v) * 32 + lane]; };
+    float m_new[2] = {value(0, kO), value(0, kO + 1)};
+#pragma unroll
     for (int w = 1; w < Tile::kWarps; ++w)
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-            m_new[r] = nan_max(m_new[r], merge[(w * Tile::kMergeValues + kO + r) * 32 + lane]);
+        for (int r = 0; r < 2; ++r) m_new[r] = nan_max(m_new[r], value(w, kO + r));
     float shift[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         shift[r] = exp2_shift(m_new[r], scale_log2);
-        const float f = exp2_shifted(m[r], shift[r], scale_log2);  // warp 0's own factor
-        l[r] *= f;
-#pragma unroll
-        for (int dt = 0; dt < Tile::D / 8; ++dt) O[dt][2 * r] *= f, O[dt][2 * r + 1] *= f;
+        m[r] = m_new[r];
+        l[r] = 0.0f;
     }
-    for (int w = 1; w < Tile::kWarps; ++w) {  // in a fixed order: the same bits on every run
-        const float* theirs = merge + w * 32 * Tile::kMergeValues + lane;
+#pragma unroll
+    for (int t = 0; t < Tile::kSliceTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O_slice[t][e] = 0.0f;
+    const int first_value = 4 * Tile::kSliceTiles * warp;  // this warp's columns in O's values
+#pragma unroll
+    for (int w = 0; w < Tile::kWarps; ++w) {
         float f[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            f[r] = exp2_shifted(theirs[(kO + r) * 32], shift[r], scale_log2);
-            l[r] += f[r] * theirs[(kO + 2 + r) * 32];
+            f[r] = exp2_shifted(value(w, kO + r), shift[r], scale_log2);
+            l[r] += f[r] * value(w, kO + 2 + r);
         }
 #pragma unroll
-        for (int dt = 0; dt < Tile::D / 8; ++dt)
+        for (int t = 0; t < Tile::kSliceTiles; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) O[dt][e] += f[e / 2] * theirs[(4 * dt + e) * 32];
+            for (int e = 0; e < 4; ++e)
+                O_slice[t][e] += f[e / 2] * value(w, first_value + 4 * t + e);
     }
-    m[0] = m_new[0], m[1] = m_new[1];
-    return true;
 }
 
 // Grid: (Tr kv_splits, heads, batch) with Tr the 16-row query tiles; block: Tile::kThreads;
@@ -211,13 +221,17 @@ __global__ void __launch_bounds__(Tile::kThreads) tc_decode_kernel(const KernelP
         stage = (stage + 1) % kStages;
     }
 
-    // The warps' partial results merged; FA2 L12-L15 by warp 0. The ring is free once every
-    // copy has landed (some groups were empty) and every warp has left the loop.
+    // The warps' partial results merged, and FA2 L12-L15, each warp for its columns of O (warp 0
+    // stores L_i). The ring is free once every copy has landed (some groups were empty) and
+    // every warp has left the loop.
     cp_async_wait<0>();
     __syncthreads();
-    if (merge_warps<Tile>(O[0], softmax.m, softmax.l, reinterpret_cast<float*>(sK),
-                          params.scale_log2, warp, lane))
-        softmax.template finalize<kBlockMask>(O[0], params, row_begin, b, h, lane, split);
+    float O_slice[Tile::kSliceTiles][4];
+    merge_warps<Tile>(O[0], softmax.m, softmax.l, O_slice, reinterpret_cast<float*>(sK),
+                      params.scale_log2, warp, lane);
+    mma::write_output<Warp, kBlockMask, Tile::kSliceTiles>(
+        O_slice, softmax.m, softmax.l, params, row_begin, b, h, lane, split,
+        /*col0=*/8 * Tile::kSliceTiles * warp, /*store_lse=*/warp == 0);
 }
 
 }  // namespace flashattn::tc
