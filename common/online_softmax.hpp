@@ -86,6 +86,21 @@ FA_HOST_DEVICE inline float exp2_of_difference(float s, float m, float scale_log
     return fast_exp2(m == -INFINITY ? -INFINITY : (s - m) * scale_log2);
 }
 
+// Lazy rescaling (FlashAttention-4's conditional rescale). Algorithm 1 rescales O_i and l_i by
+// e^(m_old - m_new) whenever a block raises the row maximum (lines 10-11). But the maximum is only
+// a reference that keeps the exponentials in range: for any reference r, O_i = sum_j P~_j V_j / l_i
+// with P~ = e^(s - r) and l_i = rowsum(P~), and L_i = r + log(l_i), are the same values. A kernel
+// may therefore keep its reference while a new block's maximum exceeds it by at most
+// kLazyRescaleLog2 in the base-2 exponents (s c - r c <= 8: P~ <= 2^8 = 256, far inside fp16's and
+// bf16's range and the float32 sums'), and rescale (with the block's maximum as the new reference)
+// only when it exceeds that: after the first block of a row, rarely. False when r = -inf (nothing
+// seen yet) and for a NaN maximum, so those take Algorithm 1's update as before.
+inline constexpr float kLazyRescaleLog2 = 8.0f;
+
+FA_HOST_DEVICE inline bool keeps_reference_max(float r, float m_new, float scale_log2) {
+    return (m_new - r) * scale_log2 <= kLazyRescaleLog2;
+}
+
 // (m, l) of one row: the running maximum and the running sum of exp(s - m).
 struct SoftmaxState {
     float m = -INFINITY;

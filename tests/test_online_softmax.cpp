@@ -449,3 +449,65 @@ TEST_CASE("merge_partial_row: a NaN LSE makes the row NaN, a NaN in one O_s its 
     CHECK(std::isnan(merged));
     for (float o : O) CHECK(std::isnan(o));
 }
+
+// keeps_reference_max (FlashAttention-4's conditional rescale, used by cuda-fa3 at d = 256): a
+// reference is kept while a block's maximum exceeds it by at most 2^8 in the base-2 exponent;
+// nothing seen yet or a NaN always takes Algorithm 1's update.
+TEST_CASE("keeps_reference_max: kept up to 2^8 above the reference, moved beyond, never for -inf or NaN") {
+    const float c = 0.125f * kLog2e;  // scale 1/8 (d = 64)
+    const float r = 3.0f;
+    CHECK(keeps_reference_max(r, r, c));
+    CHECK(keeps_reference_max(r, r + 0.99f * kLazyRescaleLog2 / c, c));
+    CHECK_FALSE(keeps_reference_max(r, r + 1.01f * kLazyRescaleLog2 / c, c));
+    CHECK_FALSE(keeps_reference_max(-INFINITY, 5.0f, c));
+    CHECK_FALSE(keeps_reference_max(-INFINITY, -INFINITY, c));
+    CHECK_FALSE(keeps_reference_max(r, NAN, c));
+    CHECK_FALSE(keeps_reference_max(r, INFINITY, c));
+}
+
+// Why the kernels may keep a reference: a row's softmax-weighted sum taken block by block against
+// a reference moved only when keeps_reference_max says so (float32, as a kernel runs it) equals
+// the float64 softmax of the whole row, on rows whose scores climb so that the reference is kept
+// at some blocks and moved at others.
+TEST_CASE("a row's online softmax against a lazily moved reference is the whole row's softmax") {
+    std::mt19937 gen(Catch::rngSeed() + 71);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const float c = kLog2e;  // raw scores in nats: 2^(s c) = e^s
+    int kept_blocks = 0, later_moves = 0;  // both branches must have run
+    for (int trial = 0; trial < 100; ++trial) {
+        const int n = 1 + int(gen() % 700), block = 1 + int(gen() % 90);
+        const float climb = 0.02f * float(gen() % 10);  // per key, in nats
+        std::vector<float> s(n), v(n);
+        for (int k = 0; k < n; ++k) s[k] = climb * float(k) + 3.0f * normal(gen), v[k] = normal(gen);
+        // float64 softmax of the whole row: sum_k softmax(s)_k v_k and its log-sum-exp.
+        const double m64 = *std::max_element(s.begin(), s.end());
+        double l64 = 0, o64 = 0;
+        for (int k = 0; k < n; ++k) l64 += std::exp(double(s[k]) - m64), o64 += std::exp(double(s[k]) - m64) * v[k];
+        // Block by block with the lazy reference r.
+        float r = -INFINITY, l = 0.0f, o = 0.0f;
+        int moves = 0;
+        for (int b0 = 0; b0 < n; b0 += block) {
+            const int b1 = std::min(n, b0 + block);
+            float m_new = r;
+            for (int k = b0; k < b1; ++k) m_new = nan_max(m_new, s[k]);
+            if (!keeps_reference_max(r, m_new, c)) {
+                const float factor = exp2_shifted(r, exp2_shift(m_new, c), c);
+                l *= factor, o *= factor, r = m_new, ++moves;
+                later_moves += b0 > 0;
+            } else {
+                ++kept_blocks;
+            }
+            for (int k = b0; k < b1; ++k) {
+                const float p = exp2_shifted(s[k], exp2_shift(r, c), c);
+                REQUIRE(p <= 257.0f);  // the bound that keeps fp16's P~ in range
+                l += p, o += p * v[k];
+            }
+        }
+        INFO("n " << n << " block " << block << " climb " << climb << " moves " << moves);
+        CHECK(moves >= 1);
+        CHECK(std::abs(double(o / l) - o64 / l64) <= 1e-5 * (1.0 + std::abs(o64 / l64)));
+        CHECK(std::abs(double(r) + std::log(double(l)) - (m64 + std::log(l64))) <= 1e-5 * (1.0 + std::abs(m64)));
+    }
+    CHECK(kept_blocks > 0);
+    CHECK(later_moves > 0);
+}

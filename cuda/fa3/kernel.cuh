@@ -20,6 +20,9 @@
 //        together, and the softmax of tile j runs while the P V is still on the tensor cores;
 //        O's rescale waits for that product (softmax_update, then rescale_output), and at
 //        d = 256 is put off to the next step, between its S and its P V (kRescaleBeforePv);
+//        at d = 256 a row's maximum is also a reference that moves only when a key tile exceeds
+//        it by more than 2^8 (FlashAttention-4's conditional rescale; kLazyRescale), so that
+//        most steps skip the rescale altogether;
 //      * between the two warpgroups (ping-pong, kPingPong): they take turns issuing their products
 //        (named barriers), so that one warpgroup's softmax tends to run while the other's products
 //        do. A compile-time choice: measured, it pays at d = 128 and costs at d = 64
@@ -107,6 +110,11 @@ struct Fa3Tile {
     // between issuing the next S and the pending P V, while S runs (FlashAttention-3's order at
     // head dims above 128); below, after that P V has landed (consume_overlapped says why).
     static constexpr bool kRescaleBeforePv = D > 128;
+    // At d = 256, the row maximum as a reference moved only when a key tile exceeds it by more
+    // than 2^8 (common/online_softmax.hpp, keeps_reference_max): most steps then skip O's rescale,
+    // 128 multiplications a thread. Below, where O is 64 or 32 registers, the warp's vote and
+    // branch cost more than they save (docs/cuda_fa3.md, "A reference maximum that rarely moves").
+    static constexpr bool kLazyRescale = D > 128;
     static constexpr std::uint32_t kQBytes = Br * D * sizeof(T_);
     static constexpr std::uint32_t kTileBytes = Bc * D * sizeof(T_);  // one K_j or V_j
     // O_i's staging blocks (store_output_staged), one per consumer warpgroup of 64 rows x up to
@@ -384,7 +392,7 @@ __device__ __forceinline__ void consume_block_masked(const Fa3Params& params, co
 
     float O[D / 8][4];  // FA2 L5
     zero_output<Cfg>(O);
-    mma::RowSoftmax<Cfg> softmax;
+    mma::RowSoftmax<Cfg, false, Cfg::kLazyRescale> softmax;
     for (int j = mma::next_key_tile<true>(p, t.rows, t.key_begin, t.key_end, Bc); j < t.key_end;
          j = mma::next_key_tile<true>(p, t.rows, j + 1, t.key_end, Bc)) {
         const int s = ring.stage;
@@ -442,7 +450,7 @@ __device__ __forceinline__ void consume_overlapped(const Fa3Params& params, cons
 
     float O[D / 8][4];  // FA2 L5
     zero_output<Cfg>(O);
-    mma::RowSoftmax<Cfg> softmax;
+    mma::RowSoftmax<Cfg, false, Cfg::kLazyRescale> softmax;
     // Tiles [first, full) need no mask, [full, seen) do, [seen, t.key_end) only the CTA's other
     // warpgroup sees (all within this work tile's chunk). Without a split these are
     // causal_key_tiles' own: the clamps to the chunk cost the kernels at the register limit spills.

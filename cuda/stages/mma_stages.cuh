@@ -130,11 +130,14 @@ __device__ __forceinline__ void pairwise_reduce(float (&part)[2][kN], Op op) {
 // The rule itself (nan_max, exp2_shift, exp2_shifted) is common/online_softmax.hpp's.
 // kExactDifference: exponents as (s - m) c (exp2_of_difference) instead of s c - m c, for the fp32
 // kernel (cuda/fa2/kernel_tf32.cuh), which is held to fp32 accuracy at large logits too.
+// kLazyRescale: m_i is a reference maximum kept while the block's maximum exceeds it by at most
+// kLazyRescaleLog2 (keeps_reference_max, common/online_softmax.hpp); a kept row's factor is
+// exactly 1, and rescale_output skips a warp whose rows all kept theirs (cuda-fa3).
 //
 // softmax_update does all but the last line and returns exp(scale (m_i - m_new)) per row in
 // old_scale; a kernel whose O_i is still being accumulated by an asynchronous P V (cuda-fa3's
 // overlapped loop) calls rescale_output once that product has landed. online_softmax is both.
-template <class Cfg, bool kExactDifference = false>
+template <class Cfg, bool kExactDifference = false, bool kLazyRescale = false>
 __device__ __forceinline__ void softmax_update(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
                                                float (&l)[2], float scale_log2,
                                                float (&old_scale)[2]) {
@@ -157,8 +160,13 @@ __device__ __forceinline__ void softmax_update(float (&S)[Cfg::Bc / 8][4], float
     float shift[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+        // Under kLazyRescale a row whose reference stays keeps it: P~ below is taken against it
+        // and the factor is 1, not e^(c (m - m)) rounded.
+        const bool kept = kLazyRescale && keeps_reference_max(m[r], m_new[r], scale_log2);
+        if (kept) m_new[r] = m[r];
         shift[r] = exp2_shift(m_new[r], scale_log2);
-        old_scale[r] = kExactDifference  // 0 while m_i = -inf
+        old_scale[r] = kept ? 1.0f
+                       : kExactDifference  // 0 while m_i = -inf
                            ? exp2_of_difference(m[r], m_new[r], scale_log2)
                            : exp2_shifted(m[r], shift[r], scale_log2);
         m[r] = m_new[r];
@@ -180,21 +188,26 @@ __device__ __forceinline__ void softmax_update(float (&S)[Cfg::Bc / 8][4], float
     l[1] += part[1][0];
 }
 
-template <class Cfg>
+// O_i *= the factors of softmax_update. Under kLazyRescale a warp whose rows all kept their
+// reference maximum (every factor exactly 1) skips the multiplications: the vote is the warp's, so
+// that the branch is taken or not by all its lanes.
+template <class Cfg, bool kLazyRescale = false>
 __device__ __forceinline__ void rescale_output(float (&O)[Cfg::D / 8][4], const float (&old_scale)[2]) {
+    if constexpr (kLazyRescale)
+        if (!__any_sync(0xffffffffu, old_scale[0] != 1.0f || old_scale[1] != 1.0f)) return;
 #pragma unroll
     for (int dt = 0; dt < Cfg::D / 8; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) O[dt][e] *= old_scale[e / 2];
 }
 
-template <class Cfg, bool kExactDifference = false>
+template <class Cfg, bool kExactDifference = false, bool kLazyRescale = false>
 __device__ __forceinline__ void online_softmax(float (&S)[Cfg::Bc / 8][4], float (&m)[2],
                                                float (&l)[2], float (&O)[Cfg::D / 8][4],
                                                float scale_log2) {
     float old_scale[2];
-    softmax_update<Cfg, kExactDifference>(S, m, l, scale_log2, old_scale);
-    rescale_output<Cfg>(O, old_scale);
+    softmax_update<Cfg, kExactDifference, kLazyRescale>(S, m, l, scale_log2, old_scale);
+    rescale_output<Cfg, kLazyRescale>(O, old_scale);
 }
 
 // Whether row `row` sees any key (AttentionProblem::row_has_visible_key), out of line on purpose:
@@ -290,22 +303,24 @@ __device__ __forceinline__ void write_output(const float (&O)[kTiles][4], const 
 //              once that product has landed;
 //   finalize   FA2 L12-L15: O_i / l_i and L_i written (write_output), or chunk `split`'s partial
 //              result under split-KV.
-template <class Cfg, bool kExactDifference = false>
+// kLazyRescale: m_i is a reference maximum, moved only when a block exceeds it by more than
+// kLazyRescaleLog2 (softmax_update); L_i = m_i + log(l_i) holds for any reference.
+template <class Cfg, bool kExactDifference = false, bool kLazyRescale = false>
 struct RowSoftmax {
     float m[2] = {-INFINITY, -INFINITY};
     float l[2] = {0.0f, 0.0f};
 
     __device__ __forceinline__ void update(float (&S)[Cfg::Bc / 8][4], float (&O)[Cfg::D / 8][4],
                                            float scale_log2) {
-        online_softmax<Cfg, kExactDifference>(S, m, l, O, scale_log2);
+        online_softmax<Cfg, kExactDifference, kLazyRescale>(S, m, l, O, scale_log2);
     }
     __device__ __forceinline__ void update_only(float (&S)[Cfg::Bc / 8][4], float scale_log2,
                                                 float (&old_scale)[2]) {
-        softmax_update<Cfg, kExactDifference>(S, m, l, scale_log2, old_scale);
+        softmax_update<Cfg, kExactDifference, kLazyRescale>(S, m, l, scale_log2, old_scale);
     }
     __device__ __forceinline__ static void rescale(float (&O)[Cfg::D / 8][4],
                                                    const float (&old_scale)[2]) {
-        rescale_output<Cfg>(O, old_scale);
+        rescale_output<Cfg, kLazyRescale>(O, old_scale);
     }
     template <bool kBlockMask>
     __device__ __forceinline__ void finalize(const float (&O)[Cfg::D / 8][4],
