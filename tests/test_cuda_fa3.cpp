@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/online_softmax.hpp"
 #include "common/registry.hpp"
 #include "common/tiling.hpp"
 #include "cuda/host/prepared.hpp"
@@ -210,7 +211,7 @@ TEST_CASE("cuda-fa3: a row maximum that climbs, jumps and drops across key tiles
                 // Query rows u + noise with u = (1, ..., 1) / 4, keys noise + g(t) u: the score of
                 // key t rises by g(t) |u|^2 = g(t) d / 16, so the base-2 exponent by
                 // g(t) (d / 16) scale log2(e); g is chosen to make that exponent e(t).
-                const double per_unit = (double(d) / 16) * p.softmax_scale() * 1.4426950408889634;
+                const double per_unit = (double(d) / 16) * p.softmax_scale() * kLog2e;
                 for (float& q : in.Q) q = 0.25f + 0.1f * q;
                 for (std::int64_t h = 0; h < p.heads_kv; ++h)
                     for (std::int64_t t = 0; t < p.seq_kv; ++t) {
