@@ -13,6 +13,7 @@
 
 #include "catch.hpp"
 #include "common/backend.hpp"
+#include "common/online_softmax.hpp"
 #include "common/registry.hpp"
 #include "cpu/reference.hpp"
 
@@ -121,6 +122,31 @@ inline void check_against_reference(const Backend& backend, const AttentionProbl
     bool any_nan = false;
     for (float x : out.O) any_nan = any_nan || std::isnan(x);
     CHECK_FALSE(any_nan);
+}
+
+// Inputs whose rows' maximum climbs, jumps and drops across the key tiles, for the kernels that
+// keep a reference maximum while a tile exceeds it by at most 2^8 (keeps_reference_max,
+// common/online_softmax.hpp) and move it only beyond: on random normal inputs a row's maximum
+// hardly grows after its first tile, so only the first branch would run. Query rows are u + noise
+// with u = (1, ..., 1) / 4 and keys noise + g(t) u, so the score of key t rises by
+// g(t) |u|^2 = g(t) d / 16, and g makes the base-2 exponent e(t): 0.06 per key (a tile of 64 to
+// 128 keys climbs by 4 to 8: kept at some tiles, moved at others), plus a jump of 20 (moved) a
+// third of the way and a drop of 30 (kept: a lower maximum) two thirds of the way.
+inline ProblemData climbing_maximum_data(const AttentionProblem& p, std::uint64_t seed) {
+    ProblemData in = random_problem_data(p, seed);
+    const std::int64_t d = p.dim;
+    const double per_unit = (double(d) / 16) * p.softmax_scale() * kLog2e;
+    for (float& q : in.Q) q = 0.25f + 0.1f * q;
+    for (std::int64_t key_row = 0; key_row < p.batch * p.heads_kv * p.seq_kv; ++key_row) {
+        const std::int64_t t = key_row % p.seq_kv;  // K is (B, H_kv, N_kv, d)
+        double e = 0.06 * double(t);
+        if (t >= p.seq_kv / 3) e += 20.0;
+        if (t >= 2 * p.seq_kv / 3) e -= 30.0;
+        const float g = float(e / per_unit);
+        float* k = &in.K[key_row * d];
+        for (std::int64_t c = 0; c < d; ++c) k[c] = 0.1f * k[c] + 0.25f * g;
+    }
+    return in;
 }
 
 // The backward pass (Algorithm 4) checked the same way, on each of dQ, dK, dV: the float64

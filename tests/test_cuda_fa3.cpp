@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "common/online_softmax.hpp"
 #include "common/registry.hpp"
 #include "common/tiling.hpp"
 #include "cuda/host/prepared.hpp"
@@ -188,13 +187,9 @@ TEST_CASE("cuda-fa3: under a causal mask the short query tile comes first, its r
     }
 }
 
-// cuda-fa3 keeps a row's reference maximum while a key tile exceeds it by at most 2^8
-// (keeps_reference_max, common/online_softmax.hpp) and moves it only beyond. On random normal
-// inputs a row's maximum hardly grows after its first tile, so only the first branch runs. Here
-// the keys' scores climb along the sequence: by about 0.06 in the base-2 exponent per key (a
-// tile's worth, 64 to 128 keys, is 4 to 8: kept at some tiles, moved at others), with a jump of 20
-// (moved) a third of the way and a drop of 30 two thirds of the way (kept: a lower maximum). Each
-// row must still match float64 by the 2x rule, whatever the tile.
+// cuda-fa3 keeps a row's reference maximum while a key tile exceeds it by at most 2^8 (at d = 256;
+// keeps_reference_max) and moves it only beyond: on rows whose maximum climbs, jumps and drops
+// (climbing_maximum_data, tests/helpers.hpp) every tile must still match float64 by the 2x rule.
 TEST_CASE("cuda-fa3: a row maximum that climbs, jumps and drops across key tiles") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
@@ -207,22 +202,9 @@ TEST_CASE("cuda-fa3: a row maximum that climbs, jumps and drops across key tiles
         for (DType dtype : kDtypes)
             for (bool causal : {false, true}) {
                 const AttentionProblem p = test::make_problem(1, 2, 1, 150, 611, d, causal);
-                ProblemData in = random_problem_data(p, test::next_seed());
-                // Query rows u + noise with u = (1, ..., 1) / 4, keys noise + g(t) u: the score of
-                // key t rises by g(t) |u|^2 = g(t) d / 16, so the base-2 exponent by
-                // g(t) (d / 16) scale log2(e); g is chosen to make that exponent e(t).
-                const double per_unit = (double(d) / 16) * p.softmax_scale() * kLog2e;
-                for (float& q : in.Q) q = 0.25f + 0.1f * q;
-                for (std::int64_t h = 0; h < p.heads_kv; ++h)
-                    for (std::int64_t t = 0; t < p.seq_kv; ++t) {
-                        double e = 0.06 * double(t);
-                        if (t >= p.seq_kv / 3) e += 20.0;
-                        if (t >= 2 * p.seq_kv / 3) e -= 30.0;
-                        const float g = float(e / per_unit);
-                        float* k = &in.K[(h * p.seq_kv + t) * d];
-                        for (std::int64_t c = 0; c < d; ++c) k[c] = 0.1f * k[c] + 0.25f * g;
-                    }
-                check_against_reference(*b, p, in, dtype);
+                const std::uint64_t seed = test::next_seed();
+                INFO("seed=" << seed);
+                check_against_reference(*b, p, test::climbing_maximum_data(p, seed), dtype);
             }
     }
 }

@@ -113,6 +113,27 @@ TEST_CASE("cuda-tc: every compiled tile shape computes the same attention") {
             }
 }
 
+// cuda-tc's forward keeps a row's reference maximum while a key tile exceeds it by at most 2^8 at
+// d >= 128 (TcForwardOps::kLazyRescale; keeps_reference_max) and moves it only beyond: on rows
+// whose maximum climbs, jumps and drops (climbing_maximum_data, tests/helpers.hpp) every tile of
+// those head dims must still match float64 by the 2x rule, and d = 64 (Algorithm 1's update) too.
+TEST_CASE("cuda-tc: a row maximum that climbs, jumps and drops across key tiles") {
+    for (DType dtype : kDtypes)
+        for (std::int64_t d : {64, 128, 256})
+            for (const tc::TcTileShape& tile : tc::tc_tile_shapes(d, dtype)) {
+                const test::ScopedEnv variant("FLASHATTN_VARIANT");
+                variant.set("cuda-tc=" + tile.name());
+                const Backend backend = tc::tc_backend();
+                INFO("variant " << tile.name());
+                for (bool causal : {false, true}) {
+                    const AttentionProblem p = test::make_problem(1, 2, 1, 150, 611, d, causal);
+                    const std::uint64_t seed = test::next_seed();
+                    INFO("seed=" << seed);
+                    check_against_reference(backend, p, test::climbing_maximum_data(p, seed), dtype);
+                }
+            }
+}
+
 TEST_CASE("cuda-tc: the decoding kernel at every head dim, split or not, causal, GQA") {
     // H = 8 over H_kv = 2: groups of 4 heads, packed into 4 N_q rows where the masks allow it
     // (cuda/tc/decode_kernel.cuh runs at most 16 rows per head); N_kv = 1000 is no multiple of

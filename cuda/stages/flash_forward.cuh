@@ -23,7 +23,8 @@
 //
 // An Ops type provides:
 //   using Cfg (Br, Bc, D, kWarps, kMTiles, kWarpRows, kStages, kThreads), using Element (the
-//   stored input type), kExactDifference (exponents as (s - m) c: the fp32 kernel's accuracy);
+//   stored input type), kExactDifference (exponents as (s - m) c: the fp32 kernel's accuracy),
+//   kLazyRescale (a reference maximum moved only past keeps_reference_max's bound: RowSoftmax);
 //   Ops(params, smem, warp, lane); load_q(Q_head, row_begin, n); load_kv(slot, K_head, V_head,
 //   key_begin, n); hold_q() (Q_i has landed); scores(S, slot); accumulate_pv(O, S, slot);
 //   inspect_skipped(slot) (a warp whose rows skip tile j) and computed_tile() (CTA-wide, before
@@ -100,7 +101,7 @@ __device__ __forceinline__ bool flash_forward(const KernelParams& params, void* 
 
     // FA2 L5: O_i = 0, l_i = 0, m_i = -inf, for the warp's rows, in registers.
     float O[kM][Cfg::D / 8][4];
-    RowSoftmax<Cfg, Ops::kExactDifference> softmax[kM];
+    RowSoftmax<Cfg, Ops::kExactDifference, Ops::kLazyRescale> softmax[kM];
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
