@@ -25,8 +25,11 @@ using test::ThreadCount;
 namespace {
 
 // S = 0 (the backend chooses), 1 (no split), S that divide no tile count here, and S beyond the
-// number of key tiles (clamped), up to the largest allowed.
-const std::vector<std::int64_t> kSplits = {0, 1, 2, 3, 7, 64, 128, 1024};
+// number of key tiles (clamped), up to the largest allowed. The GPU combine (cuda/stages/combine.cuh)
+// reads parts in rounds of 16 and 32: 7 fills part of one, 20 part of the second half of the first
+// round of 32, 50 part of the second half of the next, and 64 (or the key tiles it is clamped to,
+// 33 or 65 here) a whole round and one part of the next.
+const std::vector<std::int64_t> kSplits = {0, 1, 2, 3, 7, 20, 50, 64, 128, 1024};
 const std::vector<std::int64_t> kDecodeRows = {1, 3, 4};
 const std::vector<std::int64_t> kDecodeKeys = {1, 7, 203, 1023, 4099};
 

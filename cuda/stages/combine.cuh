@@ -11,10 +11,12 @@
 // of e^(LSE_s - max) are two shuffle trees (lanes_max, lanes_sum), the merged LSE is
 // lse_from_max_and_sum (every warp computes it, the same bits), each lane turns its parts' LSEs
 // into weights (partial_weight), and the weights go to every lane by shuffle while each lane sums
-// its columns of the S partial rows, the loads of kUnrollParts parts issued before any is used.
-// The first 16 parts' O values are asked for together with the LSEs, before the LSE is merged: at
-// S <= 16 (most short decoding steps) the merge then waits for memory once, not once for the LSEs
-// and again for O; the combine ends every split step, so each wait adds to the step
+// its columns of the S partial rows, the loads of 32 parts (two arrays of kUnrollParts) issued
+// before any is used.
+// The first 32 parts' O values (16 a round, the second round only where S > 16) are asked for
+// together with the LSEs, before the LSE is merged: at S <= 32 (every split the heuristic picks)
+// the merge then waits for memory once, not once for the LSEs and again for O, nor once more for
+// parts 16 to 31; the combine ends every split step, so each wait adds to the step
 // (docs/decoding.md measures it).
 // A row per CTA rather than per warp: a decoding step has few rows (32 for B = 1, H_kv = 8,
 // N_q = 4 packed), which four rows per CTA would put on a handful of SMs. The order of every sum
@@ -79,11 +81,12 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
         }
     };
 
-    // The first 32 parts' LSEs (one per lane) and the first kUnrollParts parts' O values, asked
-    // for together (the header says why).
+    // The first 32 parts' LSEs (one per lane) and their O values, asked for together (the header
+    // says why): parts 0 to 15 in x, 16 to 31 in x_next where S > 16.
     const float lse_first = lane < S ? lse_of(lane) : -INFINITY;
-    float x[kUnrollParts][kCols];
+    float x[kUnrollParts][kCols], x_next[kUnrollParts][kCols] = {};
     load_parts(x, 0);
+    if (S > kUnrollParts) load_parts(x_next, kUnrollParts);
 
     // The merged LSE: max over the parts, then the sum of their exponentials below it.
     float m = lse_first;
@@ -103,21 +106,27 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     // (32 parts at a time, from s = 0, 32, ...) and goes to every lane by shuffle.
     static_assert(32 * kCols * kCombineWarps <= kCombineMaxDim, "d <= 256");
     float sum[kCols] = {};
-    float my_weight = 0.0f;
-    for (int s1 = 0; s1 < S; s1 += kUnrollParts) {
-        if (s1 % 32 == 0) {
-            const float lse_s = s1 == 0 ? lse_first : (s1 + lane < S ? lse_of(s1 + lane) : 0.0f);
-            my_weight = s1 + lane < S ? partial_weight(lse_s, lse_row) : 0.0f;
-        }
-        if (s1 > 0) load_parts(x, s1);
+    auto add_parts = [&](const float (&parts)[kUnrollParts][kCols], int s1, float my_weight) {
 #pragma unroll
         for (int u = 0; u < kUnrollParts; ++u) {
             // Part s1 + u's weight, from its lane (every lane takes part in the shuffle).
             const float from_lane = __shfl_sync(0xffffffffu, my_weight, (s1 + u) % 32);
             const float w = s1 + u < S ? from_lane : 0.0f;
 #pragma unroll
-            for (int k = 0; k < kCols; ++k) sum[k] += w * x[u][k];
+            for (int k = 0; k < kCols; ++k) sum[k] += w * parts[u][k];
         }
+    };
+    float my_weight = lane < S ? partial_weight(lse_first, lse_row) : 0.0f;
+    add_parts(x, 0, my_weight);
+    if (S > kUnrollParts) add_parts(x_next, kUnrollParts, my_weight);
+    // Past 32 parts (S forced above the heuristic's 32), rounds of 32 the same way: both halves'
+    // loads issued before the weights are computed and the sums run.
+    for (int s1 = 32; s1 < S; s1 += 32) {
+        load_parts(x, s1);
+        if (s1 + kUnrollParts < S) load_parts(x_next, s1 + kUnrollParts);
+        my_weight = s1 + lane < S ? partial_weight(lse_of(s1 + lane), lse_row) : 0.0f;
+        add_parts(x, s1, my_weight);
+        if (s1 + kUnrollParts < S) add_parts(x_next, s1 + kUnrollParts, my_weight);
     }
     const std::int64_t O_row = o_layout.row_start(row, o_heads, o_rows);
 #pragma unroll
