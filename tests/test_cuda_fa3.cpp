@@ -42,6 +42,7 @@ TEST_CASE("cuda-fa3: every compiled tile shape on ragged shapes") {
     if (!b) return;
     for (const char* variant : {"d64-Bc128", "d64-Bc128-pingpong", "d64-Br192-Bc128",
                                 "d64-Bc128-s4-pingpong", "d128-Bc128-pingpong", "d128-Bc128",
+                                "d128-Bc128-s3-pingpong",
                                 "d256-Bc64-pingpong", "d256-Bc64", "d256-Bc80",
                                 "d256-Bc80-pingpong"}) {
         INFO("FLASHATTN_VARIANT=cuda-fa3=" << variant);
