@@ -129,9 +129,10 @@ inline void check_against_reference(const Backend& backend, const AttentionProbl
 // common/online_softmax.hpp) and move it only beyond: on random normal inputs a row's maximum
 // hardly grows after its first tile, so only the first branch would run. Query rows are u + noise
 // with u = (1, ..., 1) / 4 and keys noise + g(t) u, so the score of key t rises by
-// g(t) |u|^2 = g(t) d / 16, and g makes the base-2 exponent e(t): 0.06 per key (a tile of 64 to
-// 128 keys climbs by 4 to 8: kept at some tiles, moved at others), plus a jump of 20 (moved) a
-// third of the way and a drop of 30 (kept: a lower maximum) two thirds of the way.
+// g(t) |u|^2 = g(t) d / 16, and g makes the base-2 exponent e(t): 0.06 per key (a reference is
+// kept for about 130 keys, then moved: kept at some tiles and moved at others, for tiles of 32 to
+// 128 keys), plus a jump of 20 (moved) a third of the way and a drop of 30 (kept: a lower
+// maximum) two thirds of the way.
 inline ProblemData climbing_maximum_data(const AttentionProblem& p, std::uint64_t seed) {
     ProblemData in = random_problem_data(p, seed);
     const std::int64_t d = p.dim;
