@@ -450,9 +450,9 @@ TEST_CASE("merge_partial_row: a NaN LSE makes the row NaN, a NaN in one O_s its 
     for (float o : O) CHECK(std::isnan(o));
 }
 
-// keeps_reference_max (FlashAttention-4's conditional rescale, used by cuda-fa3 at d = 256): a
-// reference is kept while a block's maximum exceeds it by at most 2^8 in the base-2 exponent;
-// nothing seen yet or a NaN always takes Algorithm 1's update.
+// keeps_reference_max (FlashAttention-4's conditional rescale, used by cuda-fa3 at d = 256 and
+// cuda-tc's forward at d >= 128): a reference is kept while a block's maximum exceeds it by at most
+// 2^8 in the base-2 exponent; nothing seen yet or a NaN always takes Algorithm 1's update.
 TEST_CASE("keeps_reference_max: kept up to 2^8 above the reference, moved beyond, never for -inf or NaN") {
     const float c = 0.125f * kLog2e;  // scale 1/8 (d = 64)
     const float r = 3.0f;

@@ -260,7 +260,7 @@ struct Tf32ForwardOps {
     using Inspection = std::conditional_t<kInspect, SplitInspection<Cfg_::kWarps>, NoInspection>;
     using Element = float;
     static constexpr bool kExactDifference = true;  // "Exponents as 2^((s - m) c)" above
-    static constexpr bool kLazyRescale = false;
+    static constexpr bool kLazyRescale = false;  // Algorithm 1's update (the rule not timed here)
     static constexpr int Bc = Cfg::Bc;
 
     float* sQ;

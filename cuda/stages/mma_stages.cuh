@@ -132,7 +132,8 @@ __device__ __forceinline__ void pairwise_reduce(float (&part)[2][kN], Op op) {
 // kernel (cuda/fa2/kernel_tf32.cuh), which is held to fp32 accuracy at large logits too.
 // kLazyRescale: m_i is a reference maximum kept while the block's maximum exceeds it by at most
 // kLazyRescaleLog2 (keeps_reference_max, common/online_softmax.hpp); a kept row's factor is
-// exactly 1, and rescale_output skips a warp whose rows all kept theirs (cuda-fa3).
+// exactly 1, and rescale_output skips a warp whose rows all kept theirs (cuda-fa3 at d = 256,
+// cuda-tc's forward at d >= 128).
 //
 // softmax_update does all but the last line and returns exp(scale (m_i - m_new)) per row in
 // old_scale; a kernel whose O_i is still being accumulated by an asynchronous P V (cuda-fa3's
