@@ -103,9 +103,11 @@ TEST_CASE("cuda-fa3: GQA and MQA, any scale, block masks with an empty row") {
 
 // The default tile follows the problem's size (default_variant in cuda/fa3/backend.cu): at d = 64
 // 128-row tiles with ping-pong where those fill at most two waves of the device's SMs and 192 rows
-// beyond; at d = 256 Bc = 64 up to N_kv = 2048, causal or not, else Bc = 80; a split launch
-// (decoding) at d = 64 the same tile with a deeper ring. Each side of every threshold,
-// the name read from the prepared call's description, each result against float64.
+// beyond; at d = 128 three K/V slots for the prepared call's float32 O (never staged) without a
+// block mask, two with one; at d = 256 Bc = 64 up to N_kv = 2048, causal or not, else Bc = 80; a
+// split launch (decoding) at d = 64 the same tile with a deeper ring, at d = 128 two slots. Each
+// side of every threshold, the name read from the prepared call's description, each result
+// against float64.
 TEST_CASE("cuda-fa3: the default tile follows the problem's size") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
@@ -115,9 +117,17 @@ TEST_CASE("cuda-fa3: the default tile follows the problem's size") {
         AttentionProblem p;
         const char* variant;
     };
+    AttentionProblem masked = test::make_problem(1, 2, 1, 301, 517, 128, false);
+    const std::int64_t bq = 64, bkv = 100;
+    std::vector<std::uint8_t> mask(tile_count(masked.seq_q, bq) * tile_count(masked.seq_kv, bkv));
+    for (std::size_t e = 0; e < mask.size(); ++e) mask[e] = e % 3 != 1;
+    masked.block_mask = {mask.data(), bq, bkv};
     for (const Case& c : std::vector<Case>{
              {test::make_problem(1, two_waves_heads, 1, 1000, 301, 64, true), "d64-Bc128-pingpong"},
              {test::make_problem(1, two_waves_heads + 1, 1, 1000, 301, 64, true), "d64-Br192-Bc128"},
+             {test::make_problem(1, 2, 1, 301, 517, 128, false), "d128-Bc128-s3-pingpong"},
+             {test::make_problem(1, 2, 1, 301, 517, 128, true), "d128-Bc128-s3-pingpong"},
+             {masked, "d128-Bc128-pingpong"},
              {test::make_problem(1, 2, 1, 97, 2048, 256, true), "d256-Bc64"},
              {test::make_problem(1, 2, 1, 97, 2049, 256, true), "d256-Bc80"},
              {test::make_problem(1, 2, 1, 97, 2048, 256, false), "d256-Bc64"},

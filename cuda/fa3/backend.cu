@@ -43,6 +43,13 @@ struct InputLayouts {
     }
 };
 
+// Whether O, at `o` with layout o_layout in o_dtype, can be stored by TMA from a staging block
+// (store_output_staged): 16-bit (the inputs' dtype), at an address and strides TMA can write. A
+// float32 O (the library's own arrays, split-KV's partials) is written from registers.
+bool o_stageable(const void* o, const ArrayLayout& o_layout, DType o_dtype, DType dtype) {
+    return o_dtype == dtype && tma_aligned(o) && tma_layout(o_layout);
+}
+
 // next_item: one int of device memory, the work-tile counter (zeroed on `stream` before the
 // launch), or null where the grid has a CTA for every work tile (needs_counter). The tensor maps
 // are host structs passed in the kernel's parameters: nothing else is allocated or copied.
@@ -65,8 +72,8 @@ void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* 
     // O_i through shared memory and a TMA store where the tile has the room (Cfg::kStagedO) and O
     // is 16-bit (the device entry's) at an address and strides TMA can write; else from registers,
     // as every chunk's partial result is under split-KV (float32, merged by the combine).
-    params.o_staged = Cfg::kStagedO && base.kv_splits == 1 && base.o_dtype == dtype &&
-                      tma_aligned(base.O) && tma_layout(base.o_layout);
+    params.o_staged = Cfg::kStagedO && base.kv_splits == 1 &&
+                      o_stageable(base.O, base.o_layout, base.o_dtype, dtype);
     if (params.o_staged)
         params.o = tile_map(base.O, dtype, p.batch, p.heads, p.seq_q, p.dim, base.o_layout, 64);
     // Four instantiations (block mask or not, split-KV or not), each carrying only its own code.
@@ -123,9 +130,8 @@ const Variant kVariants[] = {
     {"d64-Bc128-pingpong", "", 64, 128, 128, run_variant<64, 128, 2, true>},
     {"d64-Bc128-s4-pingpong", "", 64, 128, 128, run_variant<64, 128, 4, true>},
     {"d128-Bc128-pingpong", "", 128, 128, 128, run_variant<128, 128, 2, true>},
-    // Three K/V slots, and O_i stored from registers (its staging blocks no longer fit): with a
-    // float32 O (never staged) 1-2% faster than two slots without a mask, level under it; not
-    // the default (docs/cuda_fa3.md, "Three K/V slots at d = 128", says why).
+    // Three K/V slots, and O_i stored from registers (its staging blocks no longer fit): the
+    // default where O is not staged anyway (default_variant).
     {"d128-Bc128-s3-pingpong", "", 128, 128, 128, run_variant<128, 128, 3, true>},
     {"d128-Bc128", "", 128, 128, 128, run_variant<128, 128, 2, false>},
     {"d256-Bc80", "", 256, 128, 80, run_variant<256, 80, 2, false>},
@@ -147,18 +153,24 @@ const Variant kVariants[] = {
 //    staging (Fa3Tile::kStagedO): with a 16-bit O it was 8% faster than Bc = 80 without a mask at
 //    N_kv = 1024 and 4-5% at 2048 (H200; the two were within 1.5% either way before O was
 //    staged).
-const char* default_variant(const AttentionProblem& p, int sm_count) {
+//  - d = 128 (H200, docs/cuda_fa3.md, "Three K/V slots at d = 128"): where O is not staged
+//    (o_staged false: a float32 O) three K/V slots in the staging blocks' room, 1-2% faster
+//    without a mask and level under the causal one; with a staged 16-bit O the two-slot tile, 4-16%
+//    faster than three slots with O from registers. The block-mask kernels were not measured so:
+//    they keep the two-slot tile.
+const char* default_variant(const AttentionProblem& p, int sm_count, bool o_staged) {
     if (p.dim == 64) {
         const std::int64_t tiles128 = tile_count(p.seq_q, 128) * p.heads * p.batch;
         return tiles128 <= 2 * std::int64_t{sm_count} ? "d64-Bc128-pingpong" : "";
     }
+    if (p.dim == 128) return !o_staged && !p.block_mask.active() ? "d128-Bc128-s3-pingpong" : "";
     if (p.dim == 256) return p.seq_kv <= 2048 ? "d256-Bc64" : "";
     return "";
 }
 
-const Variant& choose_variant(const AttentionProblem& p) {
+const Variant& choose_variant(const AttentionProblem& p, bool o_staged) {
     const std::string requested = cuda::requested_variant("cuda-fa3");
-    const std::string_view fallback = default_variant(p, cuda::device_limits().sm_count);
+    const std::string_view fallback = default_variant(p, cuda::device_limits().sm_count, o_staged);
     if (requested.empty())  // the default, found without the chooser's list of names (a device
                             // entry asks on every call)
         for (const Variant& v : kVariants)
@@ -192,18 +204,22 @@ struct ForwardPlan {
 // slots instead of two. A split work tile does little more than stream its chunk of K and V, and
 // one CTA per SM keeps only as many tiles in flight as its ring holds: two 16 KiB K/V pairs were
 // too few (graph-timed on an H200, docs/decoding.md: 97 against 77 us at N_kv = 131k). At d = 128
-// three slots (the most shared memory holds) were slower than two at 32k and 131k keys.
+// the two-slot tile (chosen with three where O is float32): three slots were slower than two at
+// 32k and 131k keys.
 const Variant* split_variant(const Variant& chosen) {
-    if (chosen.dim != 64) return &chosen;
+    const char* name = chosen.dim == 64    ? "d64-Bc128-s4-pingpong"
+                       : chosen.dim == 128 ? "d128-Bc128-pingpong"
+                                           : nullptr;
+    if (name == nullptr) return &chosen;
     for (const Variant& v : kVariants)
-        if (std::string_view(v.name) == "d64-Bc128-s4-pingpong" && v.Br == chosen.Br &&
-            v.Bc == chosen.Bc)
-            return &v;
+        if (std::string_view(v.name) == name && v.Br == chosen.Br && v.Bc == chosen.Bc) return &v;
     return &chosen;
 }
 
-ForwardPlan plan_forward(const AttentionProblem& p, bool layouts_packable) {
-    const Variant* v = &choose_variant(p);
+// o_staged: whether O is one a staged tile stores by TMA (o_stageable), which picks the tile at
+// d = 128 (default_variant).
+ForwardPlan plan_forward(const AttentionProblem& p, bool layouts_packable, bool o_staged) {
+    const Variant* v = &choose_variant(p, o_staged);
     const AttentionProblem run = layouts_packable ? gqa_packed(p, v->Br) : p;
     const std::int64_t S = cuda::kv_splits_for(run, tile_count(run.seq_q, v->Br), 1,
                                                tile_count(run.seq_kv, v->Bc), false);
@@ -252,7 +268,8 @@ public:
     PreparedFa3(const AttentionProblem& p, const float* Q, const float* K, const float* V,
                 DType dtype)
         : PreparedCuda("cuda-fa3", p, Q, K, V, dtype, cuda::InputForm::bits16),
-          plan_(plan_forward(problem_, true)) {  // problem_: the block mask's device copy
+          // problem_: the block mask's device copy; O is float32, never staged.
+          plan_(plan_forward(problem_, true, false)) {
         cuda::WorkspaceCarver counter;
         cut_workspace(plan_, counter);
         memory_ = workspace<unsigned char>(counter.bytes());
@@ -334,16 +351,17 @@ Backend fa3_backend() {
     // strides TMA can read) and O written at its layout, in float32 or the inputs' dtype. Its
     // workspace: split-KV's partial results and the persistent CTAs' work-tile counter (none where
     // each work tile has a CTA). The plan depends on whether the layouts let GQA groups be packed,
-    // which the workspace's size is asked without: it covers either plan.
+    // and on O's dtype, which the workspace's size is asked without: it covers every plan.
     b.device_layouts = true;
     b.device_o_dtype = true;
     b.device_workspace_bytes = [](const AttentionProblem& p, DType) {
         std::size_t bytes = 0;
-        for (bool packable : {false, true}) {
-            cuda::WorkspaceCarver counter;
-            cut_workspace(plan_forward(p, packable), counter);
-            bytes = std::max(bytes, counter.bytes());
-        }
+        for (bool packable : {false, true})
+            for (bool o_staged : {false, true}) {
+                cuda::WorkspaceCarver counter;
+                cut_workspace(plan_forward(p, packable, o_staged), counter);
+                bytes = std::max(bytes, counter.bytes());
+            }
         return bytes;
     };
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
@@ -362,8 +380,9 @@ Backend fa3_backend() {
         const ArrayLayout o_at = a.o_layout.resolved(problem.heads, problem.seq_q, problem.dim);
         require_output_layout(a.O, o_at, a.o_dtype, "O");
         const AttentionProblem p = cuda::with_device_mask(problem, a.block_mask);
-        const ForwardPlan plan = plan_forward(
-            p, gqa_packable_layout(at.q, p) && gqa_packable_layout(o_at, p));
+        const ForwardPlan plan =
+            plan_forward(p, gqa_packable_layout(at.q, p) && gqa_packable_layout(o_at, p),
+                         o_stageable(a.O, o_at, a.o_dtype, a.dtype));
         cuda::WorkspaceCarver carver(a.workspace, a.workspace_bytes, "cuda-fa3");
         const ForwardWorkspace workspace = cut_workspace(plan, carver);
         carver.require_fits();
