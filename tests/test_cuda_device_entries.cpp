@@ -631,52 +631,58 @@ TEST_CASE("cuda-fa3's backward device entry reads strided arrays and a 16-bit O,
             const Strided16 Vh = strided_copy(in.V, B, Hkv, p.seq_kv, dim, dtype);
             const Strided16 Oh = strided_copy(O16, B, H, p.seq_q, dim, dtype);
             const Strided16 dOh = strided_copy(dO, B, H, p.seq_q, dim, dtype);
-            const Strided16 dQh(B, H, p.seq_q, dim), dKh(B, Hkv, p.seq_kv, dim),
-                dVh(B, Hkv, p.seq_kv, dim);  // all 0xFFFF
-            Stream stream;
-            Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
-            Staged O(bytes_of(Oh.host)), dO_d(bytes_of(dOh.host)), lse(as_bytes(fwd.lse, DType::f32));
-            Staged dQ_d(bytes_of(dQh.host)), dK_d(bytes_of(dKh.host)), dV_d(bytes_of(dVh.host));
-            for (Staged* x : {&Q, &K, &V, &O, &dO_d, &lse, &dQ_d, &dK_d, &dV_d}) x->copy(stream.s);
-            Workspace workspace(fa3.device_backward_workspace_bytes(p, dtype), stream.s);
-            DeviceBackward a;
-            a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.dO = dO_d.data(), a.O = O.data();
-            a.lse = static_cast<const float*>(lse.data());
-            a.dQ = dQ_d.device.data(), a.dK = dK_d.device.data(), a.dV = dV_d.device.data();
-            a.stream = stream.s, a.dtype = dtype;
-            a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
-            a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
-            a.o_layout = Oh.layout, a.do_layout = dOh.layout;
-            a.dq_layout = dQh.layout, a.dk_layout = dKh.layout, a.dv_layout = dVh.layout;
-            a.o_dtype = a.grad_dtype = dtype;
-            fa3.run_backward_device(p, a);
-            FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+            // Gradient rows 8 values apart (16 bytes: the kernel stages dK and dV in shared memory
+            // and writes whole 16-byte pieces) and 2 apart (4 bytes: it stores them from registers).
+            for (const std::int64_t pad : {8, 2}) {
+                INFO("gradient rows padded by " << pad);
+                const Strided16 dQh(B, H, p.seq_q, dim, pad), dKh(B, Hkv, p.seq_kv, dim, pad),
+                    dVh(B, Hkv, p.seq_kv, dim, pad);  // all 0xFFFF
+                Stream stream;
+                Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
+                Staged O(bytes_of(Oh.host)), dO_d(bytes_of(dOh.host)),
+                    lse(as_bytes(fwd.lse, DType::f32));
+                Staged dQ_d(bytes_of(dQh.host)), dK_d(bytes_of(dKh.host)), dV_d(bytes_of(dVh.host));
+                for (Staged* x : {&Q, &K, &V, &O, &dO_d, &lse, &dQ_d, &dK_d, &dV_d}) x->copy(stream.s);
+                Workspace workspace(fa3.device_backward_workspace_bytes(p, dtype), stream.s);
+                DeviceBackward a;
+                a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.dO = dO_d.data(), a.O = O.data();
+                a.lse = static_cast<const float*>(lse.data());
+                a.dQ = dQ_d.device.data(), a.dK = dK_d.device.data(), a.dV = dV_d.device.data();
+                a.stream = stream.s, a.dtype = dtype;
+                a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+                a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
+                a.o_layout = Oh.layout, a.do_layout = dOh.layout;
+                a.dq_layout = dQh.layout, a.dk_layout = dKh.layout, a.dv_layout = dVh.layout;
+                a.o_dtype = a.grad_dtype = dtype;
+                fa3.run_backward_device(p, a);
+                FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
 
-            // The same kernel on the same values: each gradient is the host path's float32 one
-            // rounded to nearest even (dQ by the post-pass, dK and dV by the kernel's stores),
-            // and nothing outside the gradients' rows was written.
-            const StridedCheck q = compare_strided(download_bits(dQ_d), dQh, dQ, B, H, p.seq_q,
-                                                   dim, dtype);
-            const StridedCheck k = compare_strided(download_bits(dK_d), dKh, dK, B, Hkv, p.seq_kv,
-                                                   dim, dtype);
-            const StridedCheck v = compare_strided(download_bits(dV_d), dVh, dV, B, Hkv, p.seq_kv,
-                                                   dim, dtype);
-            CHECK(q.wrong == 0);
-            CHECK(k.wrong == 0);
-            CHECK(v.wrong == 0);
-            CHECK(q.touched + k.touched + v.touched == 0);
+                // The same kernel on the same values: each gradient is the host path's float32 one
+                // rounded to nearest even (dQ by the post-pass, dK and dV by the kernel's stores),
+                // and nothing outside the gradients' rows was written.
+                const StridedCheck q = compare_strided(download_bits(dQ_d), dQh, dQ, B, H, p.seq_q,
+                                                       dim, dtype);
+                const StridedCheck k = compare_strided(download_bits(dK_d), dKh, dK, B, Hkv, p.seq_kv,
+                                                       dim, dtype);
+                const StridedCheck v = compare_strided(download_bits(dV_d), dVh, dV, B, Hkv, p.seq_kv,
+                                                       dim, dtype);
+                CHECK(q.wrong == 0);
+                CHECK(k.wrong == 0);
+                CHECK(v.wrong == 0);
+                CHECK(q.touched + k.touched + v.touched == 0);
 
-            // Refused before any work: a stride TMA cannot read, a gradient stride that breaks
-            // the paired stores, a gradient type that is neither float32 nor the inputs'.
-            DeviceBackward bad = a;
-            bad.do_layout.row = dOh.layout.row + 4;
-            CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
-            bad = a;
-            bad.dk_layout.head = dKh.layout.head + 1;
-            CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
-            bad = a;
-            bad.grad_dtype = dtype == DType::f16 ? DType::bf16 : DType::f16;
-            CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+                // Refused before any work: a stride TMA cannot read, a gradient stride that breaks
+                // the paired stores, a gradient type that is neither float32 nor the inputs'.
+                DeviceBackward bad = a;
+                bad.do_layout.row = dOh.layout.row + 4;
+                CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+                bad = a;
+                bad.dk_layout.head = dKh.layout.head + 1;
+                CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+                bad = a;
+                bad.grad_dtype = dtype == DType::f16 ? DType::bf16 : DType::f16;
+                CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+            }
         });
 }
 

@@ -17,6 +17,7 @@
 #include "cuda/host/dependent_launch.hpp"
 #include "cuda/host/prepared.hpp"
 #include "cuda/host/variants.hpp"
+#include "cuda/stages/backward_prepass.cuh"
 
 namespace flashattn::fa3 {
 namespace {
@@ -130,6 +131,10 @@ void fa3_backward(const cuda::Backward16Args& args, bool deterministic) {
                                              args.dQ_sum, args.dK, args.dV, args.dq_turns);
     params.base.dk_layout = args.dk_at, params.base.dv_layout = args.dv_at;
     params.base.grad_dtype = args.grad_dtype;
+    const std::int64_t grad_bytes = args.grad_dtype == DType::f32 ? 4 : 2;
+    params.key_gradients_staged =
+        cuda::rows_in_16_byte_chunks(args.dK, args.dk_at, p.dim, grad_bytes) &&
+        cuda::rows_in_16_byte_chunks(args.dV, args.dv_at, p.dim, grad_bytes);
     choose_variant(p).run(params, args, deterministic, static_cast<cudaStream_t>(args.stream));
     cuda::queue_backward_postpass(args);  // dQ from its float32 sum, where the caller wants another
 }

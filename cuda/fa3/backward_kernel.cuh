@@ -26,7 +26,7 @@
 // L8 the step loop (query head, query tile) | L9 Q_i, dO_i (TMA, ring of kSlots), L_i, D_i
 // (cp.async) | L10 S^T = K_j Q_i^T | L11, L14 probabilities_and_score_gradients | L12 dV_j += P^T
 // dO_i | L13 dP^T = V_j dO_i^T | L15 dQ_i += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i |
-// L18 write_key_gradients.
+// L18 store_key_gradient_staged (or write_key_gradients, from registers).
 //
 // Every thread computes (thread 0 also issues the copies): no producer warpgroup, no overlap of a
 // step's products with its own or the next step's softmax. Each product is waited for where it is
@@ -150,6 +150,9 @@ struct Fa3BackwardParams {
     CUtensorMap q, k, v, dO;
     CUtensorMap dq_sum;  // base.dQ, fp32, boxes of 32 columns x 64 rows (add_dq_block)
     int tail;            // K/V heads whose key tiles end the grid longest first (scheduled_tile)
+    // dK and dV written through shared memory (store_key_gradient_staged): every row of both
+    // starts on a 16-byte boundary (rows_in_16_byte_chunks). Else from registers.
+    bool key_gradients_staged;
 };
 
 // Algorithm 2 L10, L13, L11 and L14 on a warpgroup's 64 keys and kCols queries: S^T = K_j Q_i^T
@@ -262,6 +265,52 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
         hopper::bulk_wait<0>();
         hopper::fence_proxy_async_global();
     }
+}
+
+// Algorithm 2 L18 for one of dK_j, dV_j (acc times scale, as Out: float32 or the inputs' 16-bit
+// type), through shared memory. Written from registers, a warp's store covers 8 rows with 32 or
+// 16 bytes each, and the CTA's 1,024 stores of such pieces took about 4 us at the end of every
+// CTA, which holds its SM meanwhile (docs/cuda_fa3.md, "dK_j and dV_j through shared memory").
+// Here the warps put their values into `stage` (the tile's rows of D values, 16-byte chunk c of
+// row r at c ^ (r % 8), so that a store's 8 rows fall in different banks), and the CTA then
+// writes whole rows, 16 bytes per thread, consecutive threads along a row. Rows past N_kv are
+// not written. The caller has made sure no copy or product still uses `stage`.
+template <class Cfg, class Out>
+__device__ __forceinline__ void store_key_gradient_staged(void* out, const ArrayLayout& at,
+                                                          const float (&acc)[Cfg::Dw / 8][4],
+                                                          float scale, unsigned char* stage,
+                                                          int b, int g, int j, int seq_kv,
+                                                          int key0, int lane, int col0) {
+    constexpr int kRowBytes = Cfg::D * int(sizeof(Out));
+    constexpr int kChunks = kRowBytes / 16, kPerChunk = 16 / int(sizeof(Out));
+    static_assert(kChunks % 8 == 0, "the swizzle permutes groups of 8 chunks");
+    const std::uint32_t base = hopper::smem_address(stage);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = key0 + lane / 4 + 8 * r;  // row % 8 = lane / 4: key0 is a multiple of 16
+#pragma unroll
+        for (int dt = 0; dt < Cfg::Dw / 8; ++dt) {
+            const int col = col0 + 8 * dt + 2 * (lane % 4);
+            const std::uint32_t at_ = base + row * kRowBytes +
+                                      (((col / kPerChunk) ^ (lane / 4)) << 4) +
+                                      (col % kPerChunk) * int(sizeof(Out));
+            const float x = scale * acc[dt][2 * r], y = scale * acc[dt][2 * r + 1];
+            if constexpr (sizeof(Out) == 4)
+                hopper::st_shared_v2_f32(at_, x, y);
+            else
+                hopper::st_shared_b32(at_, tc::pack2<Out>(x, y));
+        }
+    }
+    __syncthreads();
+    const int rows = min(Cfg::Bc, seq_kv - j * Cfg::Bc);
+    Out* first = static_cast<Out*>(out) + at.offset(b, g) + std::int64_t(j) * Cfg::Bc * at.row;
+    for (int c = int(threadIdx.x); c < rows * kChunks; c += Cfg::kThreads) {
+        const int row = c / kChunks, chunk = c % kChunks;
+        const uint4 v = *reinterpret_cast<const uint4*>(stage + row * kRowBytes +
+                                                        ((chunk ^ (row % 8)) << 4));
+        *reinterpret_cast<uint4*>(first + row * at.row + chunk * kPerChunk) = v;
+    }
+    __syncthreads();  // the stage is free again
 }
 
 // One step of a -dq-overlap tile (Cfg::kOverlapDq; without a block mask, not in deterministic
@@ -593,9 +642,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
     hopper::bulk_wait_read<0>();
 
-    // L18. Q was read times q_sign (so S^T had the right sign): dK's scale is |scale|.
-    cuda::write_key_gradients<Dw>(bp, dK, dV, bp.abs_scale, b, g, key_tile() * Bc + key0, lane,
-                                  Dw * column_group);
+    // L18. Q was read times q_sign (so S^T had the right sign): dK's scale is |scale|. Staged in
+    // the tiles' memory from K_j on (K_j, V_j, the ring: every copy into it has landed and every
+    // product reading it is done; with the dQ blocks in a slot, the copy engine has read them).
+    if (params.key_gradients_staged) {
+        static_assert(Bc * D * sizeof(float) <= (2 * Bc * D + 2 * Cfg::kSlots * Br * D) * sizeof(T),
+                      "a float32 dK_j or dV_j fits where K_j, V_j and the ring were");
+        __syncthreads();
+        auto* stage = reinterpret_cast<unsigned char*>(sK);
+        const int jt = key_tile(), col0 = Dw * column_group;
+        const auto both = [&](auto out_type) {
+            using Out = decltype(out_type);
+            store_key_gradient_staged<Cfg, Out>(bp.dK, bp.dk_layout, dK, bp.abs_scale, stage, b, g,
+                                                jt, seq_kv, key0, lane, col0);
+            store_key_gradient_staged<Cfg, Out>(bp.dV, bp.dv_layout, dV, 1.0f, stage, b, g, jt,
+                                                seq_kv, key0, lane, col0);
+        };
+        if (bp.grad_dtype == DType::f32)
+            both(float{});
+        else
+            both(T{});
+    } else {
+        cuda::write_key_gradients<Dw>(bp, dK, dV, bp.abs_scale, b, g, key_tile() * Bc + key0,
+                                      lane, Dw * column_group);
+    }
 #endif
 }
 
