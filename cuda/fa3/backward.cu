@@ -131,10 +131,11 @@ void fa3_backward(const cuda::Backward16Args& args, bool deterministic) {
                                              args.dQ_sum, args.dK, args.dV, args.dq_turns);
     params.base.dk_layout = args.dk_at, params.base.dv_layout = args.dv_at;
     params.base.grad_dtype = args.grad_dtype;
-    const std::int64_t grad_bytes = args.grad_dtype == DType::f32 ? 4 : 2;
-    params.key_gradients_staged =
-        cuda::rows_in_16_byte_chunks(args.dK, args.dk_at, p.dim, grad_bytes) &&
-        cuda::rows_in_16_byte_chunks(args.dV, args.dv_at, p.dim, grad_bytes);
+    // dK and dV staged in shared memory where they are 16-bit, with rows on 16-byte boundaries
+    // (store_key_gradient_staged); float32 ones from registers (docs/cuda_fa3.md measures both).
+    params.key_gradients_staged = args.grad_dtype == args.dtype &&
+                                  cuda::rows_in_16_byte_chunks(args.dK, args.dk_at, p.dim, 2) &&
+                                  cuda::rows_in_16_byte_chunks(args.dV, args.dv_at, p.dim, 2);
     choose_variant(p).run(params, args, deterministic, static_cast<cudaStream_t>(args.stream));
     cuda::queue_backward_postpass(args);  // dQ from its float32 sum, where the caller wants another
 }

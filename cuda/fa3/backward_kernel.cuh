@@ -150,8 +150,9 @@ struct Fa3BackwardParams {
     CUtensorMap q, k, v, dO;
     CUtensorMap dq_sum;  // base.dQ, fp32, boxes of 32 columns x 64 rows (add_dq_block)
     int tail;            // K/V heads whose key tiles end the grid longest first (scheduled_tile)
-    // dK and dV written through shared memory (store_key_gradient_staged): every row of both
-    // starts on a 16-byte boundary (rows_in_16_byte_chunks). Else from registers.
+    // dK and dV written through shared memory (store_key_gradient_staged): both in the inputs'
+    // 16-bit type, every row starting on a 16-byte boundary (rows_in_16_byte_chunks). Else from
+    // registers.
     bool key_gradients_staged;
 };
 
@@ -267,22 +268,23 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
     }
 }
 
-// Algorithm 2 L18 for one of dK_j, dV_j (acc times scale, as Out: float32 or the inputs' 16-bit
-// type), through shared memory. Written from registers, a warp's store covers 8 rows with 32 or
-// 16 bytes each, and the CTA's 1,024 stores of such pieces took about 4 us at the end of every
-// CTA, which holds its SM meanwhile (docs/cuda_fa3.md, "dK_j and dV_j through shared memory").
-// Here the warps put their values into `stage` (the tile's rows of D values, 16-byte chunk c of
-// row r at c ^ (r % 8), so that a store's 8 rows fall in different banks), and the CTA then
-// writes whole rows, 16 bytes per thread, consecutive threads along a row. Rows past N_kv are
-// not written. The caller has made sure no copy or product still uses `stage`.
-template <class Cfg, class Out>
+// Algorithm 2 L18 for one of dK_j, dV_j (acc times scale, rounded to T), through shared memory.
+// Written from registers, a warp's store covers 8 rows with 16 bytes each (a thread's two adjacent
+// values, four threads a row): half of a 32-byte sector per row. Staged, the warps put their
+// values into `stage` (the tile's rows of D values, 16-byte chunk c of row r at c ^ (r % 8), so
+// that a store's 8 rows fall in different banks), and the CTA then writes whole rows, 16 bytes per
+// thread, consecutive threads along a row. Each CTA holds its SM until its last store has issued
+// (one CTA per SM): docs/cuda_fa3.md, "dK_j and dV_j through shared memory", measures both ways.
+// Rows past N_kv are not written. The caller has made sure no copy or product still uses `stage`.
+template <class Cfg>
 __device__ __forceinline__ void store_key_gradient_staged(void* out, const ArrayLayout& at,
                                                           const float (&acc)[Cfg::Dw / 8][4],
                                                           float scale, unsigned char* stage,
                                                           int b, int g, int j, int seq_kv,
                                                           int key0, int lane, int col0) {
-    constexpr int kRowBytes = Cfg::D * int(sizeof(Out));
-    constexpr int kChunks = kRowBytes / 16, kPerChunk = 16 / int(sizeof(Out));
+    using T = typename Cfg::T;
+    constexpr int kRowBytes = Cfg::D * int(sizeof(T));
+    constexpr int kChunks = kRowBytes / 16, kPerChunk = 16 / int(sizeof(T));
     static_assert(kChunks % 8 == 0, "the swizzle permutes groups of 8 chunks");
     const std::uint32_t base = hopper::smem_address(stage);
 #pragma unroll
@@ -290,20 +292,15 @@ __device__ __forceinline__ void store_key_gradient_staged(void* out, const Array
         const int row = key0 + lane / 4 + 8 * r;  // row % 8 = lane / 4: key0 is a multiple of 16
 #pragma unroll
         for (int dt = 0; dt < Cfg::Dw / 8; ++dt) {
-            const int col = col0 + 8 * dt + 2 * (lane % 4);
-            const std::uint32_t at_ = base + row * kRowBytes +
-                                      (((col / kPerChunk) ^ (lane / 4)) << 4) +
-                                      (col % kPerChunk) * int(sizeof(Out));
-            const float x = scale * acc[dt][2 * r], y = scale * acc[dt][2 * r + 1];
-            if constexpr (sizeof(Out) == 4)
-                hopper::st_shared_v2_f32(at_, x, y);
-            else
-                hopper::st_shared_b32(at_, tc::pack2<Out>(x, y));
+            const int col = col0 + 8 * dt + 2 * (lane % 4);  // and col + 1, in the same chunk
+            hopper::st_shared_b32(base + row * kRowBytes + (((col / kPerChunk) ^ (lane / 4)) << 4) +
+                                      (col % kPerChunk) * int(sizeof(T)),
+                                  tc::pack2<T>(scale * acc[dt][2 * r], scale * acc[dt][2 * r + 1]));
         }
     }
     __syncthreads();
     const int rows = min(Cfg::Bc, seq_kv - j * Cfg::Bc);
-    Out* first = static_cast<Out*>(out) + at.offset(b, g) + std::int64_t(j) * Cfg::Bc * at.row;
+    T* first = static_cast<T*>(out) + at.offset(b, g) + std::int64_t(j) * Cfg::Bc * at.row;
     for (int c = int(threadIdx.x); c < rows * kChunks; c += Cfg::kThreads) {
         const int row = c / kChunks, chunk = c % kChunks;
         const uint4 v = *reinterpret_cast<const uint4*>(stage + row * kRowBytes +
@@ -646,22 +643,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // the tiles' memory from K_j on (K_j, V_j, the ring: every copy into it has landed and every
     // product reading it is done; with the dQ blocks in a slot, the copy engine has read them).
     if (params.key_gradients_staged) {
-        static_assert(Bc * D * sizeof(float) <= (2 * Bc * D + 2 * Cfg::kSlots * Br * D) * sizeof(T),
-                      "a float32 dK_j or dV_j fits where K_j, V_j and the ring were");
         __syncthreads();
         auto* stage = reinterpret_cast<unsigned char*>(sK);
         const int jt = key_tile(), col0 = Dw * column_group;
-        const auto both = [&](auto out_type) {
-            using Out = decltype(out_type);
-            store_key_gradient_staged<Cfg, Out>(bp.dK, bp.dk_layout, dK, bp.abs_scale, stage, b, g,
-                                                jt, seq_kv, key0, lane, col0);
-            store_key_gradient_staged<Cfg, Out>(bp.dV, bp.dv_layout, dV, 1.0f, stage, b, g, jt,
-                                                seq_kv, key0, lane, col0);
-        };
-        if (bp.grad_dtype == DType::f32)
-            both(float{});
-        else
-            both(T{});
+        store_key_gradient_staged<Cfg>(bp.dK, bp.dk_layout, dK, bp.abs_scale, stage, b, g, jt,
+                                       seq_kv, key0, lane, col0);
+        store_key_gradient_staged<Cfg>(bp.dV, bp.dv_layout, dV, 1.0f, stage, b, g, jt, seq_kv,
+                                       key0, lane, col0);
     } else {
         cuda::write_key_gradients<Dw>(bp, dK, dV, bp.abs_scale, b, g, key_tile() * Bc + key0,
                                       lane, Dw * column_group);
