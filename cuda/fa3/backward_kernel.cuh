@@ -640,8 +640,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     hopper::bulk_wait_read<0>();
 
     // L18. Q was read times q_sign (so S^T had the right sign): dK's scale is |scale|. Staged in
-    // the tiles' memory from K_j on (K_j, V_j, the ring: every copy into it has landed and every
-    // product reading it is done; with the dQ blocks in a slot, the copy engine has read them).
+    // K_j's shared memory, once every warpgroup's products reading it are done (the barrier).
     if (params.key_gradients_staged) {
         __syncthreads();
         auto* stage = reinterpret_cast<unsigned char*>(sK);
