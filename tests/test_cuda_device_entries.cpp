@@ -610,80 +610,89 @@ TEST_CASE("cuda-fa3's backward device entry reads strided arrays and a 16-bit O,
     const Backend& fa3 = *found;
     test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
     deterministic.set("1");  // dQ's additions in one order: the host path's bits
-    for_each_strided_case([&](const AttentionProblem& p, DType dtype, const ProblemData& in,
-                              std::uint64_t seed) {
-            const std::int64_t dim = p.dim;
-            const test::Outputs fwd = test::run_poisoned(fa3, p, in, dtype);
-            // O as a 16-bit caller holds it; the host path gets the same values in float32, so
-            // that both compute the same D = rowsum(dO o O).
-            std::vector<float> O16(fwd.O.size());
-            for (std::size_t k = 0; k < O16.size(); ++k)
-                O16[k] = cuda::from_bits(cuda::to_bits(fwd.O[k], dtype), dtype);
-            const std::vector<float> dO = random_problem_data(p, seed + 1).Q;
-            std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
-            run_backward(fa3, p, {in.Q.data(), in.K.data(), in.V.data(), O16.data(),
-                                  fwd.lse.data(), dO.data()},
-                         dQ.data(), dK.data(), dV.data(), dtype);
+    const auto check = [&](const AttentionProblem& p, DType dtype, const ProblemData& in,
+                           std::uint64_t seed) {
+        const std::int64_t dim = p.dim;
+        const test::Outputs fwd = test::run_poisoned(fa3, p, in, dtype);
+        // O as a 16-bit caller holds it; the host path gets the same values in float32, so
+        // that both compute the same D = rowsum(dO o O).
+        std::vector<float> O16(fwd.O.size());
+        for (std::size_t k = 0; k < O16.size(); ++k)
+            O16[k] = cuda::from_bits(cuda::to_bits(fwd.O[k], dtype), dtype);
+        const std::vector<float> dO = random_problem_data(p, seed + 1).Q;
+        std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
+        run_backward(fa3, p, {in.Q.data(), in.K.data(), in.V.data(), O16.data(),
+                              fwd.lse.data(), dO.data()},
+                     dQ.data(), dK.data(), dV.data(), dtype);
 
-            const std::int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv;
-            const Strided16 Qh = strided_copy(in.Q, B, H, p.seq_q, dim, dtype, cuda::q_sign(p));
-            const Strided16 Kh = strided_copy(in.K, B, Hkv, p.seq_kv, dim, dtype);
-            const Strided16 Vh = strided_copy(in.V, B, Hkv, p.seq_kv, dim, dtype);
-            const Strided16 Oh = strided_copy(O16, B, H, p.seq_q, dim, dtype);
-            const Strided16 dOh = strided_copy(dO, B, H, p.seq_q, dim, dtype);
-            // Gradient rows 8 values apart (16 bytes: the kernel stages dK and dV in shared memory
-            // and writes whole 16-byte pieces) and 2 apart (4 bytes: it stores them from registers).
-            for (const std::int64_t pad : {8, 2}) {
-                INFO("gradient rows padded by " << pad);
-                const Strided16 dQh(B, H, p.seq_q, dim, pad), dKh(B, Hkv, p.seq_kv, dim, pad),
-                    dVh(B, Hkv, p.seq_kv, dim, pad);  // all 0xFFFF
-                Stream stream;
-                Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
-                Staged O(bytes_of(Oh.host)), dO_d(bytes_of(dOh.host)),
-                    lse(as_bytes(fwd.lse, DType::f32));
-                Staged dQ_d(bytes_of(dQh.host)), dK_d(bytes_of(dKh.host)), dV_d(bytes_of(dVh.host));
-                for (Staged* x : {&Q, &K, &V, &O, &dO_d, &lse, &dQ_d, &dK_d, &dV_d}) x->copy(stream.s);
-                Workspace workspace(fa3.device_backward_workspace_bytes(p, dtype), stream.s);
-                DeviceBackward a;
-                a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.dO = dO_d.data(), a.O = O.data();
-                a.lse = static_cast<const float*>(lse.data());
-                a.dQ = dQ_d.device.data(), a.dK = dK_d.device.data(), a.dV = dV_d.device.data();
-                a.stream = stream.s, a.dtype = dtype;
-                a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
-                a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
-                a.o_layout = Oh.layout, a.do_layout = dOh.layout;
-                a.dq_layout = dQh.layout, a.dk_layout = dKh.layout, a.dv_layout = dVh.layout;
-                a.o_dtype = a.grad_dtype = dtype;
-                fa3.run_backward_device(p, a);
-                FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+        const std::int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv;
+        const Strided16 Qh = strided_copy(in.Q, B, H, p.seq_q, dim, dtype, cuda::q_sign(p));
+        const Strided16 Kh = strided_copy(in.K, B, Hkv, p.seq_kv, dim, dtype);
+        const Strided16 Vh = strided_copy(in.V, B, Hkv, p.seq_kv, dim, dtype);
+        const Strided16 Oh = strided_copy(O16, B, H, p.seq_q, dim, dtype);
+        const Strided16 dOh = strided_copy(dO, B, H, p.seq_q, dim, dtype);
+        // Gradient rows 8 values apart (16 bytes: the kernel stages dK and dV in shared memory
+        // and writes whole 16-byte pieces) and 2 apart (4 bytes: it stores them from registers).
+        for (const std::int64_t pad : {8, 2}) {
+            INFO("gradient rows padded by " << pad);
+            const Strided16 dQh(B, H, p.seq_q, dim, pad), dKh(B, Hkv, p.seq_kv, dim, pad),
+                dVh(B, Hkv, p.seq_kv, dim, pad);  // all 0xFFFF
+            Stream stream;
+            Staged Q(bytes_of(Qh.host)), K(bytes_of(Kh.host)), V(bytes_of(Vh.host));
+            Staged O(bytes_of(Oh.host)), dO_d(bytes_of(dOh.host)),
+                lse(as_bytes(fwd.lse, DType::f32));
+            Staged dQ_d(bytes_of(dQh.host)), dK_d(bytes_of(dKh.host)), dV_d(bytes_of(dVh.host));
+            for (Staged* x : {&Q, &K, &V, &O, &dO_d, &lse, &dQ_d, &dK_d, &dV_d}) x->copy(stream.s);
+            Workspace workspace(fa3.device_backward_workspace_bytes(p, dtype), stream.s);
+            DeviceBackward a;
+            a.Q = Q.data(), a.K = K.data(), a.V = V.data(), a.dO = dO_d.data(), a.O = O.data();
+            a.lse = static_cast<const float*>(lse.data());
+            a.dQ = dQ_d.device.data(), a.dK = dK_d.device.data(), a.dV = dV_d.device.data();
+            a.stream = stream.s, a.dtype = dtype;
+            a.workspace = workspace.buffer.data(), a.workspace_bytes = workspace.bytes;
+            a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
+            a.o_layout = Oh.layout, a.do_layout = dOh.layout;
+            a.dq_layout = dQh.layout, a.dk_layout = dKh.layout, a.dv_layout = dVh.layout;
+            a.o_dtype = a.grad_dtype = dtype;
+            fa3.run_backward_device(p, a);
+            FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
 
-                // The same kernel on the same values: each gradient is the host path's float32 one
-                // rounded to nearest even (dQ by the post-pass, dK and dV by the kernel's stores),
-                // and nothing outside the gradients' rows was written.
-                const StridedCheck q = compare_strided(download_bits(dQ_d), dQh, dQ, B, H, p.seq_q,
-                                                       dim, dtype);
-                const StridedCheck k = compare_strided(download_bits(dK_d), dKh, dK, B, Hkv, p.seq_kv,
-                                                       dim, dtype);
-                const StridedCheck v = compare_strided(download_bits(dV_d), dVh, dV, B, Hkv, p.seq_kv,
-                                                       dim, dtype);
-                CHECK(q.wrong == 0);
-                CHECK(k.wrong == 0);
-                CHECK(v.wrong == 0);
-                CHECK(q.touched + k.touched + v.touched == 0);
+            // The same kernel on the same values: each gradient is the host path's float32 one
+            // rounded to nearest even (dQ by the post-pass, dK and dV by the kernel's stores),
+            // and nothing outside the gradients' rows was written.
+            const StridedCheck q = compare_strided(download_bits(dQ_d), dQh, dQ, B, H, p.seq_q,
+                                                   dim, dtype);
+            const StridedCheck k = compare_strided(download_bits(dK_d), dKh, dK, B, Hkv, p.seq_kv,
+                                                   dim, dtype);
+            const StridedCheck v = compare_strided(download_bits(dV_d), dVh, dV, B, Hkv, p.seq_kv,
+                                                   dim, dtype);
+            CHECK(q.wrong == 0);
+            CHECK(k.wrong == 0);
+            CHECK(v.wrong == 0);
+            CHECK(q.touched + k.touched + v.touched == 0);
 
-                // Refused before any work: a stride TMA cannot read, a gradient stride that breaks
-                // the paired stores, a gradient type that is neither float32 nor the inputs'.
-                DeviceBackward bad = a;
-                bad.do_layout.row = dOh.layout.row + 4;
-                CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
-                bad = a;
-                bad.dk_layout.head = dKh.layout.head + 1;
-                CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
-                bad = a;
-                bad.grad_dtype = dtype == DType::f16 ? DType::bf16 : DType::f16;
-                CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
-            }
-        });
+            // Refused before any work: a stride TMA cannot read, a gradient stride that breaks
+            // the paired stores, a gradient type that is neither float32 nor the inputs'.
+            DeviceBackward bad = a;
+            bad.do_layout.row = dOh.layout.row + 4;
+            CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+            bad = a;
+            bad.dk_layout.head = dKh.layout.head + 1;
+            CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+            bad = a;
+            bad.grad_dtype = dtype == DType::f16 ? DType::bf16 : DType::f16;
+            CHECK_THROWS_AS(fa3.run_backward_device(p, bad), std::invalid_argument);
+        }
+    };
+    for_each_strided_case(check);
+    // More CTAs (13 key tiles of each of 2 x 12 K/V heads: 312) than a Hopper GPU runs at once:
+    // the staged dK_j, dV_j of CTAs that start as others end.
+    for (bool causal : {false, true}) {
+        const AttentionProblem p = test::make_problem(2, 24, 12, 113, 1600, 128, causal);
+        const std::uint64_t seed = test::next_seed();
+        INFO("bf16 " << test::describe(p) << " seed=" << seed);
+        check(p, DType::bf16, random_problem_data(p, seed), seed);
+    }
 }
 
 TEST_CASE("device entries without layouts refuse strided arrays, and a 16-bit O where they write float32") {

@@ -244,3 +244,39 @@ TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
         CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * 4) == 0);
     }
 }
+
+// More CTAs than the GPU runs at once: 12 K/V heads of 25 key tiles (49 at d = 256) are 300 CTAs
+// or more, three waves and more on any Hopper GPU, in scheduled_tile's order (under the causal
+// mask both of its parts). Every compiled tile, with each of its kernels (plain, block mask,
+// deterministic).
+TEST_CASE("cuda-fa3 backward: several waves of CTAs, every compiled tile and kernel") {
+    const Backend* b = test::cuda_fa3_or_warn();
+    if (!b) return;
+    for (const char* variant :
+         {"d64-Br128-ring3", "d64-Br128", "d64-Br64", "d128-Br64-dq-overlap", "d128-Br64",
+          "d256-Br64"}) {
+        INFO("FLASHATTN_VARIANT=cuda-fa3-backward=" << variant);
+        const test::ScopedEnv env("FLASHATTN_VARIANT");
+        env.set(std::string("cuda-fa3-backward=") + variant);
+        const std::int64_t d = std::stoi(variant + 1);  // "d<dim>-..."
+        check_backward_against_reference(*b, test::make_problem(3, 8, 4, 90, 3100, d, true),
+                                         DType::f16);
+        check_backward_against_reference(*b, test::make_problem(3, 8, 4, 90, 3100, d, false),
+                                         DType::bf16);
+        std::vector<std::uint8_t> mask = {1, 0, 1, 0, 1, 1};  // 2 x 3 blocks of 45 x 1100
+        AttentionProblem masked = test::make_problem(3, 8, 4, 90, 3100, d, false);
+        masked.block_mask = {mask.data(), 45, 1100};
+        check_backward_against_reference(*b, masked, DType::f16);
+        const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+        deterministic.set("1");
+        const AttentionProblem p = test::make_problem(3, 8, 4, 90, 3100, d, true);
+        const std::uint64_t seed = test::next_seed();
+        const ProblemData in = random_problem_data(p, seed);
+        const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+        const test::Gradients first = check_backward_against_reference(*b, p, in, dO, DType::bf16);
+        const test::Gradients again = test::run_forward_backward(*b, p, in, dO, DType::bf16);
+        CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * 4) == 0);
+        CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
+        CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * 4) == 0);
+    }
+}
