@@ -127,7 +127,7 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
         const TileRange cols = tile_range(j, plan.blocks.Bc, p.seq_kv);
         const TileVisibility visibility = classify_tile(p, rows, cols);
         if (visibility == TileVisibility::none) continue;  // hidden tile: K_j, V_j never read
-        const std::int64_t bc = cols.size(), keys = round_up(bc, tiles::kBlockCols);
+        const std::int64_t bc = cols.size();
         // A tile of one query row (decoding without GQA) takes the one-row products, which read
         // K_j where it lies (tiles::scores_row says why); otherwise K_j^T is packed for the blocks.
         const bool one_row = br == 1;
@@ -137,24 +137,43 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
 
         // Each group of kRows rows goes through S, softmax and P V while its S_ij is in L1.
         for (std::int64_t r0 = 0; r0 < br; r0 += kRows) {
+            // Under the causal mask a row sees a prefix of the keys, so the group sees the keys
+            // up to its last row's diagonal and no further: its products stop there, in blocks of
+            // kBlockCols keys (FlashAttention-2's skip of hidden tiles, inside a tile: with the
+            // large tiles of omp_cache_blocks most of a diagonal tile lies past it). The keys left
+            // out would have had P = 0; the row sums add the same terms, the vector reduction in
+            // another order near the row's end (results move by an ulp or so).
+            std::int64_t group_bc = bc;
+            if (visibility == TileVisibility::partial && p.causal) {
+                const std::int64_t last_row = rows.begin + std::min(r0 + group_rows, br) - 1;
+                group_bc = std::max<std::int64_t>(
+                    p.last_causal_key(last_row, cols.end) - cols.begin + 1, 0);
+                if (group_bc == 0) continue;  // no row of the group sees a key of this tile
+            }
+            const std::int64_t group_keys = round_up(group_bc, tiles::kBlockCols);
             if (one_row)
-                tiles::scores_row(t.Q_i, d, K + cols.begin * d, bc, scale, t.S);  // S_ij
+                tiles::scores_row(t.Q_i, d, K + cols.begin * d, group_bc, scale, t.S);  // S_ij
             else
-                tiles::scores(t.Q_i + r0 * d, d, t.K_jT, keys, key_stride, scale, t.S);
+                tiles::scores(t.Q_i + r0 * d, d, t.K_jT, group_keys, key_stride, scale, t.S);
             for (std::int64_t r = r0; r < r0 + group_rows; ++r) {
                 float* S_r = t.S + (r - r0) * key_stride;
                 if (r >= br) {  // a padding row: P = 0, so it adds nothing
                     std::fill(S_r, S_r + key_stride, 0.0f);
                     continue;
                 }
-                if (visibility == TileVisibility::partial)
-                    for (std::int64_t c = 0; c < bc; ++c)
+                if (visibility == TileVisibility::partial && p.block_mask.active()) {
+                    for (std::int64_t c = 0; c < group_bc; ++c)
                         if (!p.key_visible(rows.begin + r, cols.begin + c)) S_r[c] = neg_infinity();
+                } else if (visibility == TileVisibility::partial) {  // the causal mask alone
+                    const std::int64_t seen = std::clamp<std::int64_t>(
+                        p.last_causal_key(rows.begin + r, cols.end) - cols.begin + 1, 0, group_bc);
+                    std::fill(S_r + seen, S_r + group_bc, neg_infinity());  // one bound per row
+                }
                 // The online-softmax rule (common/online_softmax.hpp), in its row form.
-                const float m_new = nan_max(t.m_i[r], row_max(S_r, bc));
+                const float m_new = nan_max(t.m_i[r], row_max(S_r, group_bc));
                 const float alpha = exp_shifted(t.m_i[r], m_new);  // rescales what came before
-                const float row_sum = exp_shifted_row(S_r, bc, m_new);  // S_ij row -> P_ij row
-                std::fill(S_r + bc, S_r + key_stride, 0.0f);  // padding keys: P = 0
+                const float row_sum = exp_shifted_row(S_r, group_bc, m_new);  // S_ij -> P_ij
+                std::fill(S_r + group_bc, S_r + group_keys, 0.0f);  // keys left out: P = 0
                 t.l_i[r] = alpha * t.l_i[r] + row_sum;
                 t.m_i[r] = m_new;
                 float* O_r = t.O_i + r * value_stride;
@@ -163,10 +182,11 @@ void attend_query_tile(const AttentionProblem& p, const OmpPlan& plan, TileRange
             }
             float* O_group = t.O_i + r0 * value_stride;
             if (one_row)
-                tiles::add_values<1>(t.S, keys, key_stride, V_tile, value_stride, O_group);
+                tiles::add_values<1>(t.S, group_keys, key_stride, V_tile, value_stride, O_group);
             else
-                tiles::add_values(t.S, keys, key_stride, V_tile, value_stride, O_group);  // += P V_j
-            for (std::int64_t c : t.nonfinite_keys)  // see values_of_tile
+                tiles::add_values(t.S, group_keys, key_stride, V_tile, value_stride,
+                                  O_group);  // += P V_j
+            for (std::int64_t c : t.nonfinite_keys)  // see values_of_tile (c < group_bc: visible)
                 for (std::int64_t r = r0; r < std::min(r0 + kRows, br); ++r)
                     if (p.key_visible(rows.begin + r, cols.begin + c))
                         for (std::int64_t k = 0; k < d; ++k)
