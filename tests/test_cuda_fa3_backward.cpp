@@ -24,6 +24,26 @@ namespace {
 
 const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
 
+// The backward's compiled tiles, as FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks them; each
+// name starts with its head dim ("d<dim>-...").
+const char* const kTiles[] = {"d64-Br128-ring3", "d64-Br128", "d64-Br64", "d128-Br64-dq-overlap",
+                              "d128-Br64", "d256-Br64"};
+
+// The deterministic kernel on p: the gradients by the 2x rule against float64, then the same bits
+// from a second run.
+void check_deterministic_twice(const Backend& b, const AttentionProblem& p, DType dtype) {
+    const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+    deterministic.set("1");
+    const std::uint64_t seed = test::next_seed();
+    const ProblemData in = random_problem_data(p, seed);
+    const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
+    const test::Gradients first = check_backward_against_reference(b, p, in, dO, dtype);
+    const test::Gradients again = test::run_forward_backward(b, p, in, dO, dtype);
+    CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * 4) == 0);
+    CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
+    CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * 4) == 0);
+}
+
 }  // namespace
 
 TEST_CASE("cuda-fa3 backward matches float64 by the 2x rule on odd shapes") {
@@ -213,9 +233,7 @@ TEST_CASE("cuda-fa3 backward rejects what it cannot run, naming the field") {
 TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
-    for (const char* variant :
-         {"d64-Br128-ring3", "d64-Br128", "d64-Br64", "d128-Br64-dq-overlap", "d128-Br64",
-          "d256-Br64"}) {
+    for (const char* variant : kTiles) {
         INFO("FLASHATTN_VARIANT=cuda-fa3-backward=" << variant);
         const test::ScopedEnv env("FLASHATTN_VARIANT");
         env.set(std::string("cuda-fa3-backward=") + variant);
@@ -231,17 +249,7 @@ TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
         AttentionProblem masked = test::make_problem(1, 2, 1, 203, 300, d, true);
         masked.block_mask = {mask.data(), 70, 100};
         check_backward_against_reference(*b, masked, DType::f16);
-        const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
-        deterministic.set("1");
-        const AttentionProblem p = test::make_problem(1, 4, 2, 301, 257, d, true);
-        const std::uint64_t seed = test::next_seed();
-        const ProblemData in = random_problem_data(p, seed);
-        const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
-        const test::Gradients first = check_backward_against_reference(*b, p, in, dO, DType::bf16);
-        const test::Gradients again = test::run_forward_backward(*b, p, in, dO, DType::bf16);
-        CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * 4) == 0);
-        CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
-        CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * 4) == 0);
+        check_deterministic_twice(*b, test::make_problem(1, 4, 2, 301, 257, d, true), DType::bf16);
     }
 }
 
@@ -252,9 +260,7 @@ TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
 TEST_CASE("cuda-fa3 backward: several waves of CTAs, every compiled tile and kernel") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
-    for (const char* variant :
-         {"d64-Br128-ring3", "d64-Br128", "d64-Br64", "d128-Br64-dq-overlap", "d128-Br64",
-          "d256-Br64"}) {
+    for (const char* variant : kTiles) {
         INFO("FLASHATTN_VARIANT=cuda-fa3-backward=" << variant);
         const test::ScopedEnv env("FLASHATTN_VARIANT");
         env.set(std::string("cuda-fa3-backward=") + variant);
@@ -267,16 +273,6 @@ TEST_CASE("cuda-fa3 backward: several waves of CTAs, every compiled tile and ker
         AttentionProblem masked = test::make_problem(3, 8, 4, 90, 3100, d, false);
         masked.block_mask = {mask.data(), 45, 1100};
         check_backward_against_reference(*b, masked, DType::f16);
-        const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
-        deterministic.set("1");
-        const AttentionProblem p = test::make_problem(3, 8, 4, 90, 3100, d, true);
-        const std::uint64_t seed = test::next_seed();
-        const ProblemData in = random_problem_data(p, seed);
-        const std::vector<float> dO = random_normal(p.q_elements(), seed + 3);
-        const test::Gradients first = check_backward_against_reference(*b, p, in, dO, DType::bf16);
-        const test::Gradients again = test::run_forward_backward(*b, p, in, dO, DType::bf16);
-        CHECK(std::memcmp(first.dQ.data(), again.dQ.data(), first.dQ.size() * 4) == 0);
-        CHECK(std::memcmp(first.dK.data(), again.dK.data(), first.dK.size() * 4) == 0);
-        CHECK(std::memcmp(first.dV.data(), again.dV.data(), first.dV.size() * 4) == 0);
+        check_deterministic_twice(*b, test::make_problem(3, 8, 4, 90, 3100, d, true), DType::bf16);
     }
 }
