@@ -72,17 +72,22 @@ class Attention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        if self.attn_dtype is not None:  # the attention alone in --attn-dtype, both kinds
-            q, k, v = (t.to(self.attn_dtype) for t in (q, k, v))
+        if self.attn_dtype is None:
+            y = self.attend(q, k, v)
+        else:  # the attention alone in --attn-dtype, both kinds: under autocast, flashattn's
+            # attention and SDPA both cast float32 inputs to autocast's dtype, so it is off here
+            with torch.autocast(x.device.type, enabled=False):
+                y = self.attend(*(t.to(self.attn_dtype) for t in (q, k, v)))
+        return self.proj(y.to(x.dtype).transpose(1, 2).contiguous().view(B, T, C))
+
+    def attend(self, q, k, v):
         if self.kind == "flashattn":
-            y = flashattn.attention(q, k, v, causal=True, backend=self.backend)
-        elif self.kind == "sdpa-math":  # PyTorch's other implementation (--noise)
+            return flashattn.attention(q, k, v, causal=True, backend=self.backend)
+        if self.kind == "sdpa-math":  # PyTorch's other implementation (--noise)
             from torch.nn.attention import SDPBackend, sdpa_kernel
             with sdpa_kernel(SDPBackend.MATH):
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.to(x.dtype).transpose(1, 2).contiguous().view(B, T, C))
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class Block(nn.Module):
@@ -303,11 +308,13 @@ def main():
                     help="train under torch.autocast in this dtype (both kinds)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile(model, fullgraph=True), both kinds")
-    ap.add_argument("--attn-dtype", default="float32",
+    ap.add_argument("--attn-dtype", default="auto",
                     choices=["auto", "float32", "float16", "bfloat16"],
-                    help="precision of the attention alone (q, k, v cast to it, the output cast "
-                         "back); the rest of the model stays float32. auto: as q, k, v come "
-                         "(under --autocast, its dtype)")
+                    help="precision of the attention alone (q, k, v cast to it, autocast off "
+                         "around it, the output cast back), both kinds; the rest of the model as "
+                         "--autocast says. auto (default): as q, k, v come, float32 without "
+                         "--autocast, its dtype under it (where both kinds cast float32 inputs "
+                         "to it)")
     ap.add_argument("--backend", help="flashattn backend with a backward pass (default: omp on "
                                       "the CPU; on CUDA the fastest for the device and dtype)")
     ap.add_argument("--threads", type=int, default=0,

@@ -16,13 +16,13 @@
 //   settings FLASHATTN_VARIANT and FLASHATTN_DETERMINISTIC) is planned by `_device_plan`, which
 //   raises for a bad call (nothing is kept then) or returns the backend, dtype and workspace size;
 // - every call that is not the fast path below: a block mask, a negative scale (folded into a
-//   copy of Q), tensors that are not 4-D, and for a backend that reads only contiguous arrays
-//   (cuda-tc, cuda-fa2) any call that would need a copy or a cast first. Those calls run the Python
-//   implementation, called from here.
-// The fast path is the Python implementation's direct branches: for a backend with strided layouts
-// (cuda-fa3), q, k, v (and O, dO) read where they lie when TMA can read them, O and the gradients
-// written in q's dtype in their inputs' order; for the others, contiguous arrays as they are and
-// outputs that the kernels write themselves. Two small layout rules are therefore written in
+//   copy of Q), and tensors that are not 4-D. Those calls run the Python implementation, called
+//   from here.
+// The fast path is the Python implementation's branches for the other calls: for a backend with
+// strided layouts (cuda-fa3), q, k, v (and O, dO) read where they lie when TMA can read them, O
+// and the gradients written in q's dtype in their inputs' order; for the others (cuda-tc,
+// cuda-fa2), contiguous arrays (copies of those that are not) and the outputs the kernels write,
+// cast or copied into results in their inputs' order. Two small layout rules are therefore written in
 // both languages, each naming its twin: output_like (`_output_like`) and readable_in_place
 // (`_readable_in_place`); torch.library.opcheck's fake-tensor test compares the strides of the
 // outputs with the fake implementation's, which uses the Python rule.
@@ -153,19 +153,13 @@ Plan plan_for(bool backward, const std::vector<at::Tensor>& xs, bool causal,
 // --- the fast path -------------------------------------------------------------------------
 //
 // A backend with layouts reads q, k, v (and O, dO) where TMA can read them and writes O and the
-// gradients in their inputs' order and q's dtype. One without reads contiguous arrays: the fast
-// path takes a call only where every array is contiguous already and the outputs are what the
-// kernels write (float32, or O in q's dtype with o_dtype; a float32 O for the backward); the
-// Python implementation copies and casts for the others.
+// gradients in their inputs' order and q's dtype. One without reads contiguous arrays and writes
+// contiguous float32 results (or O in q's dtype with o_dtype; it reads a float32 O): the fast
+// path copies and casts as `_cuda_forward` and `_cuda_backward` do, and writes into the results
+// themselves where they are what the kernels write.
 
 // Calls the fast path ran, forward and backward (for the tests: which calls took it).
 std::atomic<std::uint64_t> fast_forwards{0}, fast_backwards{0};
-
-bool all_contiguous(std::initializer_list<const at::Tensor*> xs) {
-    for (const at::Tensor* x : xs)
-        if (!x->is_contiguous()) return false;
-    return true;
-}
 
 // A result for the input x: x's shape and dtype, its rows in the order of x's. Where x's heads
 // lie closer together than its rows (a view of one (B, N, H d) projection), (B, N, H, d) memory
@@ -192,10 +186,10 @@ std::pair<at::Tensor, ArrayLayout> readable_in_place(const at::Tensor& x) {
     return {x.contiguous(), ArrayLayout{}};
 }
 
-// An input as the plan's backend reads it: where it lies (layouts), else as it is (contiguous:
-// the callers checked).
+// An input as the plan's backend reads it: where it lies (layouts), else contiguous (x itself
+// where it is, else a copy, as `_device_array` makes).
 std::pair<at::Tensor, ArrayLayout> in_place(const Plan& plan, const at::Tensor& x) {
-    return plan.layouts ? readable_in_place(x) : std::make_pair(x, ArrayLayout{});
+    return plan.layouts ? readable_in_place(x) : std::make_pair(x.contiguous(), ArrayLayout{});
 }
 
 // The library's problem of q (B, H, N_q, d) and k (B, H_kv, N_kv, d), validated.
@@ -223,27 +217,30 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fast_forward(
     const std::optional<double>& scale, const std::optional<std::string>& backend) {
     const Plan plan = plan_for(false, {q, k, v}, causal, scale, backend);
     if (!plan.fast) return std::nullopt;
-    if (!plan.layouts && !(all_contiguous({&q, &k, &v}) &&
-                           (plan.dtype == DType::f32 || plan.o_dtype)))
-        return std::nullopt;
     const AttentionProblem p = problem_of(q, k, causal, scale);
     c10::DeviceGuard guard(q.device());
     at::Tensor O = output_like(q);
-    if (!plan.layouts && !O.is_contiguous()) return std::nullopt;
     at::Tensor L = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
     const auto [Q, q_at] = in_place(plan, q);
     const auto [K, k_at] = in_place(plan, k);
     const auto [V, v_at] = in_place(plan, v);
+    // O as the kernels write it: in place (layouts), else contiguous, in q's dtype where they
+    // write that (float32, or O_dtype), else float32, cast into O afterwards.
+    const bool o_direct = plan.layouts || (O.is_contiguous() &&
+                                           (plan.dtype == DType::f32 || plan.o_dtype));
+    const at::Tensor out = o_direct ? O : at::empty(q.sizes(), q.options().dtype(at::kFloat));
     const at::Tensor ws = workspace(plan, q);
     DeviceForward a;
     a.Q = Q.data_ptr(), a.K = K.data_ptr(), a.V = V.data_ptr();
-    a.O = O.data_ptr(), a.lse = L.data_ptr<float>();
+    a.O = out.data_ptr(), a.lse = L.data_ptr<float>();
     a.q_layout = q_at, a.k_layout = k_at, a.v_layout = v_at;
     a.o_layout = plan.layouts ? strides_of(O) : ArrayLayout{};
-    a.dtype = a.o_dtype = plan.dtype;
+    a.dtype = plan.dtype;
+    a.o_dtype = o_direct ? plan.dtype : DType::f32;
     a.workspace = ws.defined() ? ws.data_ptr() : nullptr, a.workspace_bytes = plan.workspace_bytes;
     a.stream = current_stream(q);
     plan.backend->run_device(p, a);
+    if (!o_direct) O.copy_(out);  // the cast to q's dtype, in O's layout
     ++fast_forwards;
     return std::make_pair(O, L);
 }
@@ -255,12 +252,9 @@ std::optional<std::array<at::Tensor, 3>> fast_backward(
     const std::optional<std::string>& backend) {
     const Plan plan = plan_for(true, {q, k, v, o, lse, dO}, causal, scale, backend);
     if (!plan.fast) return std::nullopt;
-    if (!plan.layouts && !(plan.dtype == DType::f32 && all_contiguous({&q, &k, &v, &o, &dO})))
-        return std::nullopt;
     const AttentionProblem p = problem_of(q, k, causal, scale);
     c10::DeviceGuard guard(q.device());
     std::array<at::Tensor, 3> grads{output_like(q), output_like(k), output_like(v)};
-    if (!plan.layouts && !all_contiguous({&grads[0], &grads[1], &grads[2]})) return std::nullopt;
     const at::Tensor L = lse.is_contiguous() && lse.scalar_type() == at::kFloat
                              ? lse
                              : lse.to(at::kFloat).contiguous();
@@ -268,24 +262,37 @@ std::optional<std::array<at::Tensor, 3>> fast_backward(
     const auto [K, k_at] = in_place(plan, k);
     const auto [V, v_at] = in_place(plan, v);
     const auto [dOr, do_at] = in_place(plan, dO);
-    // O is read value by value (the D pass): any strides with d contiguous.
+    // O is read value by value (the D pass): any strides with d contiguous (layouts); the
+    // others read it contiguous and float32.
     const bool o_in_place = plan.layouts && o.stride(3) == 1;
-    const at::Tensor O = o_in_place ? o : o.contiguous();
+    const at::Tensor O = o_in_place       ? o
+                         : plan.layouts   ? o.contiguous()
+                                          : o.to(at::kFloat).contiguous();
+    // The gradients as the kernels write them: in place (layouts), else contiguous float32,
+    // the results themselves where those are that, else cast into them afterwards.
+    std::array<at::Tensor, 3> sums = grads;
+    if (!plan.layouts)
+        for (at::Tensor& g : sums)
+            if (g.scalar_type() != at::kFloat || !g.is_contiguous())
+                g = at::empty(g.sizes(), g.options().dtype(at::kFloat));
     DeviceBackward a;
     a.Q = Q.data_ptr(), a.K = K.data_ptr(), a.V = V.data_ptr(), a.dO = dOr.data_ptr();
     a.O = O.data_ptr(), a.lse = L.data_ptr<float>();
-    a.dQ = grads[0].data_ptr(), a.dK = grads[1].data_ptr(), a.dV = grads[2].data_ptr();
+    a.dQ = sums[0].data_ptr(), a.dK = sums[1].data_ptr(), a.dV = sums[2].data_ptr();
     a.q_layout = q_at, a.k_layout = k_at, a.v_layout = v_at, a.do_layout = do_at;
     a.o_layout = o_in_place ? strides_of(o) : ArrayLayout{};
     if (plan.layouts) {
         a.dq_layout = strides_of(grads[0]), a.dk_layout = strides_of(grads[1]);
         a.dv_layout = strides_of(grads[2]);
     }
-    a.dtype = a.o_dtype = a.grad_dtype = plan.dtype;
+    a.dtype = plan.dtype;
+    a.o_dtype = a.grad_dtype = plan.layouts ? plan.dtype : DType::f32;
     const at::Tensor ws = workspace(plan, q);
     a.workspace = ws.defined() ? ws.data_ptr() : nullptr, a.workspace_bytes = plan.workspace_bytes;
     a.stream = current_stream(q);
     plan.backend->run_backward_device(p, a);
+    for (std::size_t i = 0; i < 3; ++i)
+        if (!sums[i].is_same(grads[i])) grads[i].copy_(sums[i]);
     ++fast_backwards;
     return grads;
 }

@@ -11,10 +11,11 @@ checked here, on fresh random inputs at shapes that are no multiple of a tile:
     attention and its backward (tests/python/reference.py), and are the bits, shapes, dtypes and
     strides of the Python implementation's, forward and backward (dQ's order fixed), contiguous
     tensors and projection views, GQA, causal;
-  * contiguous float32 (cuda-fa2) and a decoding forward (cuda-tc) take the fast path too, and the
-    calls it hands back (a block mask, a negative scale, tensors a contiguous-only backend would
-    need copies of) still run, through the Python implementation called from C++ (the module
-    counts the calls its fast path ran);
+  * the contiguous-only backends (cuda-fa2 in float32, cuda-tc) take the fast path too, on
+    contiguous tensors and on views they read copies of (O and the gradients cast or copied into
+    outputs in their inputs' order), with the Python implementation's bits and strides; the calls
+    it hands back (a block mask, a negative scale) still run, through the Python implementation
+    called from C++ (the module counts the calls its fast path ran);
   * a bad call raises ValueError/TypeError through the C++ kernel as through Python, before and
     after a good call of a close signature (nothing of a refused call is kept);
   * FLASHATTN_DETERMINISTIC, read at each call, is part of the C++ signature too (its workspace);
@@ -158,17 +159,50 @@ def test_contiguous_only_backends_take_the_fast_path_where_nothing_is_copied():
     assert o.dtype == torch.bfloat16 and torch.equal(o, o_py) and torch.equal(lse, lse_py)
 
 
+@pytest.mark.parametrize("dtype, backend", [(torch.float32, None), (torch.bfloat16, "cuda-tc")])
+def test_contiguous_only_backends_copy_in_cpp_what_they_cannot_read(dtype, backend, monkeypatch):
+    """q, k, v viewed out of one projection and a dO transposed as a model's next step leaves it:
+    cuda-fa2 and cuda-tc read contiguous copies, and write float32 results that are cast or
+    copied into outputs in their inputs' order. The fast path makes those copies itself: its
+    results meet float64's and are the Python implementation's bits and strides (dQ's order
+    fixed), and both directions count as fast calls."""
+    monkeypatch.setenv("FLASHATTN_DETERMINISTIC", "1")
+    q, k, v = projection(2, 187, 3, 64, dtype)
+    options = (True, None, backend, None, None)
+    ops = flashattn._TORCH_OPS
+    before = ops.fast_calls()
+    poison_allocator(q, q[..., 0].float())
+    o, lse = op_forward(q, k, v, *options)
+    do = randn((2, 187, 3, 64), dtype).transpose(1, 2)  # (B, H, N, d) of (B, N, H, d) memory
+    poison_allocator(q, k, v)
+    grads = torch.ops.flashattn.attention_backward.default(q, k, v, o, lse, do, *options)
+    assert ops.fast_calls() == (before[0] + 1, before[1] + 1)
+    inputs = [x.double().cpu().numpy() for x in (q, k, v)]
+    o_ref, lse_ref = reference.attention(*inputs, causal=True)
+    bound, grad_bound = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 2e-2)
+    assert relative_error(o, o_ref) < bound and relative_error(lse, lse_ref) < 1e-4
+    refs = reference.attention_backward(*inputs, do.double().cpu().numpy(), causal=True)
+    o_py, lse_py = flashattn._forward_python(q, k, v, *options)
+    assert o.stride() == o_py.stride() == q.stride() and o.dtype == dtype
+    assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
+    grads_py = flashattn._backward_python(q, k, v, o, lse, do, *options)
+    for g, g_py, x, ref in zip(grads, grads_py, (q, k, v), refs):
+        assert g.dtype == dtype and g.stride() == g_py.stride() == x.stride()
+        assert relative_error(g, ref) < grad_bound
+        assert torch.equal(g, g_py)
+
+
 def test_calls_the_fast_path_hands_back_run_in_python():
-    """A block mask, a negative scale (folded into a copy of Q), and float32 tensors that are not
-    contiguous (cuda-fa2 reads contiguous copies) go from the C++ kernel to the Python
-    implementation: the results are that implementation's, and the fast path counts none."""
+    """A block mask and a negative scale (folded into a copy of Q) go from the C++ kernel to the
+    Python implementation: the results are that implementation's, and the fast path counts
+    none."""
     q, k, v = randn((1, 2, 150, 64), torch.bfloat16), randn((1, 2, 170, 64), torch.bfloat16), \
         randn((1, 2, 170, 64), torch.bfloat16)
     mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool, device="cuda")
     qt = randn((1, 150, 2, 64), torch.float32).transpose(1, 2)  # (B, H, N, d), not contiguous
     for args in ((q, k, v, False, None, None, mask, [128, 128]),
                  (q, k, v, True, -0.2, None, None, None),
-                 (qt, k.float(), v.float(), False, None, None, None, None)):
+                 (qt, k.float(), v.float(), True, -0.3, None, None, None)):
         before = flashattn._TORCH_OPS.fast_calls()
         o, lse = op_forward(*args)
         assert flashattn._TORCH_OPS.fast_calls() == before
@@ -231,7 +265,7 @@ def eager_gradients(q, k, v, do, **options):
     (torch.bfloat16, 64, "projection", True, None),   # cuda-fa3 on strided views: fast path
     (torch.float16, 128, "contiguous", False, 0.11),  # GQA, N_q != N_kv
     (torch.bfloat16, 64, "contiguous", True, -0.2),   # negative scale: the Python implementation
-    (torch.float32, 64, "projection", False, None),   # cuda-fa2 needs copies: Python again
+    (torch.float32, 64, "projection", False, None),   # cuda-fa2 reads copies: fast path
 ])
 def test_eager_autograd_on_cuda_runs_the_cpp_node(dtype, d, layout, causal, scale, monkeypatch):
     """An eager call that autograd records on CUDA tensors is a C++ node: its gradients meet
@@ -250,7 +284,7 @@ def test_eager_autograd_on_cuda_runs_the_cpp_node(dtype, d, layout, causal, scal
     name, o, lse, dq, dk, dv = eager_gradients(q, k, v, do, causal=causal, scale=scale)
     assert "AttentionNode" in name, name
     # Both directions on the fast path, or both handed to the Python implementation.
-    n = 1 if dtype != torch.float32 and (scale is None or scale > 0) else 0
+    n = 1 if scale is None or scale > 0 else 0
     after = ops.fast_calls()
     assert (after[0] - before[0], after[1] - before[1]) == (n, n)
     inputs = [x.double().cpu().numpy() for x in (q, k, v)]

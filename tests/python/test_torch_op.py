@@ -11,6 +11,7 @@ What a PyTorch user relies on beyond the numbers (which test_flashattn.py checks
     that stream's work and its results are there once the main stream has waited for it; the call
     returns while the GPU is still busy (no wait inside, Python or C++), and nothing in the Python
     layer synchronizes (torch.cuda.set_sync_debug_mode("error"));
+  * under torch.autocast, q, k, v are cast as SDPA's are (eager and compiled);
   * tensors on different devices, and every other bad call, are ValueError/TypeError.
 Tests that need PyTorch >= 2.4 (torch.library.custom_op) or a GPU skip with the reason.
 Run: PYTHONPATH=<build>/python python3 -m pytest tests/python   (CTest does this).
@@ -177,6 +178,94 @@ def test_compile_of_a_module_with_autocast():
     assert traced.dtype == torch.bfloat16
     torch.testing.assert_close(traced, eager, rtol=2e-2, atol=2e-2)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# --- torch.autocast -------------------------------------------------------------------------
+
+
+def autocast_cases():
+    """(device, autocast dtype, input dtypes of q, k, v): float32 inputs, mixed ones, and float16
+    under bfloat16 (which SDPA's policy casts as well)."""
+    return [("cpu", torch.bfloat16, (torch.float32,) * 3),
+            ("cpu", torch.bfloat16, (torch.float32, torch.bfloat16, torch.float32)),
+            ("cuda", torch.bfloat16, (torch.float32,) * 3),
+            ("cuda", torch.float16, (torch.float32, torch.float16, torch.float32)),
+            ("cuda", torch.bfloat16, (torch.float16,) * 3)]
+
+
+@pytest.mark.parametrize("device, dtype, inputs", autocast_cases())
+def test_under_autocast_the_inputs_are_cast_as_sdpa_casts_them(device, dtype, inputs):
+    """Under torch.autocast attention casts q, k, v to autocast's dtype first, as SDPA's policy
+    (lower_precision_fp) does: O in that dtype with the bits of the same call on inputs cast by
+    hand, and gradients that reach the inputs in their own dtypes, those of the hand-cast call
+    cast back. Where PyTorch has SDPA, its output's dtype under the same autocast is the oracle
+    of the policy itself."""
+    if device == "cuda":
+        needs_cuda()
+    d = 64
+    shapes = ((2, 4, 77, d), (2, 2, 93, d), (2, 2, 93, d))
+    q, k, v = (x.to(t).requires_grad_() for x, t in
+               zip(tensors(*shapes, device=device), inputs))
+    do, = tensors(shapes[0], device=device, dtype=dtype)
+    with torch.autocast(device, dtype=dtype):
+        o = flashattn.attention(q, k, v, causal=True)
+    assert o.dtype == dtype
+    if hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        with torch.autocast(device, dtype=dtype):
+            assert torch.nn.functional.scaled_dot_product_attention(
+                q.detach()[:, :2], k.detach(), v.detach()).dtype == o.dtype
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    assert [g.dtype for g in grads] == list(inputs)
+
+    cast = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    o_by_hand = flashattn.attention(*cast, causal=True)  # autocast off: nothing cast again
+    grads_by_hand = torch.autograd.grad(o_by_hand, cast, do)
+    assert torch.equal(o, o_by_hand)
+    for name, g, ref, t in zip("qkv", grads, grads_by_hand, inputs):
+        # The same kernels on the same inputs; CUDA's dQ sums by atomics in any order.
+        torch.testing.assert_close(g, ref.to(t), rtol=0, atol=0 if device == "cpu" else 2e-2,
+                                   msg=f"d{name}")
+        assert torch.isfinite(g).all()
+
+
+def test_autocast_leaves_other_calls_as_they_are():
+    """Outside autocast, or for tensors of another device type, or float64 (which the policy
+    does not cast), nothing is cast: float32 stays float32 and float64 is still refused."""
+    q, k, v = tensors((1, 2, 9, 16), (1, 1, 11, 16), (1, 1, 11, 16))
+    assert flashattn.attention(q, k, v).dtype == torch.float32
+    if torch.cuda.is_available():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert flashattn.attention(q, k, v).dtype == torch.float32  # CPU tensors
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(TypeError, match="dtype"):
+            flashattn.attention(q.double(), k.double(), v.double())
+
+
+def test_compile_under_autocast_casts_as_eager_does():
+    """torch.compile(fullgraph=True) over float32 q, k, v under bfloat16 autocast: the
+    operator's autocast kernel casts them in the traced graph as the eager call does (cuda-fa3
+    or cuda-tc, not cuda-fa2), forward and backward."""
+    needs_op()
+    needs_cuda()
+    q, k, v = tensors((2, 4, 150, 64), (2, 2, 150, 64), (2, 2, 150, 64), device="cuda",
+                      requires_grad=True)
+
+    def loss(q, k, v):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            o = flashattn.attention(q, k, v, causal=True)
+        return o, (o.float() ** 2).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True)
+    eager_o, eager_loss = loss(q, k, v)
+    traced_o, traced_loss = compiled(q, k, v)
+    assert traced_o.dtype == eager_o.dtype == torch.bfloat16
+    eager_grads = torch.autograd.grad(eager_loss, (q, k, v))
+    traced_grads = torch.autograd.grad(traced_loss, (q, k, v))
+    torch.testing.assert_close(traced_o, eager_o, rtol=0, atol=0)
+    for name, a, b in zip("qkv", eager_grads, traced_grads):
+        assert b.dtype == torch.float32
+        torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2, msg=f"d{name}")
 
 
 # --- CUDA graphs ----------------------------------------------------------------------------

@@ -373,6 +373,34 @@ def _check_tensor(name, x):
         raise ValueError(f"{name} is on device {x.device}: must be on the CPU or a CUDA device")
 
 
+def _autocast_dtype(device_type):
+    """The dtype torch.autocast casts to on this device type ("cpu" or "cuda"), or None where
+    autocast is off there."""
+    if hasattr(torch, "get_autocast_dtype"):  # PyTorch >= 2.4: one function for every device
+        return (torch.get_autocast_dtype(device_type)
+                if torch.is_autocast_enabled(device_type) else None)
+    if device_type == "cuda":
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    if device_type == "cpu":
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    return None
+
+
+def _autocast(q, k, v):
+    """q, k, v as torch.autocast hands them to attention, as to SDPA (whose autocast policy is
+    `lower_precision_fp`): where autocast is on for q's device type, floating tensors of that
+    type other than float64 are cast to the autocast dtype (float32 inputs under bfloat16
+    autocast run in bfloat16, on cuda-fa3 on a Hopper GPU, and O comes back in bfloat16); the
+    casts are recorded by autograd, so gradients reach the inputs in their own dtype."""
+    dtype = _autocast_dtype(q.device.type)
+    if dtype is None:
+        return q, k, v
+    return tuple(x.to(dtype) if (x.is_floating_point() and x.dtype != dtype
+                                 and x.dtype != torch.float64
+                                 and x.device.type == q.device.type) else x
+                 for x in (q, k, v))
+
+
 def _check_tensors(names, xs):
     """Tensors of rank 2 or 4, on one device, of one dtype (float32, float16 or bfloat16);
     returns the library's name of the dtype."""
@@ -982,6 +1010,13 @@ def _backward_fake(q, k, v, o, lse, do, causal, scale, backend, block_mask, bloc
     return tuple(_output_like(x) for x in (q, k, v))
 
 
+def _forward_autocast(q, k, v, causal, scale, backend, block_mask, block_size):
+    """The forward operator's kernel for the Autocast dispatch keys (see _autocast)."""
+    q, k, v = _autocast(q, k, v)
+    with torch.autocast(q.device.type, enabled=False):
+        return _FORWARD_OP(q, k, v, causal, scale, backend, block_mask, block_size)
+
+
 def _setup_context(ctx, inputs, output):
     """Autograd: what the backward needs (LSE is an output without a gradient: the backward
     kernels take the gradient of O alone)."""
@@ -1033,6 +1068,11 @@ if torch is not None and hasattr(torch.library, "register_fake") and hasattr(tor
     torch.library.register_fake("flashattn::attention_backward", _backward_fake, lib=_LIBRARY)
     torch.library.register_autograd("flashattn::attention_forward", _backward_formula,
                                     setup_context=_setup_context, lib=_LIBRARY)
+    # Under torch.autocast the forward operator casts q, k, v as SDPA's does (_autocast), then
+    # runs with autocast off; torch.compile traces these casts into its graph. (The backward
+    # operator has none: autograd calls it with the tensors the forward saved, already cast.)
+    for _key in ("AutocastCPU", "AutocastCUDA"):
+        _LIBRARY.impl("attention_forward", _forward_autocast, _key)
     _FORWARD_OP = torch.ops.flashattn.attention_forward.default
     _BACKWARD_OP = torch.ops.flashattn.attention_backward.default
     _is_compiling = torch.compiler.is_compiling
@@ -1128,6 +1168,10 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
         carries no gradient.
     block_mask, block_size: block-sparse attention (Algorithm 5), see the module's docstring.
 
+    Under torch.autocast for the tensors' device type, q, k and v are first cast as SDPA's are:
+    floating tensors other than float64 to the autocast dtype (float32 inputs under bfloat16
+    autocast run in bfloat16, so on cuda-fa3 on a Hopper GPU), and O has that dtype.
+
     Returns O (the shape and dtype of q), or (O, LSE). With PyTorch tensors that require grad,
     gradients flow through flashattn's own backward pass (attention_backward). With PyTorch >= 2.4
     torch.compile traces it as the custom operator torch.ops.flashattn.attention_forward; an eager
@@ -1142,6 +1186,7 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     if _is_torch(q, k, v):
         for name, x in (("q", q), ("k", k), ("v", v)):
             _check_tensor(name, x)
+        q, k, v = _autocast(q, k, v)  # (torch.compile: the operator's autocast kernel, below)
         o, lse = _eager_forward(q, k, v, *_operator_options(causal, scale, backend, block_mask,
                                                             block_size))
     else:

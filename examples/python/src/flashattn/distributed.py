@@ -37,8 +37,8 @@ if not dist.is_available():
 
 import math
 
-from . import (_C, _check_backend, _check_bool, _check_options, _check_shapes, _check_tensors,
-               _cuda_backend, attention, attention_backward, merge_partials)
+from . import (_C, _autocast, _check_backend, _check_bool, _check_options, _check_shapes,
+               _check_tensors, _cuda_backend, attention, attention_backward, merge_partials)
 
 _SCORE_LIMIT = _C.score_limit  # common/score_range.hpp's kScoreLimit
 
@@ -377,11 +377,15 @@ def ring_attention(q, k, v, *, causal=False, scale=None, layout="contiguous", gr
     layout: "contiguous" or "zigzag" (see shard_indices; zigzag balances causal work).
     return_lse: also return LSE over the whole sequence, float32, shape (B, H, N_local).
 
+    Under torch.autocast, q, k, v are cast first as flashattn.attention casts them.
+
     Returns this rank's O (q's shape and dtype), or (O, LSE). With inputs that require grad,
     gradients flow through the ring backward (each rank's dQ, dK, dV for its own shards). Every
     rank must call it, and call backward, together. Bad arguments on any rank raise ValueError
     or TypeError on every rank.
     """
+    if all(isinstance(x, torch.Tensor) for x in (q, k, v)):
+        q, k, v = _autocast(q, k, v)  # as flashattn.attention's inputs under torch.autocast
     _check_collectively(q, k, v, causal, scale, layout, group, backend, return_lse)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         out, lse = _RingAttention.apply(q, k, v, causal, scale, layout, group, backend)
