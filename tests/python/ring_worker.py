@@ -38,6 +38,28 @@ def run_result_case(case, group, out_dir, rank):
              lse=lse.numpy(), dq=ql.grad.numpy(), dk=kl.grad.numpy(), dv=vl.grad.numpy())
 
 
+def run_autocast_case(case, group, out_dir, rank):
+    """ring_attention under CPU autocast (bfloat16) on float32 shards, and on shards cast to
+    bfloat16 by hand without autocast: O's dtype, the gradients' dtypes, and whether the two runs
+    gave the same bits (O, and the gradients once cast back to float32)."""
+    W, r = dist.get_world_size(group), dist.get_rank(group)
+    q, k, v, do = full_inputs(case)
+    idx = shard_indices(case["n"], W, r, case["layout"]).numpy()
+    do_l = torch.from_numpy(do[:, :, idx]).to(torch.bfloat16)
+    xs = [torch.from_numpy(x[:, :, idx]).requires_grad_() for x in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = ring_attention(*xs, causal=case["causal"], layout=case["layout"], group=group)
+    o.backward(do_l)
+    cast = [x.detach().to(torch.bfloat16).requires_grad_() for x in xs]
+    o_cast = ring_attention(*cast, causal=case["causal"], layout=case["layout"], group=group)
+    o_cast.backward(do_l)
+    np.savez(f"{out_dir}/case_{case['id']}_rank{rank}.npz", idx=idx,
+             o_dtype=str(o.dtype), grad_dtypes=[str(x.grad.dtype) for x in xs],
+             same_o=torch.equal(o, o_cast),
+             same_grads=[torch.equal(x.grad, c.grad.float()) for x, c in zip(xs, cast)],
+             o=o.detach().float().numpy())
+
+
 def bad_arguments(case, rank):
     """The arguments of an error case as this rank passes them: every rank a good shard, except
     where the case changes one rank's (or every rank's) argument."""
@@ -81,6 +103,8 @@ def main():
         group = groups[tuple(ranks)] if ranks else None
         if case["kind"] == "result":
             run_result_case(case, group, out_dir, rank)
+        elif case["kind"] == "autocast":
+            run_autocast_case(case, group, out_dir, rank)
         else:
             try:
                 args = bad_arguments(case, rank)

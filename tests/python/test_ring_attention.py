@@ -254,11 +254,18 @@ def all_result_cases(W):
     return cases + [last]
 
 
+def autocast_case(W):
+    """Causal zigzag GQA shards run under CPU autocast (bfloat16): ring_attention casts them as
+    flashattn.attention does (tests/python/ring_worker.py, run_autocast_case)."""
+    return dict(kind="autocast", id=f"W{W}-autocast", layout="zigzag", causal=True, B=1, H=4,
+                Hkv=2, n=W * 22, d=16, W=W, seed=SEED * 100 + 77)
+
+
 def launch(W, tmp):
     """Runs W ranks on every case; returns the errors each rank saw, by case id."""
     results = all_result_cases(W)
     with open(tmp / "cases.json", "w") as f:
-        json.dump(results[:-1] + error_cases(W) + results[-1:], f)
+        json.dump(results[:-1] + error_cases(W) + [autocast_case(W)] + results[-1:], f)
     env = dict(os.environ, OMP_NUM_THREADS="1")  # W ranks share the machine's cores
     procs = [subprocess.Popen([sys.executable, WORKER, str(W), str(r), str(tmp / "store"),
                                str(tmp / "cases.json"), str(tmp)], env=env,
@@ -355,6 +362,27 @@ def test_ring_attention_and_its_gradients_equal_whole_sequence_attention(W, i,
         check_rule(f"{who}: LSE", result["lse"], std_lse, ref_lse, lse_eps(ref_lse))
         for name, ref, std in zip(("dq", "dk", "dv"), ref_grads, std_grads):
             check_rule(f"{who}: {name}", result[name], std, ref, 1e-6)
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_under_autocast_the_ring_casts_its_shards_as_attention_does(W, tmp_path_factory):
+    """Under CPU autocast (bfloat16) every rank's float32 shards run in bfloat16: O in bfloat16,
+    the gradients back in float32, each the bits of the ring on shards cast by hand; and the
+    whole O within bfloat16's rounding of float64 attention on the rounded inputs."""
+    tmp, _ = ring_run(W, tmp_path_factory)
+    case = autocast_case(W)
+    parts = [np.load(tmp / f"case_{case['id']}_rank{r}.npz") for r in range(W)]
+    for r, part in enumerate(parts):
+        assert str(part["o_dtype"]) == "torch.bfloat16", f"rank {r}"
+        assert list(part["grad_dtypes"]) == ["torch.float32"] * 3, f"rank {r}"
+        assert bool(part["same_o"]) and all(part["same_grads"]), f"rank {r}"
+    q, k, v, _ = (torch.from_numpy(x).to(torch.bfloat16).double().numpy()
+                  for x in full_inputs(case))
+    ref_o, _ = reference.attention(q, k, v, np.float64, causal=True)
+    o = np.full(ref_o.shape, np.nan)
+    for r, part in enumerate(parts):
+        o[:, :, fd.shard_indices(case["n"], W, r, "zigzag").numpy()] = part["o"]
+    assert np.abs(o - ref_o).max() < 2e-2 * np.abs(ref_o).max()
 
 
 @pytest.mark.parametrize("W", [2, 4])
