@@ -37,6 +37,7 @@ Where it runs:
     cast to the input's dtype on the GPU. Their backwards add dQ with fp32 atomics, so dQ's
     last bits may change from run to run; FLASHATTN_DETERMINISTIC=1 fixes their order (slower).
   * `backend=` forces a backend (for CUDA tensors, one with a device entry and the tensors' dtype).
+  * Under torch.autocast, q, k and v are cast first as SDPA's are (float32 to autocast's dtype).
 
 With PyTorch >= 2.4 the forward and backward are a PyTorch custom operator
 (torch.ops.flashattn.attention_forward / attention_backward, with fake implementations and an
