@@ -211,10 +211,13 @@ void* current_stream(const at::Tensor& q) {
     return c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
 }
 
-// The forward of a planned call: (O, LSE), or nothing where the plan hands it to Python.
+// The forward of a planned call: (O, LSE), or nothing where the plan hands it to Python. `read`,
+// where given, receives the arrays the kernels read: q, k, v themselves, or the copies made of
+// them.
 std::optional<std::pair<at::Tensor, at::Tensor>> fast_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-    const std::optional<double>& scale, const std::optional<std::string>& backend) {
+    const std::optional<double>& scale, const std::optional<std::string>& backend,
+    std::array<at::Tensor, 3>* read = nullptr) {
     const Plan plan = plan_for(false, {q, k, v}, causal, scale, backend);
     if (!plan.fast) return std::nullopt;
     const AttentionProblem p = problem_of(q, k, causal, scale);
@@ -241,6 +244,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fast_forward(
     a.stream = current_stream(q);
     plan.backend->run_device(p, a);
     if (!o_direct) O.copy_(out);  // the cast to q's dtype, in O's layout
+    if (read) *read = {Q, K, V};
     ++fast_forwards;
     return std::make_pair(O, L);
 }
@@ -427,12 +431,15 @@ void register_operators(py::object plan, py::object forward, py::object backward
 // above do. (Calls with a block mask, on CPU tensors, or traced keep the Python Function and the
 // operator: src/flashattn/__init__.py, _eager_forward.)
 
+// read: the arrays the forward read (q, k, v, unless the fast path copied them).
 std::pair<at::Tensor, at::Tensor> forward_of(const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v, bool causal,
                                              const std::optional<double>& scale,
-                                             const std::optional<std::string>& backend) {
+                                             const std::optional<std::string>& backend,
+                                             std::array<at::Tensor, 3>& read) {
+    read = {q, k, v};
     if (q.dim() == 4) {
-        if (auto out = fast_forward(q, k, v, causal, scale, backend)) return *out;
+        if (auto out = fast_forward(q, k, v, causal, scale, backend, &read)) return *out;
     }
     py::gil_scoped_acquire gil;
     py::tuple out = python_side->forward(q, k, v, causal, scale, backend, py::none(),
@@ -461,8 +468,14 @@ struct AttentionNode : public torch::autograd::Function<AttentionNode> {
         torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
         const at::Tensor& v, bool causal, std::optional<double> scale,
         std::optional<std::string> backend, std::optional<std::string> backward_backend) {
-        auto [O, L] = forward_of(q, k, v, causal, scale, backend);
-        ctx->save_for_backward({q, k, v, O, L});
+        std::array<at::Tensor, 3> read;
+        auto [O, L] = forward_of(q, k, v, causal, scale, backend, read);
+        // Saved: the arrays the forward read. Where it copied a view (cuda-fa2 and cuda-tc read
+        // contiguous arrays; cuda-fa3 copies one TMA cannot read), the backward reads the same
+        // copy instead of making its own, and writes the gradients in its order (contiguous)
+        // with no copy into the views' order either: the same values, and the copies held in
+        // the views' place.
+        ctx->save_for_backward({read[0], read[1], read[2], O, L});
         ctx->mark_non_differentiable({L});  // LSE carries no gradient
         ctx->saved_data["causal"] = causal;
         ctx->saved_data["scale"] = scale ? c10::IValue(*scale) : c10::IValue();
