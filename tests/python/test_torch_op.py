@@ -241,6 +241,22 @@ def test_autocast_leaves_other_calls_as_they_are():
             flashattn.attention(q.double(), k.double(), v.double())
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_operator_casts_under_autocast(device):
+    """torch.ops.flashattn.attention_forward called under autocast (as a traced graph calls it)
+    casts through its AutocastCPU/AutocastCUDA kernel: the outputs of inputs cast by hand."""
+    needs_op()
+    if device == "cuda":
+        needs_cuda()
+    q, k, v = tensors((1, 2, 70, 64), (1, 1, 90, 64), (1, 1, 90, 64), device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        o, lse = torch.ops.flashattn.attention_forward.default(*op_args(q, k, v, causal=True))
+    o_ref, lse_ref = torch.ops.flashattn.attention_forward.default(
+        *op_args(*(x.to(torch.bfloat16) for x in (q, k, v)), causal=True))
+    assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+
+
 def test_compile_under_autocast_casts_as_eager_does():
     """torch.compile(fullgraph=True) over float32 q, k, v under bfloat16 autocast: the
     operator's autocast kernel casts them in the traced graph as the eager call does (cuda-fa3
