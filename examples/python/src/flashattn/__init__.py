@@ -393,12 +393,12 @@ def _autocast(q, k, v):
     type other than float64 are cast to the autocast dtype (float32 inputs under bfloat16
     autocast run in bfloat16, on cuda-fa3 on a Hopper GPU, and O comes back in bfloat16); the
     casts are recorded by autograd, so gradients reach the inputs in their own dtype."""
-    dtype = _autocast_dtype(q.device.type)
+    on_cuda = q.is_cuda  # (q is on the CPU or a CUDA device, checked; x.device is a new object)
+    dtype = _autocast_dtype("cuda" if on_cuda else "cpu")  # every eager call passes here
     if dtype is None:
         return q, k, v
     return tuple(x.to(dtype) if (x.is_floating_point() and x.dtype != dtype
-                                 and x.dtype != torch.float64
-                                 and x.device.type == q.device.type) else x
+                                 and x.dtype != torch.float64 and x.is_cuda == on_cuda) else x
                  for x in (q, k, v))
 
 
