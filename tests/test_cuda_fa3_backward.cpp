@@ -29,6 +29,17 @@ const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
 const char* const kTiles[] = {"d64-Br128-ring3", "d64-Br128", "d64-Br64", "d128-Br64-dq-overlap",
                               "d128-Br64", "d256-Br64"};
 
+// check(d) under FLASHATTN_VARIANT=cuda-fa3-backward=<tile>, for every compiled tile.
+template <class Check>
+void for_each_tile(Check check) {
+    for (const char* variant : kTiles) {
+        INFO("FLASHATTN_VARIANT=cuda-fa3-backward=" << variant);
+        const test::ScopedEnv env("FLASHATTN_VARIANT");
+        env.set(std::string("cuda-fa3-backward=") + variant);
+        check(std::int64_t{std::stoi(variant + 1)});  // "d<dim>-..."
+    }
+}
+
 // The deterministic kernel on p: the gradients by the 2x rule against float64, then the same bits
 // from a second run.
 void check_deterministic_twice(const Backend& b, const AttentionProblem& p, DType dtype) {
@@ -233,11 +244,7 @@ TEST_CASE("cuda-fa3 backward rejects what it cannot run, naming the field") {
 TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
-    for (const char* variant : kTiles) {
-        INFO("FLASHATTN_VARIANT=cuda-fa3-backward=" << variant);
-        const test::ScopedEnv env("FLASHATTN_VARIANT");
-        env.set(std::string("cuda-fa3-backward=") + variant);
-        const std::int64_t d = std::stoi(variant + 1);  // "d<dim>-..."
+    for_each_tile([&](std::int64_t d) {
         for (bool causal : {false, true}) {
             check_backward_against_reference(*b, test::make_problem(1, 2, 1, 301, 257, d, causal),
                                              DType::f16);
@@ -250,7 +257,7 @@ TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
         masked.block_mask = {mask.data(), 70, 100};
         check_backward_against_reference(*b, masked, DType::f16);
         check_deterministic_twice(*b, test::make_problem(1, 4, 2, 301, 257, d, true), DType::bf16);
-    }
+    });
 }
 
 // More CTAs than the GPU runs at once: 12 K/V heads of 25 key tiles (49 at d = 256) are 300 CTAs
@@ -260,11 +267,7 @@ TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
 TEST_CASE("cuda-fa3 backward: several waves of CTAs, every compiled tile and kernel") {
     const Backend* b = test::cuda_fa3_or_warn();
     if (!b) return;
-    for (const char* variant : kTiles) {
-        INFO("FLASHATTN_VARIANT=cuda-fa3-backward=" << variant);
-        const test::ScopedEnv env("FLASHATTN_VARIANT");
-        env.set(std::string("cuda-fa3-backward=") + variant);
-        const std::int64_t d = std::stoi(variant + 1);  // "d<dim>-..."
+    for_each_tile([&](std::int64_t d) {
         check_backward_against_reference(*b, test::make_problem(3, 8, 4, 90, 3100, d, true),
                                          DType::f16);
         check_backward_against_reference(*b, test::make_problem(3, 8, 4, 90, 3100, d, false),
@@ -274,5 +277,5 @@ TEST_CASE("cuda-fa3 backward: several waves of CTAs, every compiled tile and ker
         masked.block_mask = {mask.data(), 45, 1100};
         check_backward_against_reference(*b, masked, DType::f16);
         check_deterministic_twice(*b, test::make_problem(3, 8, 4, 90, 3100, d, true), DType::bf16);
-    }
+    });
 }
