@@ -228,7 +228,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fast_forward(
     const auto [K, k_at] = in_place(plan, k);
     const auto [V, v_at] = in_place(plan, v);
     // O as the kernels write it: in place (layouts), else contiguous, in q's dtype where they
-    // write that (float32, or O_dtype), else float32, cast into O afterwards.
+    // write that (float32, or plan.o_dtype), else float32, cast into O afterwards.
     const bool o_direct = plan.layouts || (O.is_contiguous() &&
                                            (plan.dtype == DType::f32 || plan.o_dtype));
     const at::Tensor out = o_direct ? O : at::empty(q.sizes(), q.options().dtype(at::kFloat));
