@@ -107,7 +107,7 @@ def main():
             (["a=", "=X=1", "--", points[0]], "expected label="),
             (["a=", "b", "--", points[0]], "expected label="),
             (["a=", "b=X", "--", points[0]], "is not VAR=VALUE"),
-            (["a=", "b=X=1", "--", "f32,1,2,64,16"], "dtype must be one of f16, bf16"),
+            (["a=", "b=X=1", "--", "f64,1,2,64,16"], "is not one of f32, f16, bf16"),
             (["a=", "b=X=1", "--", "bf16,1,2,64"], "expected dtype,B,H,N,d"),
             (["a=", "b=X=1", "--", "bf16,1,two,64,16"], "must be integers"),
             (["a=", "b=X=1", "--", "bf16,1,2,0,16"], "at least 1"),

@@ -120,6 +120,24 @@ TEST_CASE("backward: cuda-fa2's FFMA kernels, where its tensor-core kernel would
                     test::check_backward_against_reference(*b, test::make_problem(1, 3, 1, 97, 131, d, causal));
 }
 
+TEST_CASE("backward: cuda-fa2's tensor-core tile of 64 keys per CTA (tf32-bc64)") {
+    // FLASHATTN_VARIANT picks the d <= 64 tile with 4 warps of 16 keys: odd lengths, GQA, both
+    // causal alignments, d below and at 64; deterministic mode sums dQ in the same fixed order.
+    const test::ScopedEnv variant("FLASHATTN_VARIANT");
+    variant.set("cuda-fa2-backward=tf32-bc64");
+    for (const Backend* b : backends_with_backward())
+        if (b->name == "cuda-fa2") {
+            for (std::int64_t d : {40, 64})
+                for (bool causal : {false, true}) {
+                    test::check_backward_against_reference(*b, test::make_problem(2, 4, 2, 97, 131, d, causal));
+                    test::check_backward_against_reference(*b, test::make_problem(1, 2, 1, 150, 67, d, causal));
+                }
+            const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+            deterministic.set("1");
+            test::check_backward_against_reference(*b, test::make_problem(1, 3, 1, 201, 173, 64, true));
+        }
+}
+
 TEST_CASE("backward: scale (small, negative, large) and long rows") {
     for (float scale : {0.05f, -0.6f, 2.5f}) {
         AttentionProblem p = test::make_problem(1, 2, 1, 57, 91, 24, true);

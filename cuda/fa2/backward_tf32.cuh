@@ -45,13 +45,18 @@ struct Tf32BackwardTile {
     // Rows of dS^T (keys x queries): Br + 4 floats, so that dQ's A reads (key 2t, query g) hit
     // banks 8t + g.
     static constexpr int kDSStride = Br_ + 4;
-    static constexpr int kDqCols = 64;  // dQ_i pieces of 16 rows x 64 columns, one per warp
+    // dQ_i = dS K_j (Br x D) is cut into 16-row pieces of kDqCols columns, one per warp, so that
+    // every warp has one: between the barrier for dS^T and the next step's, the warps without a
+    // piece would only wait. (Pieces of 64 columns left 6 of 8 warps idle at D = 64, Br = 32.)
+    static constexpr int kDqCols = D_ * (Br_ / 16) / kWarps_;
     static constexpr int kSmemFloats =
         2 * Bc * kStride + kStages * 2 * Br_ * kStride + Bc * kDSStride + kStages * 2 * Br_;
     static constexpr int kSmemBytes = kSmemFloats * int(sizeof(float));
 
     static_assert(D_ == 64 || D_ == 128, "tf32_accumulate_pv works in passes of 64 columns");
     static_assert(Br_ % 16 == 0, "dQ_i is cut into 16-row pieces");
+    static_assert(kDqCols % 8 == 0 && D_ % kDqCols == 0 && (Br_ / 16) * (D_ / kDqCols) == kWarps_,
+                  "one dQ_i piece of whole n8 tiles per warp");
 };
 
 // The forward's stages read Bc (the B rows), D, and the row strides; here the B rows are the
@@ -151,7 +156,7 @@ struct Tf32BackwardOps {
             }
     }
 
-    // L15: dQ_i += scale dS K_j in 16-row x 64-column pieces shared out over the warps. Per key
+    // L15: dQ_i += scale dS K_j in 16-row x kDqCols-column pieces, one per warp. Per key
     // k-step of 8, keys 2t and 2t + 1 play k = t and k = t + 4 (cuda/ptx/tf32_mma.cuh's
     // renumbering): A = dS^T rows 2t, 2t + 1 at queries g, g + 8; B = K_j rows 2t, 2t + 1 at column
     // g.
@@ -161,31 +166,29 @@ struct Tf32BackwardOps {
         constexpr int kColPieces = D / Cfg::kDqCols;
         const int g = lane / 4, t = lane % 4;
         const int seq_q = int(params.problem.seq_q), d = int(params.problem.dim);
-        for (int piece = warp; piece < (Br / 16) * kColPieces; piece += Cfg::kWarps) {
-            const int rt = piece / kColPieces, col0 = (piece % kColPieces) * Cfg::kDqCols;
-            if (row0 + 16 * rt >= seq_q || col0 >= d) continue;
-            float acc[kNT][4] = {};
+        const int rt = warp / kColPieces, col0 = (warp % kColPieces) * Cfg::kDqCols;
+        if (row0 + 16 * rt >= seq_q || col0 >= d) return;
+        float acc[kNT][4] = {};
 #pragma unroll 2
-            for (int ks = 0; ks < Bc / 8; ++ks) {
-                const float* a0 = sh.dS + (8 * ks + 2 * t) * Cfg::kDSStride + 16 * rt + g;
-                const float* a1 = a0 + Cfg::kDSStride;  // key 8 ks + 2t + 1
-                const tf32::Split a[4] = {tf32::split(a0[0]), tf32::split(a0[8]),
-                                          tf32::split(a1[0]), tf32::split(a1[8])};
-                const float* k0 = sh.K + (8 * ks + 2 * t) * Cfg::kStride + col0 + g;
-                const float* k1 = k0 + Cfg::kStride;
-                tf32::Split bk[kNT][2];
+        for (int ks = 0; ks < Bc / 8; ++ks) {
+            const float* a0 = sh.dS + (8 * ks + 2 * t) * Cfg::kDSStride + 16 * rt + g;
+            const float* a1 = a0 + Cfg::kDSStride;  // key 8 ks + 2t + 1
+            const tf32::Split a[4] = {tf32::split(a0[0]), tf32::split(a0[8]),
+                                      tf32::split(a1[0]), tf32::split(a1[8])};
+            const float* k0 = sh.K + (8 * ks + 2 * t) * Cfg::kStride + col0 + g;
+            const float* k1 = k0 + Cfg::kStride;
+            tf32::Split bk[kNT][2];
 #pragma unroll
-                for (int n = 0; n < kNT; ++n)
-                    bk[n][0] = tf32::split(k0[8 * n]), bk[n][1] = tf32::split(k1[8 * n]);
-                float part[kNT][4] = {};
-                tf32::mma_3xtf32<kNT>(part, a, bk);
+            for (int n = 0; n < kNT; ++n)
+                bk[n][0] = tf32::split(k0[8 * n]), bk[n][1] = tf32::split(k1[8 * n]);
+            float part[kNT][4] = {};
+            tf32::mma_3xtf32<kNT>(part, a, bk);
 #pragma unroll
-                for (int n = 0; n < kNT; ++n)
+            for (int n = 0; n < kNT; ++n)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[n][e] += part[n][e];
-            }
-            add_dq_piece<kNT>(params, dQ_head, acc, row0 + 16 * rt, col0, lane);
+                for (int e = 0; e < 4; ++e) acc[n][e] += part[n][e];
         }
+        add_dq_piece<kNT>(params, dQ_head, acc, row0 + 16 * rt, col0, lane);
     }
 };
 

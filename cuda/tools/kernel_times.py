@@ -19,7 +19,8 @@ unless --no-causal, as cuda/tools/compare_decode.py calls it.
 
 Usage:
   PYTHONPATH=build/gpu/python python3 cuda/tools/kernel_times.py [--batch 8 --heads 12 --seq 1024
-      --dim 64] [--no-causal] [--dtype bfloat16] [--sdpa CUDNN_ATTENTION|FLASH_ATTENTION]
+      --dim 64] [--no-causal] [--dtype bfloat16|float16|float32] [--sdpa CUDNN_ATTENTION|FLASH_ATTENTION|
+      EFFICIENT_ATTENTION]
   PYTHONPATH=build/gpu/python python3 cuda/tools/kernel_times.py --batch 1 --heads 32 --heads-kv 8
       --seq 1 --seq-kv 8192 --dim 128 --dtype float16 [--backend cuda-tc]
 """
@@ -58,9 +59,11 @@ def main():
     ap.add_argument("--heads-kv", type=int, help="K/V heads (GQA), with --seq-kv")
     ap.add_argument("--backend", help="flashattn's backend (default: what Python picks)")
     ap.add_argument("--no-causal", action="store_true")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
-    ap.add_argument("--sdpa", default="CUDNN_ATTENTION",
-                    choices=["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
+    ap.add_argument("--sdpa", default=None,
+                    choices=["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"],
+                    help="SDPA's backend (default: cuDNN, EFFICIENT_ATTENTION for float32, the "
+                         "one PyTorch picks there)")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     a = ap.parse_args()
@@ -68,6 +71,7 @@ def main():
         ap.error("needs a CUDA device")
     B, H, N, d, causal = a.batch, a.heads, a.seq, a.dim, not a.no_causal
     dtype = getattr(torch, a.dtype)
+    a.sdpa = a.sdpa or ("EFFICIENT_ATTENTION" if dtype == torch.float32 else "CUDNN_ATTENTION")
     if a.heads_kv is not None and a.seq_kv is None:
         ap.error("--heads-kv goes with --seq-kv")
     if a.seq_kv is not None:
