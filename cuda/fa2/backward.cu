@@ -3,8 +3,8 @@
 //     cuda/fa2/backward_tf32.cuh, for 16 <= d <= 128 and finite inputs
 //     (cuda/host/tensor_core_eligibility.hpp says why); dQ by fp32 atomics, or in a fixed order
 //     with FLASHATTN_DETERMINISTIC=1. 8 warps of 16 keys per CTA; at d <= 64
-//     FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc64 runs 4 warps (two CTAs per SM; measured
-//     faster, docs/cuda_backward.md, not yet the default);
+//     FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc64 runs 4 warps (two CTAs per SM;
+//     docs/cuda_backward.md has its times and why it is not yet the default);
 //   * FFMA (cuda/fa2/backward_ffma.cuh, deterministic, no atomics) for every other problem, or when
 //     FLASHATTN_VARIANT=cuda-fa2-backward=ffma asks for it.
 //

@@ -47,7 +47,7 @@ struct Tf32BackwardTile {
     static constexpr int kDSStride = Br_ + 4;
     // dQ_i = dS K_j (Br x D) is cut into 16-row pieces of kDqCols columns, one per warp, so that
     // every warp has one: between the barrier for dS^T and the next step's, the warps without a
-    // piece would only wait. (Pieces of 64 columns left 6 of 8 warps idle at D = 64, Br = 32.)
+    // piece would only wait (64-column pieces would leave 6 of 8 warps idle at D = 64, Br = 32).
     static constexpr int kDqCols = D_ * (Br_ / 16) / kWarps_;
     static constexpr int kSmemFloats =
         2 * Bc * kStride + kStages * 2 * Br_ * kStride + Bc * kDSStride + kStages * 2 * Br_;
