@@ -122,7 +122,8 @@ TEST_CASE("backward: cuda-fa2's FFMA kernels, where its tensor-core kernel would
 
 TEST_CASE("backward: cuda-fa2's tensor-core tile of 64 keys per CTA (tf32-bc64)") {
     // FLASHATTN_VARIANT picks the d <= 64 tile with 4 warps of 16 keys: odd lengths, GQA, both
-    // causal alignments, d below and at 64; deterministic mode sums dQ in the same fixed order.
+    // causal alignments, d below and at 64, and deterministic mode (its dQ turns counted over
+    // key tiles of 64).
     const test::ScopedEnv variant("FLASHATTN_VARIANT");
     variant.set("cuda-fa2-backward=tf32-bc64");
     for (const Backend* b : backends_with_backward())
