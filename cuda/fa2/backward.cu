@@ -2,9 +2,8 @@
 //   * tensor cores (3xTF32): cuda/stages/flash_backward.cuh with the fp32 stages of
 //     cuda/fa2/backward_tf32.cuh, for 16 <= d <= 128 and finite inputs
 //     (cuda/host/tensor_core_eligibility.hpp says why); dQ by fp32 atomics, or in a fixed order
-//     with FLASHATTN_DETERMINISTIC=1. 8 warps of 16 keys per CTA; at d <= 64
-//     FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc64 runs 4 warps (two CTAs per SM;
-//     docs/cuda_backward.md has its times and why it is not yet the default);
+//     with FLASHATTN_DETERMINISTIC=1. At d <= 64, 4 warps of 16 keys per CTA (two CTAs per SM;
+//     FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc128 runs 8, one CTA per SM); above, 8 warps;
 //   * FFMA (cuda/fa2/backward_ffma.cuh, deterministic, no atomics) for every other problem, or when
 //     FLASHATTN_VARIANT=cuda-fa2-backward=ffma asks for it.
 //
@@ -86,26 +85,27 @@ void queue_delta(const AttentionProblem& p, const float* dO, const float* O, flo
 
 // ---- the tensor-core kernel ---------------------------------------------------------------------
 
-// d <= 64 runs on D = 64 tiles, 64 < d <= 128 on D = 128 (the columns past d zero-filled).
-using Tf32Small = Tf32BackwardTile<64, 8, 32>;
+// d <= 64 runs on D = 64 tiles, 64 < d <= 128 on D = 128 (the columns past d zero-filled). At
+// D = 64, 64 keys per CTA (4 warps): two CTAs per SM (79 KiB of shared memory each), faster than
+// one of 128 keys (8 warps, 123 KiB; FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc128) at every
+// point measured (docs/cuda_backward.md).
+using Tf32Small = Tf32BackwardTile<64, 4, 32>;
+using Tf32SmallBc128 = Tf32BackwardTile<64, 8, 32>;
 using Tf32Large = Tf32BackwardTile<128, 8, 32>;
-// d <= 64 with 64 keys per CTA (4 warps; FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc64): twice the
-// CTAs, two of them per SM (79 KiB of shared memory each, against 123 KiB for one of Tf32Small).
-using Tf32SmallBc64 = Tf32BackwardTile<64, 4, 32>;
-static_assert(Tf32SmallBc64::Br == Tf32Small::Br, "turn_count counts Tf32Small's query tiles");
+static_assert(Tf32SmallBc128::Br == Tf32Small::Br, "turn_count counts Tf32Small's query tiles");
 
 // Whether the 3xTF32 kernel runs this problem: d and the inputs (tf32_backward_allowed), and no
 // FLASHATTN_VARIANT=cuda-fa2-backward=ffma.
 bool use_tensor_cores(const AttentionProblem& p, bool inputs_allowed) {
     const std::string wanted = requested_variant("cuda-fa2-backward");
-    require_known_variant("cuda-fa2-backward", wanted, {"tf32", "tf32-bc64", "ffma"});
+    require_known_variant("cuda-fa2-backward", wanted, {"tf32", "tf32-bc128", "ffma"});
     if (wanted == "ffma") return false;
     const bool fits = p.dim <= 128 && inputs_allowed;
     if (wanted == "tf32" && !fits)
         throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa2-backward=tf32 needs 16 <= d <= "
                                     "128 and finite inputs");
-    if (wanted == "tf32-bc64" && !(fits && p.dim <= 64))
-        throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa2-backward=tf32-bc64 needs 16 <= d "
+    if (wanted == "tf32-bc128" && !(fits && p.dim <= 64))
+        throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa2-backward=tf32-bc128 needs 16 <= d "
                                     "<= 64 and finite inputs");
     return fits;
 }
@@ -145,8 +145,8 @@ void launch_tf32_all(const BackwardParams& params, bool deterministic, cudaStrea
         cudaMemsetAsync(params.dQ, 0, sizeof(float) * std::size_t(p.q_elements()), stream));
     if (deterministic)
         FA_CUDA_CHECK(cudaMemsetAsync(params.dq_turns, 0, sizeof(int) * turn_count(p), stream));
-    if (p.dim <= 64 && requested_variant("cuda-fa2-backward") == "tf32-bc64")
-        launch_tf32<Tf32SmallBc64>(params, deterministic, stream);
+    if (p.dim <= 64 && requested_variant("cuda-fa2-backward") == "tf32-bc128")
+        launch_tf32<Tf32SmallBc128>(params, deterministic, stream);
     else if (p.dim <= 64)
         launch_tf32<Tf32Small>(params, deterministic, stream);
     else
