@@ -76,11 +76,13 @@ void launch_ffma(const fa2_backward::Params& a, cudaStream_t stream) {
         launch<LargeD>(a, stream);
 }
 
-// D = rowsum(dO o O), on `stream`: the first kernel of both paths.
+// D = rowsum(dO o O), on `stream`: the first kernel of both paths. dQ_to_zero: the tensor-core
+// kernel's dQ, which it adds into (Algorithm 2 line 3, dQ = 0, done by the same launch: one
+// operation fewer than a memset), or null (the FFMA kernels write dQ whole).
 void queue_delta(const AttentionProblem& p, const float* dO, const float* O, float* D,
-                 cudaStream_t stream) {
+                 float* dQ_to_zero, cudaStream_t stream) {
     const ArrayLayout rows = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
-    cuda::launch_delta(p, dO, rows, O, rows, D, nullptr, stream);
+    cuda::launch_delta(p, dO, rows, O, rows, D, dQ_to_zero, stream);
 }
 
 // ---- the tensor-core kernel ---------------------------------------------------------------------
@@ -137,12 +139,11 @@ void launch_tf32(const BackwardParams& params, bool deterministic, cudaStream_t 
                       : launch_tf32_kernel<Cfg, false, false>(params, stream);
 }
 
-// dQ = 0 (and the turn counters), then the tensor-core kernel behind `gate`, on `stream`; D must
-// be there already; dq_turns may be null unless deterministic.
+// The turn counters = 0 (deterministic mode), then the tensor-core kernel behind `gate`, on
+// `stream`; D must be there already and dQ zeroed (queue_delta); dq_turns may be null unless
+// deterministic.
 void launch_tf32_all(const BackwardParams& params, bool deterministic, cudaStream_t stream) {
     const AttentionProblem& p = params.problem;
-    FA_CUDA_CHECK(
-        cudaMemsetAsync(params.dQ, 0, sizeof(float) * std::size_t(p.q_elements()), stream));
     if (deterministic)
         FA_CUDA_CHECK(cudaMemsetAsync(params.dq_turns, 0, sizeof(int) * turn_count(p), stream));
     if (p.dim <= 64 && requested_variant("cuda-fa2-backward") == "tf32-bc128")
@@ -182,7 +183,8 @@ public:
     }
 
     void execute() override {
-        queue_delta(problem_, dO_.data(), O_.data(), D_.data(), nullptr);
+        queue_delta(problem_, dO_.data(), O_.data(), D_.data(),
+                    tensor_cores_ ? dQ_.data() : nullptr, nullptr);
         if (tensor_cores_) {
             launch_tf32_all(make_backward_params(problem_, Q_.data(), K_.data(), V_.data(),
                                                  dO_.data(), lse_.data(), D_.data(), dQ_.data(),
@@ -235,7 +237,7 @@ void add_cuda_fa2_backward(Backend& b) {
         // contiguous float32 (require_default_layouts)
         float *dQ = static_cast<float*>(a.dQ), *dK = static_cast<float*>(a.dK);
         float* dV = static_cast<float*>(a.dV);
-        queue_delta(p, dO, O, parts.D, stream);
+        queue_delta(p, dO, O, parts.D, tensor_cores ? dQ : nullptr, stream);
         fa2_backward::Params ffma{p, Q, K, V, O, dO, a.lse, parts.D, dQ, dK, dV, {}};
         if (!tensor_cores) {
             launch_ffma(ffma, stream);
