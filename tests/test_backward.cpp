@@ -136,7 +136,7 @@ TEST_CASE("backward: cuda-fa2's tensor-core tile of 128 keys per CTA (tf32-bc128
             // The switch is read where the backward is prepared: at d > 64, which the tile does
             // not take, the request is refused instead of running another tile unnoticed.
             CHECK_THROWS_WITH(test::check_backward_against_reference(*b, test::make_problem(1, 2, 1, 37, 53, 111)),
-                              Catch::Contains("tf32-bc64 needs 16 <= d <= 64"));
+                              Catch::Contains("tf32-bc128 needs 16 <= d <= 64"));
             const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
             deterministic.set("1");
             test::check_backward_against_reference(*b, test::make_problem(1, 3, 1, 201, 173, 64, true));
