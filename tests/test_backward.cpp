@@ -120,12 +120,12 @@ TEST_CASE("backward: cuda-fa2's FFMA kernels, where its tensor-core kernel would
                     test::check_backward_against_reference(*b, test::make_problem(1, 3, 1, 97, 131, d, causal));
 }
 
-TEST_CASE("backward: cuda-fa2's tensor-core tile of 64 keys per CTA (tf32-bc64)") {
-    // FLASHATTN_VARIANT picks the d <= 64 tile with 4 warps of 16 keys: odd lengths, GQA, both
-    // causal alignments, d below and at 64, and deterministic mode (its dQ turns counted over
-    // key tiles of 64).
+TEST_CASE("backward: cuda-fa2's tensor-core tile of 128 keys per CTA (tf32-bc128)") {
+    // FLASHATTN_VARIANT picks the d <= 64 tile with 8 warps of 16 keys (the default has 4): odd
+    // lengths, GQA, both causal alignments, d below and at 64, and deterministic mode (its dQ
+    // turns counted over key tiles of 128).
     const test::ScopedEnv variant("FLASHATTN_VARIANT");
-    variant.set("cuda-fa2-backward=tf32-bc64");
+    variant.set("cuda-fa2-backward=tf32-bc128");
     for (const Backend* b : backends_with_backward())
         if (b->name == "cuda-fa2") {
             for (std::int64_t d : {40, 64})
@@ -136,7 +136,7 @@ TEST_CASE("backward: cuda-fa2's tensor-core tile of 64 keys per CTA (tf32-bc64)"
             // The switch is read where the backward is prepared: at d > 64, which the tile does
             // not take, the request is refused instead of running another tile unnoticed.
             CHECK_THROWS_WITH(test::check_backward_against_reference(*b, test::make_problem(1, 2, 1, 37, 53, 111)),
-                              Catch::Contains("tf32-bc64 needs 16 <= d <= 64"));
+                              Catch::Contains("tf32-bc128 needs 16 <= d <= 64"));
             const test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
             deterministic.set("1");
             test::check_backward_against_reference(*b, test::make_problem(1, 3, 1, 201, 173, 64, true));

@@ -2,9 +2,8 @@
 //   * tensor cores (3xTF32): cuda/stages/flash_backward.cuh with the fp32 stages of
 //     cuda/fa2/backward_tf32.cuh, for 16 <= d <= 128 and finite inputs
 //     (cuda/host/tensor_core_eligibility.hpp says why); dQ by fp32 atomics, or in a fixed order
-//     with FLASHATTN_DETERMINISTIC=1. 8 warps of 16 keys per CTA; at d <= 64
-//     FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc64 runs 4 warps (two CTAs per SM;
-//     docs/cuda_backward.md has its times and why it is not yet the default);
+//     with FLASHATTN_DETERMINISTIC=1. At d <= 64, 4 warps of 16 keys per CTA (two CTAs per SM;
+//     FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc128 runs 8, one CTA per SM); above, 8 warps;
 //   * FFMA (cuda/fa2/backward_ffma.cuh, deterministic, no atomics) for every other problem, or when
 //     FLASHATTN_VARIANT=cuda-fa2-backward=ffma asks for it.
 //
@@ -77,35 +76,38 @@ void launch_ffma(const fa2_backward::Params& a, cudaStream_t stream) {
         launch<LargeD>(a, stream);
 }
 
-// D = rowsum(dO o O), on `stream`: the first kernel of both paths.
+// D = rowsum(dO o O), on `stream`: the first kernel of both paths. dQ_to_zero: the tensor-core
+// kernel's dQ, which it adds into (Algorithm 2 line 3, dQ = 0, done by the same launch: one
+// operation fewer than a memset), or null (the FFMA kernels write dQ whole).
 void queue_delta(const AttentionProblem& p, const float* dO, const float* O, float* D,
-                 cudaStream_t stream) {
+                 float* dQ_to_zero, cudaStream_t stream) {
     const ArrayLayout rows = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
-    cuda::launch_delta(p, dO, rows, O, rows, D, nullptr, stream);
+    cuda::launch_delta(p, dO, rows, O, rows, D, dQ_to_zero, stream);
 }
 
 // ---- the tensor-core kernel ---------------------------------------------------------------------
 
-// d <= 64 runs on D = 64 tiles, 64 < d <= 128 on D = 128 (the columns past d zero-filled).
-using Tf32Small = Tf32BackwardTile<64, 8, 32>;
+// d <= 64 runs on D = 64 tiles, 64 < d <= 128 on D = 128 (the columns past d zero-filled). At
+// D = 64, 64 keys per CTA (4 warps): two CTAs per SM (79 KiB of shared memory each), faster than
+// one of 128 keys (8 warps, 123 KiB; FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc128) at every
+// point measured (docs/cuda_backward.md).
+using Tf32Small = Tf32BackwardTile<64, 4, 32>;
+using Tf32SmallBc128 = Tf32BackwardTile<64, 8, 32>;
 using Tf32Large = Tf32BackwardTile<128, 8, 32>;
-// d <= 64 with 64 keys per CTA (4 warps; FLASHATTN_VARIANT=cuda-fa2-backward=tf32-bc64): twice the
-// CTAs, two of them per SM (79 KiB of shared memory each, against 123 KiB for one of Tf32Small).
-using Tf32SmallBc64 = Tf32BackwardTile<64, 4, 32>;
-static_assert(Tf32SmallBc64::Br == Tf32Small::Br, "turn_count counts Tf32Small's query tiles");
+static_assert(Tf32SmallBc128::Br == Tf32Small::Br, "turn_count counts Tf32Small's query tiles");
 
 // Whether the 3xTF32 kernel runs this problem: d and the inputs (tf32_backward_allowed), and no
 // FLASHATTN_VARIANT=cuda-fa2-backward=ffma.
 bool use_tensor_cores(const AttentionProblem& p, bool inputs_allowed) {
     const std::string wanted = requested_variant("cuda-fa2-backward");
-    require_known_variant("cuda-fa2-backward", wanted, {"tf32", "tf32-bc64", "ffma"});
+    require_known_variant("cuda-fa2-backward", wanted, {"tf32", "tf32-bc128", "ffma"});
     if (wanted == "ffma") return false;
     const bool fits = p.dim <= 128 && inputs_allowed;
     if (wanted == "tf32" && !fits)
         throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa2-backward=tf32 needs 16 <= d <= "
                                     "128 and finite inputs");
-    if (wanted == "tf32-bc64" && !(fits && p.dim <= 64))
-        throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa2-backward=tf32-bc64 needs 16 <= d "
+    if (wanted == "tf32-bc128" && !(fits && p.dim <= 64))
+        throw std::invalid_argument("FLASHATTN_VARIANT: cuda-fa2-backward=tf32-bc128 needs 16 <= d "
                                     "<= 64 and finite inputs");
     return fits;
 }
@@ -137,16 +139,15 @@ void launch_tf32(const BackwardParams& params, bool deterministic, cudaStream_t 
                       : launch_tf32_kernel<Cfg, false, false>(params, stream);
 }
 
-// dQ = 0 (and the turn counters), then the tensor-core kernel behind `gate`, on `stream`; D must
-// be there already; dq_turns may be null unless deterministic.
+// The turn counters = 0 (deterministic mode), then the tensor-core kernel behind `gate`, on
+// `stream`; D must be there already and dQ zeroed (queue_delta); dq_turns may be null unless
+// deterministic.
 void launch_tf32_all(const BackwardParams& params, bool deterministic, cudaStream_t stream) {
     const AttentionProblem& p = params.problem;
-    FA_CUDA_CHECK(
-        cudaMemsetAsync(params.dQ, 0, sizeof(float) * std::size_t(p.q_elements()), stream));
     if (deterministic)
         FA_CUDA_CHECK(cudaMemsetAsync(params.dq_turns, 0, sizeof(int) * turn_count(p), stream));
-    if (p.dim <= 64 && requested_variant("cuda-fa2-backward") == "tf32-bc64")
-        launch_tf32<Tf32SmallBc64>(params, deterministic, stream);
+    if (p.dim <= 64 && requested_variant("cuda-fa2-backward") == "tf32-bc128")
+        launch_tf32<Tf32SmallBc128>(params, deterministic, stream);
     else if (p.dim <= 64)
         launch_tf32<Tf32Small>(params, deterministic, stream);
     else
@@ -182,7 +183,8 @@ public:
     }
 
     void execute() override {
-        queue_delta(problem_, dO_.data(), O_.data(), D_.data(), nullptr);
+        queue_delta(problem_, dO_.data(), O_.data(), D_.data(),
+                    tensor_cores_ ? dQ_.data() : nullptr, nullptr);
         if (tensor_cores_) {
             launch_tf32_all(make_backward_params(problem_, Q_.data(), K_.data(), V_.data(),
                                                  dO_.data(), lse_.data(), D_.data(), dQ_.data(),
@@ -235,7 +237,7 @@ void add_cuda_fa2_backward(Backend& b) {
         // contiguous float32 (require_default_layouts)
         float *dQ = static_cast<float*>(a.dQ), *dK = static_cast<float*>(a.dK);
         float* dV = static_cast<float*>(a.dV);
-        queue_delta(p, dO, O, parts.D, stream);
+        queue_delta(p, dO, O, parts.D, tensor_cores ? dQ : nullptr, stream);
         fa2_backward::Params ffma{p, Q, K, V, O, dO, a.lse, parts.D, dQ, dK, dV, {}};
         if (!tensor_cores) {
             launch_ffma(ffma, stream);

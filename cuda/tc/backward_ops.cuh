@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 #include "common/backward.hpp"
 #include "common/problem.hpp"
@@ -29,6 +30,14 @@
 namespace flashattn::tc {
 
 using cuda::BackwardParams;
+
+// The widest of 64 and 32 columns that divides D and gives every warp a piece of dQ_i (Br / 16
+// row pieces times D / columns), else 16 (D is a multiple of 32 here: BackwardTile).
+constexpr int dq_piece_columns(int D, int Br, int warps) {
+    for (int cols : {64, 32})
+        if (D % cols == 0 && (Br / 16) * (D / cols) >= warps) return cols;
+    return 16;
+}
 
 // The compile-time shape of one CTA: kWarps warps of 16 keys each (Bc = 16 kWarps), query tiles of
 // Br rows, K_j and V_j fragments in registers or re-read from shared memory.
@@ -43,9 +52,11 @@ struct BackwardTile {
     static constexpr int kChunks = D_ / 8;   // 16-byte chunks per row of Q, K, V, dO
     static constexpr int kStages = 2;        // Q_i / dO_i ring
     static constexpr bool kKVInRegisters = kKVInRegisters_;
-    // dQ_i = dS K_j is cut into 16-row x kDqCols pieces, one per warp at a time: 64 columns keep
-    // the piece's accumulator at 32 floats per thread beside dK_j and dV_j.
-    static constexpr int kDqCols = D_ % 64 == 0 ? 64 : 32;
+    // dQ_i = dS K_j is cut into 16-row x kDqCols pieces, one per warp at a time: at most 64
+    // columns, which keep the piece's accumulator at 32 floats per thread beside dK_j and dV_j,
+    // and narrower where 64-column pieces would be fewer than the warps (the warps without one
+    // would only wait at the next step's barrier: at d = 64 with Br = 64, 4 pieces for 8 warps).
+    static constexpr int kDqCols = dq_piece_columns(D_, Br_, kWarps_);
     // Shared memory: K_j, V_j; kStages x (Q_i, dO_i); dS^T (Bc x Br); kStages x (L_i, D_i).
     static constexpr int kSmemBytes =
         (2 * Bc * D_ + kStages * 2 * Br_ * D_ + Bc * Br_) * int(sizeof(T_)) +
