@@ -19,10 +19,10 @@
 //   copy of Q), and tensors that are not 4-D. Those calls run the Python implementation, called
 //   from here.
 // The fast path is the Python implementation's branches for the other calls: for a backend with
-// strided layouts (cuda-fa3), q, k, v (and O, dO) read where they lie when TMA can read them, O
-// and the gradients written in q's dtype in their inputs' order; for the others (cuda-tc,
-// cuda-fa2), contiguous arrays (copies of those that are not) and the outputs the kernels write,
-// cast or copied into results in their inputs' order. Two small layout rules are therefore written in
+// strided layouts (cuda-fa3, cuda-fa2), q, k, v (and O, dO) read where they lie when TMA can read
+// them (cuda-fa2's copies read any such view too), O and the gradients written in q's dtype in
+// their inputs' order; for the other (cuda-tc), contiguous arrays (copies of those that are not)
+// and the outputs the kernels write, cast or copied into results in their inputs' order. Two small layout rules are therefore written in
 // both languages, each naming its twin: output_like (`_output_like`) and readable_in_place
 // (`_readable_in_place`); torch.library.opcheck's fake-tensor test compares the strides of the
 // outputs with the fake implementation's, which uses the Python rule.
@@ -55,8 +55,8 @@ namespace {
 
 // What a signature's plan says: run the fast path below with this backend, dtype and workspace,
 // or hand the call to the Python implementation (fast = false). layouts: the backend reads strided
-// tensors and writes q's dtype (cuda-fa3); else it reads contiguous arrays and writes float32, or
-// with o_dtype its forward writes O in q's dtype (cuda-tc).
+// tensors and writes q's dtype (cuda-fa3, and cuda-fa2 in float32); else it reads contiguous
+// arrays and writes float32, or with o_dtype its forward writes O in q's dtype (cuda-tc).
 struct Plan {
     bool fast = false;
     const Backend* backend = nullptr;
@@ -470,8 +470,8 @@ struct AttentionNode : public torch::autograd::Function<AttentionNode> {
         std::optional<std::string> backend, std::optional<std::string> backward_backend) {
         std::array<at::Tensor, 3> read;
         auto [O, L] = forward_of(q, k, v, causal, scale, backend, read);
-        // Saved: the arrays the forward read. Where it copied a view (cuda-fa2 and cuda-tc read
-        // contiguous arrays; cuda-fa3 copies one TMA cannot read), the backward reads the same
+        // Saved: the arrays the forward read. Where it copied a view (cuda-tc reads contiguous
+        // arrays; cuda-fa3 and cuda-fa2 copy one TMA cannot read), the backward reads the same
         // copy instead of making its own, and writes the gradients in its order (contiguous)
         // with no copy into the views' order either: the same values, and the copies held in
         // the views' place.
