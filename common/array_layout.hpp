@@ -8,9 +8,11 @@
 // contiguous.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/config.hpp"
 #include "common/dtype.hpp"
@@ -47,6 +49,38 @@ struct ArrayLayout {
         return offset(bh / heads, bh % heads) + (index % rows) * row;
     }
 };
+
+// How many values a (batch, heads, rows, d) array at `layout` (a default layout: contiguous;
+// strides not negative) lies among: from its first value to its last, those between its rows
+// included (of the tensor a view was cut from). 0 for an empty array.
+inline std::int64_t span_elements(const ArrayLayout& layout, std::int64_t batch,
+                                  std::int64_t heads, std::int64_t rows, std::int64_t d) {
+    if (batch == 0 || heads == 0 || rows == 0 || d == 0) return 0;
+    const ArrayLayout at = layout.resolved(heads, rows, d);
+    return (batch - 1) * at.batch + (heads - 1) * at.head + (rows - 1) * at.row + d;
+}
+
+// Bytes [begin, end) of memory.
+struct MemoryRange {
+    std::uintptr_t begin = 0, end = 0;
+};
+
+// The ranges in address order, those that overlap or touch merged into one and empty ones left
+// out: a pass over several arrays' memory then reads each byte once, also where the arrays are
+// views of one tensor (q, k and v cut from one projection lie among each other's values).
+inline std::vector<MemoryRange> merged_ranges(std::vector<MemoryRange> ranges) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const MemoryRange& a, const MemoryRange& b) { return a.begin < b.begin; });
+    std::vector<MemoryRange> out;
+    for (const MemoryRange& r : ranges) {
+        if (r.end <= r.begin) continue;
+        if (!out.empty() && r.begin <= out.back().end)
+            out.back().end = std::max(out.back().end, r.end);
+        else
+            out.push_back(r);
+    }
+    return out;
+}
 
 // Where the rows of the three inputs lie, for the kernels that read Q, K and V in place (resolved
 // layouts: contiguous ones spelled out, none left at the default).

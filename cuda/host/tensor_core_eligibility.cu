@@ -84,34 +84,18 @@ bool tf32_shape_allowed(const AttentionProblem& p) {
     return p.dim >= 16 && mma_grid_limits(p).empty();
 }
 
-FloatSpan span_of(const float* x, const ArrayLayout& layout, std::int64_t batch,
-                  std::int64_t heads, std::int64_t rows, std::int64_t d) {
-    if (batch == 0 || heads == 0 || rows == 0 || d == 0) return {x, 0};
-    const ArrayLayout at = layout.resolved(heads, rows, d);
-    return {x, (batch - 1) * at.batch + (heads - 1) * at.head + (rows - 1) * at.row + d};
-}
-
-void queue_nonfinite_test(std::vector<FloatSpan> arrays, int* flags, void* stream) {
+void queue_nonfinite_test(const std::vector<FloatSpan>& arrays, int* flags, void* stream) {
     if (arrays.size() > kMaxTestedArrays)
         throw std::logic_error("queue_nonfinite_test: at most 5 arrays in one launch");
-    // Merge the spans that overlap or touch, in address order (addresses compared as integers:
-    // the spans may lie in different allocations).
-    const auto address = [](const float* x) { return reinterpret_cast<std::uintptr_t>(x); };
-    std::sort(arrays.begin(), arrays.end(),
-              [&](const FloatSpan& a, const FloatSpan& b) { return address(a.x) < address(b.x); });
-    TestedArrays a{};
+    std::vector<MemoryRange> ranges;
     for (const FloatSpan& s : arrays) {
-        if (s.n == 0) continue;
-        if (a.count > 0) {
-            const std::uintptr_t begin = address(a.x[a.count - 1]);
-            const std::uintptr_t end = begin + std::uintptr_t(a.n[a.count - 1]) * sizeof(float);
-            if (address(s.x) <= end) {  // extends the previous span (by whole floats)
-                const std::uintptr_t s_end = address(s.x) + std::uintptr_t(s.n) * sizeof(float);
-                a.n[a.count - 1] = std::int64_t((std::max(end, s_end) - begin) / sizeof(float));
-                continue;
-            }
-        }
-        a.x[a.count] = s.x, a.n[a.count++] = s.n;
+        const auto begin = reinterpret_cast<std::uintptr_t>(s.x);
+        ranges.push_back({begin, begin + std::uintptr_t(s.n) * sizeof(float)});
+    }
+    TestedArrays a{};
+    for (const MemoryRange& r : merged_ranges(ranges)) {
+        a.x[a.count] = reinterpret_cast<const float*>(r.begin);
+        a.n[a.count++] = std::int64_t((r.end - r.begin) / sizeof(float));
     }
     find_nonfinite_kernel<<<kNonfiniteSlots, kScanThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         a, flags);
