@@ -138,9 +138,11 @@ inline void require_input_layout(const void* array, const ArrayLayout& layout, s
     const bool wide = layout.row * bytes % 16 == 0 && d * bytes % 16 == 0;
     const bool aligned = reinterpret_cast<std::uintptr_t>(array) % 16 == 0 &&
                          layout.batch * bytes % 16 == 0 && layout.head * bytes % 16 == 0;
-    if (!layout.non_negative() || (wide && !aligned))
+    const bool row_fits = layout.row < (std::int64_t{1} << 31);  // the copies' row stride: an int
+    if (!layout.non_negative() || !row_fits || (wide && !aligned))
         throw std::invalid_argument(
-            std::string(name) + ": an input read in place needs non-negative strides, and where "
+            std::string(name) + ": an input read in place needs non-negative strides, a row "
+            "stride below 2^31 elements, and where "
             "its rows are read 16 bytes at a time, an address and batch and head strides that are "
             "multiples of 16 bytes (batch, head, row = " + std::to_string(layout.batch) + ", " +
             std::to_string(layout.head) + ", " + std::to_string(layout.row) + " elements)");

@@ -114,6 +114,12 @@ TEST_CASE("array layouts: an input read in place needs 16-byte strides only wher
     CHECK_NOTHROW(require_input_layout(odd, {4099, 65, 769}, 64, DType::f32, "Q"));
     CHECK_THROWS_AS(require_input_layout(aligned, {4096, -64, 768}, 64, DType::f32, "Q"),
                     std::invalid_argument);
+    // The copies take a row stride as an int: one of 2^31 elements or more is refused.
+    CHECK_NOTHROW(require_input_layout(aligned, {0, 0, (std::int64_t{1} << 31) - 4}, 64,
+                                       DType::f32, "Q"));
+    CHECK_THROWS_WITH(require_input_layout(aligned, {0, 0, std::int64_t{1} << 31}, 64,
+                                           DType::f32, "Q"),
+                      Catch::Contains("2^31"));
     // 16-bit values: 16 bytes are 8 of them.
     CHECK_NOTHROW(require_input_layout(aligned, {4096, 64, 776}, 64, DType::bf16, "V"));
     CHECK_THROWS_AS(require_input_layout(aligned, {4096, 68, 776}, 64, DType::bf16, "V"),

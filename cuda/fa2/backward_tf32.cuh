@@ -103,9 +103,9 @@ struct Tf32BackwardOps {
         const int n = int(p.seq_kv), d = int(p.dim);
         const ArrayLayout &k = params.in.k, &v = params.in.v;
         tf32_load_tile<View, Bc, Cfg::kStride>(
-            sh.K, static_cast<const float*>(params.K) + k.offset(b, g), k.row, j * Bc, n, d);
+            sh.K, static_cast<const float*>(params.K) + k.offset(b, g), int(k.row), j * Bc, n, d);
         tf32_load_tile<View, Bc, Cfg::kStride>(
-            sh.V, static_cast<const float*>(params.V) + v.offset(b, g), v.row, j * Bc, n, d);
+            sh.V, static_cast<const float*>(params.V) + v.offset(b, g), int(v.row), j * Bc, n, d);
     }
 
     // L9: Q_i, dO_i, L_i and D_i of query tile i, head h.
@@ -115,10 +115,11 @@ struct Tf32BackwardOps {
         const int n = int(p.seq_q), d = int(p.dim);
         const ArrayLayout &q = params.in.q, &dO = params.do_layout;
         tf32_load_tile<View, Br, Cfg::kStride>(
-            sh.Q(slot), static_cast<const float*>(params.Q) + q.offset(b, h), q.row, i * Br, n, d);
-        tf32_load_tile<View, Br, Cfg::kStride>(
-            sh.dO(slot), static_cast<const float*>(params.dO) + dO.offset(b, h), dO.row, i * Br, n,
+            sh.Q(slot), static_cast<const float*>(params.Q) + q.offset(b, h), int(q.row), i * Br, n,
             d);
+        tf32_load_tile<View, Br, Cfg::kStride>(
+            sh.dO(slot), static_cast<const float*>(params.dO) + dO.offset(b, h), int(dO.row), i * Br,
+            n, d);
         load_row_statistics<Br, kThreads>(params, b, h, i, sh.L(slot), sh.Delta(slot));
     }
 

@@ -240,11 +240,12 @@ __device__ __forceinline__ void tf32_inspect_skipped(const float* sK, const floa
 }
 
 // FA2 L4 / L7: rows [row0, row0 + kRows) of one head's (n x d) matrix, whose rows start `ld`
-// floats apart (d when contiguous), into a tile of row stride kStride; rows past n and columns
-// d..D-1 are zero-filled (cuda/stages/async_copy.cuh).
+// floats apart (d when contiguous; below 2^31, as require_input_layout checks: an int, which at
+// d = 128 keeps the 3xTF32 kernel from spilling where a 64-bit stride made it), into a tile of
+// row stride kStride; rows past n and columns d..D-1 are zero-filled (cuda/stages/async_copy.cuh).
 template <class Cfg, int kRows, int kStride>
-__device__ __forceinline__ void tf32_load_tile(float* tile, const float* head, std::int64_t ld,
-                                               int row0, int n, int d) {
+__device__ __forceinline__ void tf32_load_tile(float* tile, const float* head, int ld, int row0,
+                                               int n, int d) {
     const int valid_rows = row0 < n ? (n - row0 < kRows ? n - row0 : kRows) : 0;
     load_tile_async(tile, kStride, head + std::int64_t(row0) * ld, ld, kRows, Cfg::D, valid_rows, d,
                     int(threadIdx.x), Cfg::kThreads);
@@ -290,12 +291,14 @@ struct Tf32ForwardOps {
 
     __device__ __forceinline__ void load_q(const float* Q_head, std::int64_t ld, int row_begin,
                                            int n) {
-        tf32_load_tile<Cfg, Cfg::Br, Cfg::kQKStride>(sQ, Q_head, ld, row_begin, n, d);
+        tf32_load_tile<Cfg, Cfg::Br, Cfg::kQKStride>(sQ, Q_head, int(ld), row_begin, n, d);
     }
     __device__ __forceinline__ void load_kv(int slot, const float* K_head, const float* V_head,
                                             const QkvLayouts& at, int key_begin, int n) {
-        tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(slot), K_head, at.k.row, key_begin, n, d);
-        tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(slot), V_head, at.v.row, key_begin, n, d);
+        tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(slot), K_head, int(at.k.row), key_begin, n,
+                                                d);
+        tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(slot), V_head, int(at.v.row), key_begin, n,
+                                               d);
     }
     // Q_i has landed. It is re-read (and split) per tile from shared memory; here each thread
     // looks at its share of it once.
