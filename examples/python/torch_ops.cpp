@@ -152,8 +152,9 @@ Plan plan_for(bool backward, const std::vector<at::Tensor>& xs, bool causal,
 
 // --- the fast path -------------------------------------------------------------------------
 //
-// A backend with layouts reads q, k, v (and O, dO) where TMA can read them and writes O and the
-// gradients in their inputs' order and q's dtype. One without reads contiguous arrays and writes
+// A backend with layouts reads q, k, v (and O, dO) where TMA can (cuda-fa3's rule, which
+// cuda-fa2's copies also take) and writes O and the gradients in their inputs' order and q's
+// dtype. One without reads contiguous arrays and writes
 // contiguous float32 results (or O in q's dtype with o_dtype; it reads a float32 O): the fast
 // path copies and casts as `_cuda_forward` and `_cuda_backward` do, and writes into the results
 // themselves where they are what the kernels write.
@@ -174,9 +175,10 @@ at::Tensor output_like(const at::Tensor& x) {
 
 ArrayLayout strides_of(const at::Tensor& x) { return {x.stride(0), x.stride(1), x.stride(2)}; }
 
-// x where TMA can read it where it lies (d contiguous, a 16-byte aligned address, every other
-// stride a positive multiple of 8 elements), with its strides; else a contiguous copy, with the
-// contiguous layout. The twin of `_readable_in_place` (Python).
+// x where TMA (cuda-fa3), and so cuda-fa2's copies, can read it where it lies (d contiguous, a
+// 16-byte aligned address, every other stride a positive multiple of 8 elements), with its
+// strides; else a contiguous copy, with the contiguous layout. The twin of `_readable_in_place`
+// (Python).
 std::pair<at::Tensor, ArrayLayout> readable_in_place(const at::Tensor& x) {
     const auto st = x.strides();
     const bool readable = st[3] == 1 && reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0;
