@@ -1165,7 +1165,9 @@ TEST_CASE("cuda-fa2's device entries read and write strided float32 arrays where
         CHECK(q.touched + k.touched + v.touched == 0);
 
         // Refused before any work: an input's head stride that breaks its 16-byte copies (where
-        // d allows them), an output's odd row stride (its paired stores), an O of another type.
+        // d allows them), an output's row stride that its stores cannot take (odd where an even d
+        // stores pairs, negative at any d), an O of another type.
+        const auto bad_row = [d](std::int64_t row) { return d % 2 == 0 ? row + 1 : -row; };
         if (d % 4 == 0) {
             DeviceForward bad = a;
             bad.k_layout.head = Kh.layout.head + 1;
@@ -1175,13 +1177,13 @@ TEST_CASE("cuda-fa2's device entries read and write strided float32 arrays where
             CHECK_THROWS_AS(fa2.run_backward_device(p, bad_g), std::invalid_argument);
         }
         DeviceForward bad = a;
-        bad.o_layout.row = Oh.layout.row + 1;
+        bad.o_layout.row = bad_row(Oh.layout.row);
         CHECK_THROWS_AS(fa2.run_device(p, bad), std::invalid_argument);
         bad = a;
         bad.o_dtype = DType::bf16;
         CHECK_THROWS_AS(fa2.run_device(p, bad), std::invalid_argument);
         DeviceBackward bad_g = g;
-        bad_g.dv_layout.row = dVh.layout.row + 1;
+        bad_g.dv_layout.row = bad_row(dVh.layout.row);
         CHECK_THROWS_AS(fa2.run_backward_device(p, bad_g), std::invalid_argument);
     }
 }
