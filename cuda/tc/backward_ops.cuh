@@ -185,8 +185,8 @@ struct TcBackwardOps {
         const int n = int(params.problem.seq_kv);
         const ArrayLayout &k = params.in.k, &v = params.in.v;
         const T *K = static_cast<const T*>(params.K), *V = static_cast<const T*>(params.V);
-        load_tile<Cfg, Bc>(sh.K, K + k.offset(b, g), k.row, j * Bc, n);
-        load_tile<Cfg, Bc>(sh.V, V + v.offset(b, g), v.row, j * Bc, n);
+        load_tile<Cfg, Bc>(sh.K, K + k.offset(b, g), j * Bc, n);
+        load_tile<Cfg, Bc>(sh.V, V + v.offset(b, g), j * Bc, n);
     }
 
     // L9: Q_i, dO_i (rows past N_q zero-filled), L_i and D_i of query tile i, head h.
@@ -195,8 +195,8 @@ struct TcBackwardOps {
         const int n = int(params.problem.seq_q);
         const ArrayLayout &q = params.in.q, &dO = params.do_layout;
         const T *Q = static_cast<const T*>(params.Q), *dO_ = static_cast<const T*>(params.dO);
-        load_tile<Cfg, Br>(sh.Q(slot), Q + q.offset(b, h), q.row, i * Br, n);
-        load_tile<Cfg, Br>(sh.dO(slot), dO_ + dO.offset(b, h), dO.row, i * Br, n);
+        load_tile<Cfg, Br>(sh.Q(slot), Q + q.offset(b, h), i * Br, n);
+        load_tile<Cfg, Br>(sh.dO(slot), dO_ + dO.offset(b, h), i * Br, n);
         cuda::load_row_statistics<Br, kThreads>(params, b, h, i, sh.L(slot), sh.Delta(slot));
     }
 

@@ -165,14 +165,14 @@ __global__ void __launch_bounds__(Tile::kThreads) tc_decode_kernel(const KernelP
 
     // FA2 L4 and L7 (issued): Q_i, then the first kStages - 1 visible tiles, one group each (a
     // group is committed even when nothing is left to load, as in flash_forward).
-    load_tile<Cta, Tile::Br>(sQ, Q_head, params.in.q.row, row_begin, seq_q);
+    load_tile<Cta, Tile::Br>(sQ, Q_head, row_begin, seq_q);
     cp_async_commit();
     int j_load = mma::next_key_tile<kBlockMask>(p, rows, int(chunk.begin), j_end, Bc);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (j_load < j_end) {
-            load_tile<Cta, Bc>(sK + s * Bc * D, K_head, params.in.k.row, j_load * Bc, seq_kv);
-            load_tile<Cta, Bc>(sV + s * Bc * D, V_head, params.in.v.row, j_load * Bc, seq_kv);
+            load_tile<Cta, Bc>(sK + s * Bc * D, K_head, j_load * Bc, seq_kv);
+            load_tile<Cta, Bc>(sV + s * Bc * D, V_head, j_load * Bc, seq_kv);
             j_load = mma::next_key_tile<kBlockMask>(p, rows, j_load + 1, j_end, Bc);
         }
         cp_async_commit();
@@ -198,8 +198,8 @@ __global__ void __launch_bounds__(Tile::kThreads) tc_decode_kernel(const KernelP
         __syncthreads();
         if (j_load < j_end) {
             const int slot = (stage + kStages - 1) % kStages;
-            load_tile<Cta, Bc>(sK + slot * Bc * D, K_head, params.in.k.row, j_load * Bc, seq_kv);
-            load_tile<Cta, Bc>(sV + slot * Bc * D, V_head, params.in.v.row, j_load * Bc, seq_kv);
+            load_tile<Cta, Bc>(sK + slot * Bc * D, K_head, j_load * Bc, seq_kv);
+            load_tile<Cta, Bc>(sV + slot * Bc * D, V_head, j_load * Bc, seq_kv);
             j_load = mma::next_key_tile<kBlockMask>(p, rows, j_load + 1, j_end, Bc);
         }
         cp_async_commit();

@@ -105,12 +105,14 @@ __device__ __forceinline__ int swizzled_chunk(int r, int c) {
         return r * kChunks + (c ^ ((r >> 1) & 3));
 }
 
-// FA2 L4 / L7: copy rows [row0, row0 + kRows) of one head's (n x D) matrix, whose rows start
-// `ld` elements apart (D: cuda-tc's device entries take contiguous arrays), into a swizzled
-// tile, 16 bytes per cp.async; rows at or past n (the ragged last tile) are zero-filled.
+// FA2 L4 / L7: copy rows [row0, row0 + kRows) of one head's contiguous (n x D) matrix into a
+// swizzled tile, 16 bytes per cp.async; rows at or past n (the ragged last tile) are zero-filled.
+// cuda-tc reads contiguous arrays only (its Backend has no device_layouts), so the row stride is
+// the compile-time D: taken from the layouts at run time instead, the forward ran 3-4% slower
+// (docs/python.md, "cuda-fa2 on views where they lie").
 template <class Cfg, int kRows>
 __device__ __forceinline__ void load_tile(typename Cfg::T* tile, const typename Cfg::T* src,
-                                          std::int64_t ld, int row0, int n) {
+                                          int row0, int n) {
     constexpr int kCopies = kRows * Cfg::kChunks;
 #pragma unroll
     for (int k = 0; k < (kCopies + Cfg::kThreads - 1) / Cfg::kThreads; ++k) {
@@ -120,7 +122,7 @@ __device__ __forceinline__ void load_tile(typename Cfg::T* tile, const typename 
             const int c = idx % Cfg::kChunks;
             const bool valid = row0 + r < n;
             const typename Cfg::T* from =
-                valid ? src + std::int64_t(row0 + r) * ld + 8 * c : src;
+                valid ? src + std::int64_t(row0 + r) * Cfg::D + 8 * c : src;
             cp_async_16(tile + swizzled_chunk<Cfg::kChunks>(r, c) * 8, from, valid);
         }
     }
@@ -256,14 +258,15 @@ struct TcForwardOps {
           warp(warp_),
           lane(lane_) {}
 
-    __device__ __forceinline__ void load_q(const Element* Q_head, std::int64_t ld, int row_begin,
-                                           int n) {
-        load_tile<Cfg, Cfg::Br>(sQ, Q_head, ld, row_begin, n);
+    // The row strides flash_forward passes are D here (contiguous arrays: load_tile).
+    __device__ __forceinline__ void load_q(const Element* Q_head, std::int64_t /*ld*/,
+                                           int row_begin, int n) {
+        load_tile<Cfg, Cfg::Br>(sQ, Q_head, row_begin, n);
     }
     __device__ __forceinline__ void load_kv(int slot, const Element* K_head, const Element* V_head,
-                                            const QkvLayouts& at, int key_begin, int n) {
-        load_tile<Cfg, Bc>(sK + slot * Bc * D, K_head, at.k.row, key_begin, n);
-        load_tile<Cfg, Bc>(sV + slot * Bc * D, V_head, at.v.row, key_begin, n);
+                                            const QkvLayouts& /*at*/, int key_begin, int n) {
+        load_tile<Cfg, Bc>(sK + slot * Bc * D, K_head, key_begin, n);
+        load_tile<Cfg, Bc>(sV + slot * Bc * D, V_head, key_begin, n);
     }
     __device__ __forceinline__ void hold_q() {
         if constexpr (Cfg::kQInRegisters) load_q_fragments<Cfg>(q, sQ, warp, lane);
