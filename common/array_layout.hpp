@@ -8,12 +8,15 @@
 // contiguous.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/config.hpp"
 #include "common/dtype.hpp"
+#include "common/problem.hpp"
 
 namespace flashattn {
 
@@ -22,6 +25,7 @@ struct ArrayLayout {
     std::int64_t batch = 0, head = 0, row = 0;
 
     FA_HOST_DEVICE bool is_default() const { return batch == 0 && head == 0 && row == 0; }
+    FA_HOST_DEVICE bool non_negative() const { return batch >= 0 && head >= 0 && row >= 0; }
 
     static FA_HOST_DEVICE ArrayLayout contiguous(std::int64_t heads, std::int64_t rows,
                                                  std::int64_t d) {
@@ -46,6 +50,54 @@ struct ArrayLayout {
     }
 };
 
+// How many values a (batch, heads, rows, d) array at `layout` (a default layout: contiguous;
+// strides not negative) lies among: from its first value to its last, those between its rows
+// included (of the tensor a view was cut from). 0 for an empty array.
+inline std::int64_t span_elements(const ArrayLayout& layout, std::int64_t batch,
+                                  std::int64_t heads, std::int64_t rows, std::int64_t d) {
+    if (batch == 0 || heads == 0 || rows == 0 || d == 0) return 0;
+    const ArrayLayout at = layout.resolved(heads, rows, d);
+    return (batch - 1) * at.batch + (heads - 1) * at.head + (rows - 1) * at.row + d;
+}
+
+// Bytes [begin, end) of memory.
+struct MemoryRange {
+    std::uintptr_t begin = 0, end = 0;
+};
+
+// The ranges in address order, those that overlap or touch merged into one and empty ones left
+// out: a pass over several arrays' memory then reads each byte once, also where the arrays are
+// views of one tensor (q, k and v cut from one projection lie among each other's values).
+inline std::vector<MemoryRange> merged_ranges(std::vector<MemoryRange> ranges) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const MemoryRange& a, const MemoryRange& b) { return a.begin < b.begin; });
+    std::vector<MemoryRange> out;
+    for (const MemoryRange& r : ranges) {
+        if (r.end <= r.begin) continue;
+        if (!out.empty() && r.begin <= out.back().end)
+            out.back().end = std::max(out.back().end, r.end);
+        else
+            out.push_back(r);
+    }
+    return out;
+}
+
+// Where the rows of the three inputs lie, for the kernels that read Q, K and V in place (resolved
+// layouts: contiguous ones spelled out, none left at the default).
+struct QkvLayouts {
+    ArrayLayout q, k, v;
+
+    // The given layouts of p's Q, K and V, resolved (a default one: contiguous).
+    static FA_HOST_DEVICE QkvLayouts resolved(const AttentionProblem& p, const ArrayLayout& q,
+                                              const ArrayLayout& k, const ArrayLayout& v) {
+        return {q.resolved(p.heads, p.seq_q, p.dim), k.resolved(p.heads_kv, p.seq_kv, p.dim),
+                v.resolved(p.heads_kv, p.seq_kv, p.dim)};
+    }
+    static FA_HOST_DEVICE QkvLayouts contiguous(const AttentionProblem& p) {
+        return resolved(p, {}, {}, {});
+    }
+};
+
 // The kernels store an output's values two adjacent columns at a time (8 bytes in float32, 4 in a
 // 16-bit type): throws std::invalid_argument naming the array unless its address is aligned to
 // that and every stride of its (resolved) layout is even and non-negative. The rows it names must
@@ -61,6 +113,39 @@ inline void require_output_layout(const void* array, const ArrayLayout& layout, 
             std::to_string(pair_bytes) + " bytes and even, non-negative strides (batch, head, row "
             "= " + std::to_string(layout.batch) + ", " + std::to_string(layout.head) + ", " +
             std::to_string(layout.row) + " elements)");
+}
+
+// The same for cuda-fa2's kernels, which store two floats at a time only where d is even: at an odd
+// d, any strides that are not negative.
+inline void require_output_layout(const void* array, const ArrayLayout& layout, std::int64_t d,
+                                  DType dtype, const char* name) {
+    if (d % 2 == 0) return require_output_layout(array, layout, dtype, name);
+    if (!layout.non_negative())
+        throw std::invalid_argument(std::string(name) + ": an output needs non-negative strides "
+                                    "(batch, head, row = " + std::to_string(layout.batch) + ", " +
+                                    std::to_string(layout.head) + ", " +
+                                    std::to_string(layout.row) + " elements)");
+}
+
+// cuda-fa2's kernels copy an input's rows 16 bytes at a time (cp.async) where the row stride and
+// d are multiples of 16 bytes, and value by value otherwise: throws std::invalid_argument naming
+// the array unless its strides (resolved) are non-negative and, where 16-byte copies are taken,
+// its address and its batch and head strides are 16-byte multiples too (a PyTorch tensor's
+// allocation is aligned; a view at an odd offset into one may not be).
+inline void require_input_layout(const void* array, const ArrayLayout& layout, std::int64_t d,
+                                 DType dtype, const char* name) {
+    const std::int64_t bytes = dtype == DType::f32 ? 4 : 2;
+    const bool wide = layout.row * bytes % 16 == 0 && d * bytes % 16 == 0;
+    const bool aligned = reinterpret_cast<std::uintptr_t>(array) % 16 == 0 &&
+                         layout.batch * bytes % 16 == 0 && layout.head * bytes % 16 == 0;
+    const bool row_fits = layout.row < (std::int64_t{1} << 31);  // the copies' row stride: an int
+    if (!layout.non_negative() || !row_fits || (wide && !aligned))
+        throw std::invalid_argument(
+            std::string(name) + ": an input read in place needs non-negative strides, a row "
+            "stride below 2^31 elements, and where "
+            "its rows are read 16 bytes at a time, an address and batch and head strides that are "
+            "multiples of 16 bytes (batch, head, row = " + std::to_string(layout.batch) + ", " +
+            std::to_string(layout.head) + ", " + std::to_string(layout.row) + " elements)");
 }
 
 }  // namespace flashattn

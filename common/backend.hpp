@@ -188,19 +188,12 @@ inline void require_contiguous_layouts(const std::string& backend, const DeviceF
     if (strided)
         throw std::invalid_argument(
             "backend = " + backend + ": its device entry reads contiguous Q, K, V and writes a "
-            "contiguous O (strided arrays are cuda-fa3's)");
+            "contiguous O (strided arrays are cuda-fa3's and cuda-fa2's)");
 }
 
-// Throws std::invalid_argument when a forward's arrays are not the contiguous float32 ones that
-// cuda-fa2's device entry reads and writes (cuda-tc also writes a 16-bit O).
-inline void require_default_layouts(const std::string& backend, const DeviceForward& a) {
-    require_contiguous_layouts(backend, a);
-    if (a.o_dtype != DType::f32)
-        throw std::invalid_argument(
-            "backend = " + backend + ": its device entry writes a float32 O (a 16-bit O is "
-            "cuda-tc's and cuda-fa3's)");
-}
-
+// Throws std::invalid_argument when a backward's arrays are not the contiguous ones, with a
+// float32 O and float32 gradients, that a backend without Backend::device_layouts reads and
+// writes (cuda-tc's).
 inline void require_default_layouts(const std::string& backend, const DeviceBackward& a) {
     const bool strided = !a.q_layout.is_default() || !a.k_layout.is_default() ||
                          !a.v_layout.is_default() || !a.o_layout.is_default() ||
@@ -209,8 +202,8 @@ inline void require_default_layouts(const std::string& backend, const DeviceBack
     if (strided || a.o_dtype != DType::f32 || a.grad_dtype != DType::f32)
         throw std::invalid_argument(
             "backend = " + backend + ": its backward device entry reads contiguous arrays and a "
-            "float32 O and writes contiguous float32 gradients (strided arrays and 16-bit O and "
-            "gradients are cuda-fa3's)");
+            "float32 O and writes contiguous float32 gradients (strided arrays are cuda-fa3's and "
+            "cuda-fa2's, 16-bit O and gradients cuda-fa3's)");
 }
 
 // Throws std::invalid_argument naming the backend when it has no backward pass.

@@ -1017,6 +1017,214 @@ TEST_CASE("cuda-fa2's backward device entry runs the FFMA kernels wherever an in
     }
 }
 
+namespace {
+
+// A (batch, heads, rows, d) float32 array laid out as (batch, rows, heads, d) -- the order of q, k
+// and v cut from one projection -- with head_pad unused floats after each head's d values,
+// row_pad after each row of heads and 4 after each batch entry, so that every stride differs
+// from the contiguous one. Unused elements hold `fill`.
+struct StridedF32 {
+    ArrayLayout layout;
+    std::vector<float> host;
+    StridedF32(std::int64_t batch, std::int64_t heads, std::int64_t rows, std::int64_t d,
+               std::int64_t head_pad, std::int64_t row_pad, float fill) {
+        const std::int64_t head = d + head_pad, row = heads * head + row_pad;
+        layout = {rows * row + 4, head, row};
+        host.assign(static_cast<std::size_t>(batch * layout.batch), fill);
+    }
+    std::size_t at(std::int64_t b, std::int64_t h, std::int64_t r, std::int64_t c) const {
+        return static_cast<std::size_t>(layout.offset(b, h) + r * layout.row + c);
+    }
+};
+
+// An input: the contiguous x in a StridedF32 with rows 4 floats (16 bytes) apart from the next
+// head's, unused elements `fill`.
+StridedF32 strided_input(const std::vector<float>& x, std::int64_t batch, std::int64_t heads,
+                         std::int64_t rows, std::int64_t d, float fill) {
+    StridedF32 out(batch, heads, rows, d, 0, 4, fill);
+    for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t h = 0; h < heads; ++h)
+            for (std::int64_t r = 0; r < rows; ++r)
+                for (std::int64_t c = 0; c < d; ++c)
+                    out.host[out.at(b, h, r, c)] = x[((b * heads + h) * rows + r) * d + c];
+    return out;
+}
+
+// An output: NaN everywhere, strides even (the kernels store pairs of floats) but rows 2 floats
+// apart from the next head's (so not 16 bytes: the FFMA kernel's 16-byte stores give way).
+StridedF32 strided_output(std::int64_t batch, std::int64_t heads, std::int64_t rows,
+                          std::int64_t d) {
+    return StridedF32(batch, heads, rows, d, d % 2, 2, std::numeric_limits<float>::quiet_NaN());
+}
+
+// How many values of the output `got` (downloaded) differ from the contiguous `expect`, bit for
+// bit, and how many elements outside its rows were written (they must stay NaN).
+StridedCheck compare_f32(const std::vector<float>& got, const StridedF32& at,
+                         const std::vector<float>& expect, std::int64_t batch, std::int64_t heads,
+                         std::int64_t rows, std::int64_t d) {
+    StridedCheck out;
+    std::vector<bool> inside(got.size(), false);
+    for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t h = 0; h < heads; ++h)
+            for (std::int64_t r = 0; r < rows; ++r)
+                for (std::int64_t c = 0; c < d; ++c) {
+                    const std::size_t k = at.at(b, h, r, c);
+                    inside[k] = true;
+                    const float want = expect[((b * heads + h) * rows + r) * d + c];
+                    out.wrong += std::memcmp(&got[k], &want, sizeof(float)) != 0;
+                }
+    for (std::size_t k = 0; k < got.size(); ++k) out.touched += !inside[k] && !std::isnan(got[k]);
+    return out;
+}
+
+cuda::DeviceBuffer<float> on_device(const std::vector<float>& x) {
+    cuda::DeviceBuffer<float> out(x.size());
+    out.upload(x.data());
+    return out;
+}
+
+// The problems of the strided float32 tests, each with fresh random inputs: ragged N_q and N_kv,
+// GQA; the 3xTF32 kernels with 16-byte copies (d = 64: a small problem, whose forward looks at
+// its own inputs, and a larger one, whose forward runs behind the finiteness test) and value by
+// value (d = 37), and the FFMA kernels (d = 160).
+std::vector<AttentionProblem> strided_f32_problems() {
+    return {test::make_problem(2, 4, 2, 113, 203, 64, false),
+            test::make_problem(2, 4, 2, 113, 203, 64, true),
+            test::make_problem(1, 3, 3, 77, 150, 37, true),
+            test::make_problem(2, 8, 4, 700, 900, 64, true),
+            test::make_problem(1, 2, 1, 77, 150, 160, false)};
+}
+
+}  // namespace
+
+// cuda-fa2 reads Q, K, V (and dO, O) and writes O and the gradients where their layouts put them:
+// the same kernels on the same values as the host path's contiguous arrays, so the same bits, and
+// nothing written outside the outputs' rows. The inputs' unused elements are finite here: the
+// finiteness test reads between rows (FloatSpan), and a NaN there sends the call to the FFMA
+// kernels, which the last part checks.
+TEST_CASE("cuda-fa2's device entries read and write strided float32 arrays where they lie") {
+    const Backend& fa2 = find_backend("cuda-fa2");
+    REQUIRE(fa2.device_layouts);
+    test::ScopedEnv deterministic("FLASHATTN_DETERMINISTIC");
+    deterministic.set("1");  // dQ's additions in one order: the host path's bits
+    for (const AttentionProblem& p : strided_f32_problems()) {
+        const std::uint64_t seed = test::next_seed();
+        INFO(test::describe(p) << " seed=" << seed);
+        const ProblemData in = random_problem_data(p, seed);
+        const std::vector<float> dO = random_problem_data(p, seed + 1).Q;
+        const std::int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv, d = p.dim;
+        const test::Outputs host = test::run_poisoned(fa2, p, in, DType::f32);
+        std::vector<float> dQ(p.q_elements()), dK(p.kv_elements()), dV(p.kv_elements());
+        run_backward(fa2, p, {in.Q.data(), in.K.data(), in.V.data(), host.O.data(),
+                              host.lse.data(), dO.data()},
+                     dQ.data(), dK.data(), dV.data(), DType::f32);
+
+        const StridedF32 Qh = strided_input(in.Q, B, H, p.seq_q, d, 0.5f);
+        const StridedF32 Kh = strided_input(in.K, B, Hkv, p.seq_kv, d, 0.5f);
+        const StridedF32 Vh = strided_input(in.V, B, Hkv, p.seq_kv, d, 0.5f);
+        const StridedF32 Oh = strided_output(B, H, p.seq_q, d);
+        Stream stream;
+        auto Q = on_device(Qh.host), K = on_device(Kh.host), V = on_device(Vh.host);
+        auto O = on_device(Oh.host);
+        ForwardCall call(fa2, p, DType::f32, Q.data(), K.data(), V.data(), O.data(), stream.s);
+        DeviceForward& a = call.a;
+        a.q_layout = Qh.layout, a.k_layout = Kh.layout, a.v_layout = Vh.layout;
+        a.o_layout = Oh.layout;
+        fa2.run_device(p, a);
+        FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+        const StridedCheck o = compare_f32(download(O), Oh, host.O, B, H, p.seq_q, d);
+        CHECK(o.wrong == 0);
+        CHECK(o.touched == 0);
+        CHECK(max_difference(download(call.lse), host.lse) == 0.0);
+
+        // The backward on the host path's O (its float32 values, strided like dO).
+        const StridedF32 Oin = strided_input(host.O, B, H, p.seq_q, d, 0.5f);
+        const StridedF32 dOh = strided_input(dO, B, H, p.seq_q, d, 0.5f);
+        const StridedF32 dQh = strided_output(B, H, p.seq_q, d);
+        const StridedF32 dKh = strided_output(B, Hkv, p.seq_kv, d);
+        const StridedF32 dVh = strided_output(B, Hkv, p.seq_kv, d);
+        auto O_in = on_device(Oin.host), dO_d = on_device(dOh.host), lse = on_device(host.lse);
+        auto dQ_d = on_device(dQh.host), dK_d = on_device(dKh.host), dV_d = on_device(dVh.host);
+        Workspace workspace(fa2.device_backward_workspace_bytes(p, DType::f32), stream.s);
+        DeviceBackward g;
+        g.Q = Q.data(), g.K = K.data(), g.V = V.data(), g.O = O_in.data(), g.dO = dO_d.data();
+        g.lse = lse.data(), g.dQ = dQ_d.data(), g.dK = dK_d.data(), g.dV = dV_d.data();
+        g.stream = stream.s, g.dtype = DType::f32;
+        g.workspace = workspace.buffer.data(), g.workspace_bytes = workspace.bytes;
+        g.q_layout = Qh.layout, g.k_layout = Kh.layout, g.v_layout = Vh.layout;
+        g.o_layout = Oin.layout, g.do_layout = dOh.layout;
+        g.dq_layout = dQh.layout, g.dk_layout = dKh.layout, g.dv_layout = dVh.layout;
+        fa2.run_backward_device(p, g);
+        FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+        const StridedCheck q = compare_f32(download(dQ_d), dQh, dQ, B, H, p.seq_q, d);
+        const StridedCheck k = compare_f32(download(dK_d), dKh, dK, B, Hkv, p.seq_kv, d);
+        const StridedCheck v = compare_f32(download(dV_d), dVh, dV, B, Hkv, p.seq_kv, d);
+        CHECK(q.wrong == 0);
+        CHECK(k.wrong == 0);
+        CHECK(v.wrong == 0);
+        CHECK(q.touched + k.touched + v.touched == 0);
+
+        // Refused before any work: an input's head stride that breaks its 16-byte copies (where
+        // d allows them), an output's row stride that its stores cannot take (odd where an even d
+        // stores pairs, negative at any d), an O of another type.
+        const auto bad_row = [d](std::int64_t row) { return d % 2 == 0 ? row + 1 : -row; };
+        if (d % 4 == 0) {
+            DeviceForward bad = a;
+            bad.k_layout.head = Kh.layout.head + 1;
+            CHECK_THROWS_AS(fa2.run_device(p, bad), std::invalid_argument);
+            DeviceBackward bad_g = g;
+            bad_g.do_layout.batch = dOh.layout.batch + 2;
+            CHECK_THROWS_AS(fa2.run_backward_device(p, bad_g), std::invalid_argument);
+        }
+        DeviceForward bad = a;
+        bad.o_layout.row = bad_row(Oh.layout.row);
+        CHECK_THROWS_AS(fa2.run_device(p, bad), std::invalid_argument);
+        bad = a;
+        bad.o_dtype = DType::bf16;
+        CHECK_THROWS_AS(fa2.run_device(p, bad), std::invalid_argument);
+        DeviceBackward bad_g = g;
+        bad_g.dv_layout.row = bad_row(dVh.layout.row);
+        CHECK_THROWS_AS(fa2.run_backward_device(p, bad_g), std::invalid_argument);
+    }
+}
+
+// A NaN among the unused elements between the rows of a strided input is inside the span the
+// finiteness test reads: the call runs the FFMA kernels, whose answer is the host path's with the
+// FFMA kernel asked for (FLASHATTN_VARIANT=cuda-fa2=ffma), bit for bit.
+TEST_CASE("cuda-fa2's forward device entry: a NaN between the rows of a strided input selects the FFMA kernel, whose answer is the same") {
+    const Backend& fa2 = find_backend("cuda-fa2");
+    const AttentionProblem p = test::make_problem(2, 8, 4, 700, 900, 64, true);  // tested on device
+    const std::uint64_t seed = test::next_seed();
+    INFO(test::describe(p) << " seed=" << seed);
+    const ProblemData in = random_problem_data(p, seed);
+    test::Outputs ffma;
+    {
+        test::ScopedEnv variant("FLASHATTN_VARIANT");
+        variant.set("cuda-fa2=ffma");
+        ffma = test::run_poisoned(fa2, p, in, DType::f32);
+    }
+    const test::Outputs tf32 = test::run_poisoned(fa2, p, in, DType::f32);
+    REQUIRE(max_difference(ffma.O, tf32.O) > 0.0);  // the two kernels' bits differ
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::int64_t B = p.batch, H = p.heads, Hkv = p.heads_kv, d = p.dim;
+    const StridedF32 Qh = strided_input(in.Q, B, H, p.seq_q, d, 0.5f);
+    const StridedF32 Kh = strided_input(in.K, B, Hkv, p.seq_kv, d, nan);
+    const StridedF32 Vh = strided_input(in.V, B, Hkv, p.seq_kv, d, 0.5f);
+    const StridedF32 Oh = strided_output(B, H, p.seq_q, d);
+    Stream stream;
+    auto Q = on_device(Qh.host), K = on_device(Kh.host), V = on_device(Vh.host);
+    auto O = on_device(Oh.host);
+    ForwardCall call(fa2, p, DType::f32, Q.data(), K.data(), V.data(), O.data(), stream.s);
+    call.a.q_layout = Qh.layout, call.a.k_layout = Kh.layout, call.a.v_layout = Vh.layout;
+    call.a.o_layout = Oh.layout;
+    fa2.run_device(p, call.a);
+    FA_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+    const StridedCheck o = compare_f32(download(O), Oh, ffma.O, B, H, p.seq_q, d);
+    CHECK(o.wrong == 0);
+    CHECK(o.touched == 0);
+    CHECK(max_difference(download(call.lse), ffma.lse) == 0.0);
+}
+
 TEST_CASE("cuda-fa3's backward device entry adds into a float32 dQ 8- but not 16-byte aligned") {
     // The kernel adds to dQ's float32 sum with TMA, which needs a 16-byte aligned address: a dense
     // float32 dQ two floats past an aligned address must still get the host path's bits (through

@@ -62,9 +62,11 @@ struct Fa2Variant {
     const char* kind;  // "tf32" (the 3xTF32 kernel: finite inputs, cuda-tc's grid limits) or "ffma"
     int max_dim;
     std::size_t smem_bytes;
-    // (problem, Q, K, V, O, LSE, gate, inspect: the 3xTF32 kernel looks at its own inputs, stream)
-    void (*launch)(const AttentionProblem&, const float*, const float*, const float*, float*,
-                   float*, KernelGate, bool, cudaStream_t);
+    // (problem, Q, K, V, where their rows lie, O, where its rows lie, LSE, gate, inspect: the
+    // 3xTF32 kernel looks at its own inputs, stream)
+    void (*launch)(const AttentionProblem&, const float*, const float*, const float*,
+                   const QkvLayouts&, float*, const ArrayLayout&, float*, KernelGate, bool,
+                   cudaStream_t);
 };
 template <class C>
 constexpr Fa2Variant variant(const char* name) {
@@ -169,8 +171,9 @@ public:
     }
 
     void execute() override {
-        variant_.launch(problem_, Q_.data(), K_.data(), V_.data(), O_.data(), lse_.data(), {},
-                        inspects_, nullptr);
+        const QkvLayouts at = QkvLayouts::contiguous(problem_);
+        variant_.launch(problem_, Q_.data(), K_.data(), V_.data(), at, O_.data(), at.q,
+                        lse_.data(), {}, inspects_, nullptr);
         synchronize();
     }
 
@@ -192,6 +195,7 @@ Backend cuda_fa2_backend() {
         "tensor cores (3xTF32) for 16 <= d <= 128, FFMA register micro-tiles otherwise",
         TileSizes::own);
     add_cuda_fa2_backward(b);
+    b.device_layouts = true;  // float32 in and out: O and the gradients are written in it
     // The device entry: the same kernels on the caller's device arrays, queued on the caller's
     // stream (common/backend.hpp). The host cannot see whether the inputs are finite without
     // waiting: on a small problem the tensor-core kernel looks at them itself; on a larger one
@@ -205,7 +209,9 @@ Backend cuda_fa2_backend() {
     b.run_device = [](const AttentionProblem& problem, const DeviceForward& a) {
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
-        require_default_layouts("cuda-fa2", a);
+        if (a.o_dtype != DType::f32)
+            throw std::invalid_argument("o_dtype = " + to_string(a.o_dtype) +
+                                        ": cuda-fa2 writes a float32 O");
         if (a.dtype != DType::f32)
             throw std::invalid_argument("dtype = " + to_string(a.dtype) +
                                         ": cuda-fa2 computes in float32 only (cuda-tc runs f16/bf16)");
@@ -213,7 +219,14 @@ Backend cuda_fa2_backend() {
         const auto* Q = static_cast<const float*>(a.Q);
         const auto* K = static_cast<const float*>(a.K);
         const auto* V = static_cast<const float*>(a.V);
-        auto* O = static_cast<float*>(a.O);  // contiguous float32 (require_default_layouts)
+        auto* O = static_cast<float*>(a.O);
+        // Q, K and V read and O written where they lie: a PyTorch caller's views need no copy.
+        const QkvLayouts at = QkvLayouts::resolved(p, a.q_layout, a.k_layout, a.v_layout);
+        const ArrayLayout o_at = a.o_layout.resolved(p.heads, p.seq_q, p.dim);
+        require_input_layout(Q, at.q, p.dim, DType::f32, "Q");
+        require_input_layout(K, at.k, p.dim, DType::f32, "K");
+        require_input_layout(V, at.v, p.dim, DType::f32, "V");
+        require_output_layout(O, o_at, p.dim, DType::f32, "O");
         const auto stream = static_cast<cudaStream_t>(a.stream);
         WorkspaceCarver workspace(a.workspace, a.workspace_bytes, "cuda-fa2");
         int* nonfinite = cut_forward_workspace(p, workspace);
@@ -222,13 +235,15 @@ Backend cuda_fa2_backend() {
         const Fa2Variant& chosen = choose_variant(p.dim, tf32_shape_allowed(p));
         require_fits(ffma, p), require_fits(chosen, p);
         if (!tested_on_device(p)) {
-            chosen.launch(p, Q, K, V, O, a.lse, {}, inspects_own_inputs(p), stream);
+            chosen.launch(p, Q, K, V, at, O, o_at, a.lse, {}, inspects_own_inputs(p), stream);
             return;
         }
-        queue_nonfinite_test({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()}},
+        queue_nonfinite_test({span_of(Q, at.q, p.batch, p.heads, p.seq_q, p.dim),
+                              span_of(K, at.k, p.batch, p.heads_kv, p.seq_kv, p.dim),
+                              span_of(V, at.v, p.batch, p.heads_kv, p.seq_kv, p.dim)},
                              nonfinite, stream);
-        chosen.launch(p, Q, K, V, O, a.lse, {nonfinite, false}, false, stream);
-        ffma.launch(p, Q, K, V, O, a.lse, {nonfinite, true}, false, stream);
+        chosen.launch(p, Q, K, V, at, O, o_at, a.lse, {nonfinite, false}, false, stream);
+        ffma.launch(p, Q, K, V, at, O, o_at, a.lse, {nonfinite, true}, false, stream);
     };
     return b;
 }

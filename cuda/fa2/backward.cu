@@ -76,13 +76,14 @@ void launch_ffma(const fa2_backward::Params& a, cudaStream_t stream) {
         launch<LargeD>(a, stream);
 }
 
-// D = rowsum(dO o O), on `stream`: the first kernel of both paths. dQ_to_zero: the tensor-core
-// kernel's dQ, which it adds into (Algorithm 2 line 3, dQ = 0, done by the same launch: one
-// operation fewer than a memset), or null (the FFMA kernels write dQ whole).
-void queue_delta(const AttentionProblem& p, const float* dO, const float* O, float* D,
-                 float* dQ_to_zero, cudaStream_t stream) {
-    const ArrayLayout rows = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
-    cuda::launch_delta(p, dO, rows, O, rows, D, dQ_to_zero, stream);
+// D = rowsum(dO o O), on `stream`: the first kernel of both paths, reading dO and O where their
+// (resolved) layouts put their rows. dQ_to_zero: the tensor-core kernel's dQ (at dQ_at), which it
+// adds into (Algorithm 2 line 3, dQ = 0, done by the same launch: one operation fewer than a
+// memset), or null (the FFMA kernels write dQ whole).
+void queue_delta(const AttentionProblem& p, const float* dO, const ArrayLayout& dO_at,
+                 const float* O, const ArrayLayout& O_at, float* D, float* dQ_to_zero,
+                 const ArrayLayout& dQ_at, cudaStream_t stream) {
+    cuda::launch_delta(p, dO, dO_at, O, O_at, D, dQ_to_zero, stream, dQ_at);
 }
 
 // ---- the tensor-core kernel ---------------------------------------------------------------------
@@ -183,16 +184,20 @@ public:
     }
 
     void execute() override {
-        queue_delta(problem_, dO_.data(), O_.data(), D_.data(),
-                    tensor_cores_ ? dQ_.data() : nullptr, nullptr);
+        const ArrayLayout rows =
+            ArrayLayout::contiguous(problem_.heads, problem_.seq_q, problem_.dim);
+        queue_delta(problem_, dO_.data(), rows, O_.data(), rows, D_.data(),
+                    tensor_cores_ ? dQ_.data() : nullptr, rows, nullptr);
         if (tensor_cores_) {
             launch_tf32_all(make_backward_params(problem_, Q_.data(), K_.data(), V_.data(),
                                                  dO_.data(), lse_.data(), D_.data(), dQ_.data(),
                                                  dK_.data(), dV_.data(), turns_.data()),
                             deterministic_, nullptr);
         } else {
+            const QkvLayouts at = QkvLayouts::contiguous(problem_);
             launch_ffma({problem_, Q_.data(), K_.data(), V_.data(), O_.data(), dO_.data(),
-                         lse_.data(), D_.data(), dQ_.data(), dK_.data(), dV_.data(), {}},
+                         lse_.data(), D_.data(), dQ_.data(), dK_.data(), dV_.data(), {}, at, at.q,
+                         at.q, at.k, at.v},
                         nullptr);
         }
         synchronize_device();
@@ -221,10 +226,11 @@ void add_cuda_fa2_backward(Backend& b) {
         require_array(a.O, "O"), require_array(a.lse, "LSE"), require_array(a.dO, "dO");
         require_array(a.dQ, "dQ"), require_array(a.dK, "dK"), require_array(a.dV, "dV");
         require_backward_fits(problem);
-        require_default_layouts("cuda-fa2", a);
-        if (a.dtype != DType::f32)
-            throw std::invalid_argument("dtype = " + to_string(a.dtype) +
-                                        ": cuda-fa2's backward computes in float32 only");
+        if (a.dtype != DType::f32 || a.o_dtype != DType::f32 || a.grad_dtype != DType::f32)
+            throw std::invalid_argument("dtype = " + to_string(a.dtype) + ", o_dtype = " +
+                                        to_string(a.o_dtype) + ", grad_dtype = " +
+                                        to_string(a.grad_dtype) +
+                                        ": cuda-fa2's backward reads and writes float32 only");
         const AttentionProblem p = with_device_mask(problem, a.block_mask);
         const bool tensor_cores = use_tensor_cores(p, tf32_shape_allowed(p));
         const bool deterministic = deterministic_requested();
@@ -234,20 +240,50 @@ void add_cuda_fa2_backward(Backend& b) {
         const auto stream = static_cast<cudaStream_t>(a.stream);
         const auto f32 = [](const void* x) { return static_cast<const float*>(x); };
         const float *Q = f32(a.Q), *K = f32(a.K), *V = f32(a.V), *dO = f32(a.dO), *O = f32(a.O);
-        // contiguous float32 (require_default_layouts)
+        // Every array read and written where it lies: a PyTorch caller's views need no copy.
+        const QkvLayouts at = QkvLayouts::resolved(p, a.q_layout, a.k_layout, a.v_layout);
+        const auto q_rows = [&](const ArrayLayout& x) {
+            return x.resolved(p.heads, p.seq_q, p.dim);
+        };
+        const auto kv_rows = [&](const ArrayLayout& x) {
+            return x.resolved(p.heads_kv, p.seq_kv, p.dim);
+        };
+        const ArrayLayout do_at = q_rows(a.do_layout), o_at = q_rows(a.o_layout);
+        const ArrayLayout dq_at = q_rows(a.dq_layout), dk_at = kv_rows(a.dk_layout),
+                          dv_at = kv_rows(a.dv_layout);
+        require_input_layout(Q, at.q, p.dim, DType::f32, "Q");
+        require_input_layout(K, at.k, p.dim, DType::f32, "K");
+        require_input_layout(V, at.v, p.dim, DType::f32, "V");
+        require_input_layout(dO, do_at, p.dim, DType::f32, "dO");
+        // O is read value by value, or 8 at a time where aligned (the D pass): any strides that
+        // are not negative.
+        if (!o_at.non_negative())
+            throw std::invalid_argument("O: strides must not be negative (batch, head, row = " +
+                                        std::to_string(o_at.batch) + ", " +
+                                        std::to_string(o_at.head) + ", " +
+                                        std::to_string(o_at.row) + ")");
         float *dQ = static_cast<float*>(a.dQ), *dK = static_cast<float*>(a.dK);
         float* dV = static_cast<float*>(a.dV);
-        queue_delta(p, dO, O, parts.D, tensor_cores ? dQ : nullptr, stream);
-        fa2_backward::Params ffma{p, Q, K, V, O, dO, a.lse, parts.D, dQ, dK, dV, {}};
+        require_output_layout(dQ, dq_at, p.dim, DType::f32, "dQ");
+        require_output_layout(dK, dk_at, p.dim, DType::f32, "dK");
+        require_output_layout(dV, dv_at, p.dim, DType::f32, "dV");
+        queue_delta(p, dO, do_at, O, o_at, parts.D, tensor_cores ? dQ : nullptr, dq_at, stream);
+        fa2_backward::Params ffma{p,  Q,  K,  V,  O,     dO,    a.lse, parts.D, dQ,
+                                  dK, dV, {}, at, do_at, dq_at, dk_at, dv_at};
         if (!tensor_cores) {
             launch_ffma(ffma, stream);
             return;
         }
-        queue_nonfinite_test({{Q, p.q_elements()}, {K, p.kv_elements()}, {V, p.kv_elements()},
-                              {O, p.q_elements()}, {dO, p.q_elements()}},
+        queue_nonfinite_test({span_of(Q, at.q, p.batch, p.heads, p.seq_q, p.dim),
+                              span_of(K, at.k, p.batch, p.heads_kv, p.seq_kv, p.dim),
+                              span_of(V, at.v, p.batch, p.heads_kv, p.seq_kv, p.dim),
+                              span_of(O, o_at, p.batch, p.heads, p.seq_q, p.dim),
+                              span_of(dO, do_at, p.batch, p.heads, p.seq_q, p.dim)},
                              parts.nonfinite, stream);
         BackwardParams tf32 = make_backward_params(p, Q, K, V, dO, a.lse, parts.D, dQ, dK, dV,
                                                    parts.dq_turns);
+        tf32.in = at, tf32.do_layout = do_at, tf32.dq_layout = dq_at;
+        tf32.dk_layout = dk_at, tf32.dv_layout = dv_at;
         tf32.gate = {parts.nonfinite, false};
         launch_tf32_all(tf32, deterministic, stream);
         ffma.gate = {parts.nonfinite, true};

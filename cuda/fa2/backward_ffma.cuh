@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "common/array_layout.hpp"
 #include "common/backward.hpp"
 #include "common/problem.hpp"
 #include "common/tiling.hpp"
@@ -37,6 +38,9 @@ struct Params {
     float* D;  // B H N_q floats, written by delta_kernel
     float *dQ, *dK, *dV;
     KernelGate gate;  // closed where the device entry's finiteness test chose the tensor cores
+    // Where the rows of Q, K, V, dO and of the gradients lie (resolved layouts).
+    QkvLayouts in;
+    ArrayLayout do_layout, dq_layout, dk_layout, dv_layout;
 };
 
 template <int kBr, int kBc, int kThreads>
@@ -64,12 +68,14 @@ struct Smem {
     }
 };
 
-// Rows [rows) of X (N x d, global) into shared rows of dp floats; rows past the end are 0.
+// Rows [rows) of X (N x d, global, rows `ld` floats apart) into shared rows of dp floats; rows
+// past the end are 0.
 template <class T>
-__device__ void load_rows(const float* X, TileRange rows, int n_rows, int d, int dp, float* out) {
+__device__ void load_rows(const float* X, std::int64_t ld, TileRange rows, int n_rows, int d,
+                          int dp, float* out) {
     for (int e = threadIdx.x; e < n_rows * d; e += T::threads) {
         const int r = e / d, k = e % d;
-        out[r * dp + k] = r < rows.size() ? X[(rows.begin + r) * d + k] : 0.0f;
+        out[r * dp + k] = r < rows.size() ? X[(rows.begin + r) * ld + k] : 0.0f;
     }
 }
 
@@ -78,8 +84,8 @@ template <class T>
 __device__ void load_query_tile(const Params& a, const Smem<T>& s, TileRange rows, std::int64_t b,
                                 std::int64_t h, int d) {
     const AttentionProblem& p = a.p;
-    load_rows<T>(a.Q + p.q_offset(b, h), rows, T::Br, d, s.dp, s.Q);
-    load_rows<T>(a.dO + p.q_offset(b, h), rows, T::Br, d, s.dp, s.dO);
+    load_rows<T>(a.Q + a.in.q.offset(b, h), a.in.q.row, rows, T::Br, d, s.dp, s.Q);
+    load_rows<T>(a.dO + a.do_layout.offset(b, h), a.do_layout.row, rows, T::Br, d, s.dp, s.dO);
     for (int r = threadIdx.x; r < T::Br; r += T::threads) {
         const bool valid = r < rows.size();
         s.L[r] = valid ? a.lse[p.lse_offset(b, h) + rows.begin + r] : -INFINITY;
@@ -122,9 +128,8 @@ __global__ void __launch_bounds__(T::threads) key_gradients_kernel(const Params 
     const TileRange cols = tile_range(blockIdx.x, T::Bc, p.seq_kv);
     const std::int64_t bg = blockIdx.y, b = bg / p.heads_kv, g = bg % p.heads_kv;
     const std::int64_t G = p.group_size();
-    const std::int64_t kv_off = p.kv_offset(b, g * G);
-    load_rows<T>(a.K + kv_off, cols, T::Bc, d, s.dp, s.K);
-    load_rows<T>(a.V + kv_off, cols, T::Bc, d, s.dp, s.V);
+    load_rows<T>(a.K + a.in.k.offset(b, g), a.in.k.row, cols, T::Bc, d, s.dp, s.K);
+    load_rows<T>(a.V + a.in.v.offset(b, g), a.in.v.row, cols, T::Bc, d, s.dp, s.V);
     for (int e = threadIdx.x; e < T::Bc * d; e += T::threads) s.acc0[e] = 0.0f, s.acc1[e] = 0.0f;
     for (std::int64_t h = g * G; h < (g + 1) * G; ++h)
         for (std::int64_t i = next_visible_tile(p, TileAxis::queries, cols, 0, Tr, T::Br); i < Tr;
@@ -151,9 +156,12 @@ __global__ void __launch_bounds__(T::threads) key_gradients_kernel(const Params 
         }
     __syncthreads();
     const float scale = p.softmax_scale();
+    float* dK = a.dK + a.dk_layout.offset(b, g) + cols.begin * a.dk_layout.row;
+    float* dV = a.dV + a.dv_layout.offset(b, g) + cols.begin * a.dv_layout.row;
     for (int e = threadIdx.x; e < cols.size() * d; e += T::threads) {
-        a.dK[kv_off + cols.begin * d + e] = scale * s.acc0[e];
-        a.dV[kv_off + cols.begin * d + e] = s.acc1[e];
+        const int c = e / d, k = e % d;
+        dK[c * a.dk_layout.row + k] = scale * s.acc0[e];
+        dV[c * a.dv_layout.row + k] = s.acc1[e];
     }
 }
 
@@ -173,8 +181,9 @@ __global__ void __launch_bounds__(T::threads) query_gradient_kernel(const Params
          j = next_visible_tile(p, TileAxis::keys, rows, j + 1, Tc, T::Bc)) {
         const TileRange cols = tile_range(j, T::Bc, p.seq_kv);
         __syncthreads();  // the previous step's K_j, V_j, dS are no longer read
-        load_rows<T>(a.K + p.kv_offset(b, h), cols, T::Bc, d, s.dp, s.K);
-        load_rows<T>(a.V + p.kv_offset(b, h), cols, T::Bc, d, s.dp, s.V);
+        const std::int64_t g = p.kv_head(h);
+        load_rows<T>(a.K + a.in.k.offset(b, g), a.in.k.row, cols, T::Bc, d, s.dp, s.K);
+        load_rows<T>(a.V + a.in.v.offset(b, g), a.in.v.row, cols, T::Bc, d, s.dp, s.V);
         __syncthreads();
         tile_scores<T>(p, s, rows, cols, d);
         __syncthreads();
@@ -192,8 +201,9 @@ __global__ void __launch_bounds__(T::threads) query_gradient_kernel(const Params
     }
     __syncthreads();
     const float scale = p.softmax_scale();
+    float* dQ = a.dQ + a.dq_layout.offset(b, h) + rows.begin * a.dq_layout.row;
     for (int e = threadIdx.x; e < rows.size() * d; e += T::threads)
-        a.dQ[p.q_offset(b, h) + rows.begin * d + e] = scale * s.acc0[e];
+        dQ[(e / d) * a.dq_layout.row + e % d] = scale * s.acc0[e];
 }
 
 }  // namespace flashattn::cuda::fa2_backward

@@ -98,13 +98,14 @@ struct Tf32BackwardOps {
 
     // L6: K_j, V_j (rows past N_kv and columns past d zero-filled).
     static __device__ void load_keys(const BackwardParams& params, const Shared& sh,
-                                     std::int64_t kv_off, int j) {
+                                     std::int64_t b, std::int64_t g, int j) {
         const AttentionProblem& p = params.problem;
         const int n = int(p.seq_kv), d = int(p.dim);
-        tf32_load_tile<View, Bc, Cfg::kStride>(sh.K, static_cast<const float*>(params.K) + kv_off,
-                                               j * Bc, n, d);
-        tf32_load_tile<View, Bc, Cfg::kStride>(sh.V, static_cast<const float*>(params.V) + kv_off,
-                                               j * Bc, n, d);
+        const ArrayLayout &k = params.in.k, &v = params.in.v;
+        tf32_load_tile<View, Bc, Cfg::kStride>(
+            sh.K, static_cast<const float*>(params.K) + k.offset(b, g), int(k.row), j * Bc, n, d);
+        tf32_load_tile<View, Bc, Cfg::kStride>(
+            sh.V, static_cast<const float*>(params.V) + v.offset(b, g), int(v.row), j * Bc, n, d);
     }
 
     // L9: Q_i, dO_i, L_i and D_i of query tile i, head h.
@@ -112,11 +113,13 @@ struct Tf32BackwardOps {
                                            std::int64_t b, std::int64_t h, int i) {
         const AttentionProblem& p = params.problem;
         const int n = int(p.seq_q), d = int(p.dim);
-        const std::int64_t off = p.q_offset(b, h);
-        tf32_load_tile<View, Br, Cfg::kStride>(sh.Q(slot), static_cast<const float*>(params.Q) + off,
-                                               i * Br, n, d);
-        tf32_load_tile<View, Br, Cfg::kStride>(sh.dO(slot), static_cast<const float*>(params.dO) + off,
-                                               i * Br, n, d);
+        const ArrayLayout &q = params.in.q, &dO = params.do_layout;
+        tf32_load_tile<View, Br, Cfg::kStride>(
+            sh.Q(slot), static_cast<const float*>(params.Q) + q.offset(b, h), int(q.row), i * Br, n,
+            d);
+        tf32_load_tile<View, Br, Cfg::kStride>(
+            sh.dO(slot), static_cast<const float*>(params.dO) + dO.offset(b, h), int(dO.row), i * Br,
+            n, d);
         load_row_statistics<Br, kThreads>(params, b, h, i, sh.L(slot), sh.Delta(slot));
     }
 

@@ -33,6 +33,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/array_layout.hpp"
 #include "common/online_softmax.hpp"
 #include "common/tiling.hpp"
 #include "cuda/stages/async_copy.cuh"
@@ -211,11 +212,13 @@ __device__ inline void online_softmax_tile(const AttentionProblem& p, float (&s)
 
 // Query tile i of head h of batch b, computed by the C::THREADS threads of one thread block in
 // `smem` (C::SMEM_BYTES). The FFMA kernel below runs one per block; the 3xTF32 kernel
-// (cuda/fa2/kernel_tf32.cuh) runs it for a tile whose inputs it cannot take.
+// (cuda/fa2/kernel_tf32.cuh) runs it for a tile whose inputs it cannot take. Q, K and V are read
+// and O written where `at` and `o_at` (resolved layouts) say their rows lie.
 template <class C>
 __device__ inline void fa2_forward_tile(const AttentionProblem& p, const float* __restrict__ Q,
                                         const float* __restrict__ K, const float* __restrict__ V,
-                                        float* __restrict__ O, float* __restrict__ lse,
+                                        const QkvLayouts& at, float* __restrict__ O,
+                                        const ArrayLayout& o_at, float* __restrict__ lse,
                                         std::int64_t b, std::int64_t h, std::int64_t i,
                                         void* smem) {
     float* Q_i = static_cast<float*>(smem);
@@ -226,10 +229,10 @@ __device__ inline void fa2_forward_tile(const AttentionProblem& p, const float* 
     const std::int64_t Tc = tile_count(p.seq_kv, C::Bc);
     const TileRange rows = tile_range(i, C::Br, p.seq_q);
     const std::int64_t d = p.dim;
-    Q += p.q_offset(b, h) + rows.begin * d;
-    K += p.kv_offset(b, h);
-    V += p.kv_offset(b, h);
-    O += p.q_offset(b, h) + rows.begin * d;
+    Q += at.q.offset(b, h) + rows.begin * at.q.row;
+    K += at.k.offset(b, p.kv_head(h));  // GQA
+    V += at.v.offset(b, p.kv_head(h));
+    O += o_at.offset(b, h) + rows.begin * o_at.row;
     lse += p.lse_offset(b, h) + rows.begin;
 
     const int tid = threadIdx.x;
@@ -248,11 +251,11 @@ __device__ inline void fa2_forward_tile(const AttentionProblem& p, const float* 
 
     std::int64_t j = next_visible_tile(p, TileAxis::keys, rows, 0, Tc, C::Bc);
     if (j < Tc) {  // Q_i once, and the first K_j
-        load_tile_async(Q_i, C::Q_STRIDE, Q, d, C::Br, C::D, int(rows.size()), int(d), tid,
+        load_tile_async(Q_i, C::Q_STRIDE, Q, at.q.row, C::Br, C::D, int(rows.size()), int(d), tid,
                         C::THREADS);
         const TileRange cols = tile_range(j, C::Bc, p.seq_kv);
-        load_tile_async(K_j, C::K_STRIDE, K + cols.begin * d, d, C::Bc, C::D, int(cols.size()),
-                        int(d), tid, C::THREADS);
+        load_tile_async(K_j, C::K_STRIDE, K + cols.begin * at.k.row, at.k.row, C::Bc, C::D,
+                        int(cols.size()), int(d), tid, C::THREADS);
         cp_async_commit();
     }
     while (j < Tc) {
@@ -262,8 +265,8 @@ __device__ inline void fa2_forward_tile(const AttentionProblem& p, const float* 
 
         cp_async_wait_all();
         __syncthreads();  // K_j (and Q_i) have landed; nobody reads V or P of the last tile now
-        load_tile_async(V_j, C::V_STRIDE, V + cols.begin * d, d, C::Bc, C::D, int(cols.size()),
-                        int(d), tid, C::THREADS);
+        load_tile_async(V_j, C::V_STRIDE, V + cols.begin * at.v.row, at.v.row, C::Bc, C::D,
+                        int(cols.size()), int(d), tid, C::THREADS);
         cp_async_commit();  // V_j arrives while S_ij is computed
 
         float s[C::TM][C::TN], alpha[C::TM];
@@ -279,8 +282,8 @@ __device__ inline void fa2_forward_tile(const AttentionProblem& p, const float* 
         const std::int64_t next = next_visible_tile(p, TileAxis::keys, rows, j + 1, Tc, C::Bc);
         if (next < Tc) {  // K_{j+1} arrives while O_i += P_ij V_j is computed
             const TileRange next_cols = tile_range(next, C::Bc, p.seq_kv);
-            load_tile_async(K_j, C::K_STRIDE, K + next_cols.begin * d, d, C::Bc, C::D,
-                            int(next_cols.size()), int(d), tid, C::THREADS);
+            load_tile_async(K_j, C::K_STRIDE, K + next_cols.begin * at.k.row, at.k.row, C::Bc,
+                            C::D, int(next_cols.size()), int(d), tid, C::THREADS);
             cp_async_commit();
         }
         if (needs_mask)
@@ -291,7 +294,9 @@ __device__ inline void fa2_forward_tile(const AttentionProblem& p, const float* 
     }
 
     // O_i = diag(l)^-1 O_i and LSE = m + log(l), written once (NaN where the scores overflowed).
-    const bool vector_store = d % 4 == 0;
+    // 16-byte stores where every row of O starts on 16 bytes (a contiguous O with d % 4 == 0).
+    const bool vector_store =
+        d % 4 == 0 && o_at.row % 4 == 0 && reinterpret_cast<std::uintptr_t>(O) % 16 == 0;
 #pragma unroll
     for (int t = 0; t < C::TM; ++t) {
         const int r = rg + C::RG * t;
@@ -309,9 +314,10 @@ __device__ inline void fa2_forward_tile(const AttentionProblem& p, const float* 
                                 final_output(o[t][4 * v + 2], l_row, overflowed),
                                 final_output(o[t][4 * v + 3], l_row, overflowed)};
             if (vector_store) {
-                *reinterpret_cast<float4*>(&O[r * d + col]) = out;
+                *reinterpret_cast<float4*>(&O[r * o_at.row + col]) = out;
             } else {
-                for (int e = 0; e < 4 && col + e < d; ++e) O[r * d + col + e] = component(out, e);
+                for (int e = 0; e < 4 && col + e < d; ++e)
+                    O[r * o_at.row + col + e] = component(out, e);
             }
         }
         if (cg == 0) lse[r] = final_lse(state, overflowed);
@@ -324,7 +330,8 @@ template <class C>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     fa2_forward_kernel(const AttentionProblem p, const float* __restrict__ Q,
                        const float* __restrict__ K, const float* __restrict__ V,
-                       float* __restrict__ O, float* __restrict__ lse, const KernelGate gate) {
+                       const QkvLayouts at, float* __restrict__ O, const ArrayLayout o_at,
+                       float* __restrict__ lse, const KernelGate gate) {
     if (gate.closed()) return;
     extern __shared__ float4 smem_float4[];
     // Which (b, h, i): consecutive blocks are the query tiles of one head, so the blocks that
@@ -334,22 +341,23 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     const std::int64_t Tr = tile_count(p.seq_q, C::Br);
     const std::int64_t bh = blockIdx.x / Tr;
     const std::int64_t i = longest_first(p.causal, blockIdx.x % Tr, Tr);
-    fa2_forward_tile<C>(p, Q, K, V, O, lse, bh / p.heads, bh % p.heads, i, smem_float4);
+    fa2_forward_tile<C>(p, Q, K, V, at, O, o_at, lse, bh / p.heads, bh % p.heads, i, smem_float4);
 }
 
 // The launch, queued on `stream` (asynchronous), behind `gate`. (`inspect` is the 3xTF32
 // kernel's choice, cuda/fa2/kernel_tf32.cuh: this kernel takes every float as it is.)
 template <class C>
 void launch_fa2(const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                float* O, float* lse, KernelGate gate, bool /*inspect*/, cudaStream_t stream) {
+                const QkvLayouts& at, float* O, const ArrayLayout& o_at, float* lse,
+                KernelGate gate, bool /*inspect*/, cudaStream_t stream) {
     const std::int64_t blocks = tile_count(p.seq_q, C::Br) * p.batch * p.heads;
     if (blocks > 0x7fffffff)
         throw std::invalid_argument("batch*heads*ceil(seq_q/" + std::to_string(C::Br) +
                                     ") = " + std::to_string(blocks) +
                                     ": more query blocks than one launch can hold");
     cuda::allow_dynamic_shared_memory(fa2_forward_kernel<C>, int(C::SMEM_BYTES));
-    fa2_forward_kernel<C><<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(p, Q, K, V, O,
-                                                                                   lse, gate);
+    fa2_forward_kernel<C><<<unsigned(blocks), C::THREADS, C::SMEM_BYTES, stream>>>(
+        p, Q, K, V, at, O, o_at, lse, gate);
     FA_CUDA_CHECK_LAUNCH();
 }
 

@@ -239,13 +239,15 @@ __device__ __forceinline__ void tf32_inspect_skipped(const float* sK, const floa
         }
 }
 
-// FA2 L4 / L7: rows [row0, row0 + kRows) of one head's (n x d) matrix into a tile of row stride
-// kStride; rows past n and columns d..D-1 are zero-filled (cuda/stages/async_copy.cuh).
+// FA2 L4 / L7: rows [row0, row0 + kRows) of one head's (n x d) matrix, whose rows start `ld`
+// floats apart (d when contiguous; below 2^31, as require_input_layout checks: an int, which at
+// d = 128 keeps the 3xTF32 kernel from spilling where a 64-bit stride made it), into a tile of
+// row stride kStride; rows past n and columns d..D-1 are zero-filled (cuda/stages/async_copy.cuh).
 template <class Cfg, int kRows, int kStride>
-__device__ __forceinline__ void tf32_load_tile(float* tile, const float* head, int row0, int n,
-                                               int d) {
+__device__ __forceinline__ void tf32_load_tile(float* tile, const float* head, int ld, int row0,
+                                               int n, int d) {
     const int valid_rows = row0 < n ? (n - row0 < kRows ? n - row0 : kRows) : 0;
-    load_tile_async(tile, kStride, head + std::int64_t(row0) * d, d, kRows, Cfg::D, valid_rows, d,
+    load_tile_async(tile, kStride, head + std::int64_t(row0) * ld, ld, kRows, Cfg::D, valid_rows, d,
                     int(threadIdx.x), Cfg::kThreads);
 }
 
@@ -287,13 +289,16 @@ struct Tf32ForwardOps {
         return ring + s * Cfg::kSlotFloats + Bc * Cfg::kQKStride;
     }
 
-    __device__ __forceinline__ void load_q(const float* Q_head, int row_begin, int n) {
-        tf32_load_tile<Cfg, Cfg::Br, Cfg::kQKStride>(sQ, Q_head, row_begin, n, d);
+    __device__ __forceinline__ void load_q(const float* Q_head, std::int64_t ld, int row_begin,
+                                           int n) {
+        tf32_load_tile<Cfg, Cfg::Br, Cfg::kQKStride>(sQ, Q_head, int(ld), row_begin, n, d);
     }
     __device__ __forceinline__ void load_kv(int slot, const float* K_head, const float* V_head,
-                                            int key_begin, int n) {
-        tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(slot), K_head, key_begin, n, d);
-        tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(slot), V_head, key_begin, n, d);
+                                            const QkvLayouts& at, int key_begin, int n) {
+        tf32_load_tile<Cfg, Bc, Cfg::kQKStride>(K_of(slot), K_head, int(at.k.row), key_begin, n,
+                                                d);
+        tf32_load_tile<Cfg, Bc, Cfg::kVStride>(V_of(slot), V_head, int(at.v.row), key_begin, n,
+                                               d);
     }
     // Q_i has landed. It is re-read (and split) per tile from shared memory; here each thread
     // looks at its share of it once.
@@ -346,7 +351,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
         const AttentionProblem& p = params.problem;
         fa2::fa2_forward_tile<typename Cfg::Ffma>(
             p, static_cast<const float*>(params.Q), static_cast<const float*>(params.K),
-            static_cast<const float*>(params.V), static_cast<float*>(params.O), params.lse,
+            static_cast<const float*>(params.V), params.in, static_cast<float*>(params.O),
+            params.o_layout, params.lse,
             blockIdx.z, blockIdx.y, longest_first(p.causal, blockIdx.x, gridDim.x), smem_float4);
     }
 }
@@ -354,8 +360,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
 // The launch, queued on `stream` (asynchronous), behind `gate`, on the grid (Tr, heads, batch).
 template <class C>
 void launch_fa2_tf32(const AttentionProblem& p, const float* Q, const float* K, const float* V,
-                     float* O, float* lse, KernelGate gate, bool inspect, cudaStream_t stream) {
-    const mma::KernelParams params = mma::make_params(p, Q, K, V, O, lse);
+                     const QkvLayouts& at, float* O, const ArrayLayout& o_at, float* lse,
+                     KernelGate gate, bool inspect, cudaStream_t stream) {
+    mma::KernelParams params = mma::make_params(p, Q, K, V, O, lse);
+    params.in = at, params.o_layout = o_at;
     const bool masked = p.block_mask.active();
     auto kernel = masked ? (inspect ? fa2_tf32_kernel<C, true, true> : fa2_tf32_kernel<C, true, false>)
                          : (inspect ? fa2_tf32_kernel<C, false, true> : fa2_tf32_kernel<C, false, false>);

@@ -31,18 +31,6 @@
 namespace flashattn::fa3 {
 namespace {
 
-// Where Q, K and V lie (resolved ArrayLayouts): contiguous for the library's own arrays, any
-// TMA-readable strides for a caller's (DeviceForward).
-struct InputLayouts {
-    ArrayLayout q, k, v;
-
-    static InputLayouts contiguous(const AttentionProblem& p) {
-        return {ArrayLayout::contiguous(p.heads, p.seq_q, p.dim),
-                ArrayLayout::contiguous(p.heads_kv, p.seq_kv, p.dim),
-                ArrayLayout::contiguous(p.heads_kv, p.seq_kv, p.dim)};
-    }
-};
-
 // Whether O, at `o` with layout o_layout in o_dtype, can be stored by TMA from a staging block
 // (store_output_staged): 16-bit (the inputs' dtype), at an address and strides TMA can write. A
 // float32 O (the library's own arrays, split-KV's partials) is written from registers.
@@ -54,7 +42,7 @@ bool o_stageable(const void* o, const ArrayLayout& o_layout, DType o_dtype, DTyp
 // launch), or null where the grid has a CTA for every work tile (needs_counter). The tensor maps
 // are host structs passed in the kernel's parameters: nothing else is allocated or copied.
 template <class Cfg>
-void launch(const KernelParams& base, const InputLayouts& at, DType dtype, int* next_item,
+void launch(const KernelParams& base, const QkvLayouts& at, DType dtype, int* next_item,
             cudaStream_t stream) {
     const AttentionProblem& p = base.problem;
     Fa3Params params;
@@ -110,11 +98,11 @@ struct Variant {
     int dim;
     int Br;  // query rows per work tile: 64 per consumer warpgroup
     int Bc;  // keys per key tile
-    void (*run)(const KernelParams&, const InputLayouts&, DType, int* next_item, cudaStream_t);
+    void (*run)(const KernelParams&, const QkvLayouts&, DType, int* next_item, cudaStream_t);
 };
 
 template <int D, int Bc, int kStages, bool kPingPong, int kConsumers = 2>
-void run_variant(const KernelParams& params, const InputLayouts& at, DType dtype, int* next_item,
+void run_variant(const KernelParams& params, const QkvLayouts& at, DType dtype, int* next_item,
                  cudaStream_t stream) {
     if (dtype == DType::f16)
         launch<Fa3Tile<__half, D, Bc, kStages, kPingPong, kConsumers>>(params, at, dtype,
@@ -250,7 +238,7 @@ ForwardWorkspace cut_workspace(const ForwardPlan& plan, cuda::WorkspaceCarver& w
 // The forward on `stream`: the kernel, then under split-KV the combine that merges the chunks'
 // partial results into O (at params.o_layout, in params.o_dtype) and LSE. `params` and `at`
 // describe plan.problem.
-void run_forward(const ForwardPlan& plan, KernelParams params, const InputLayouts& at,
+void run_forward(const ForwardPlan& plan, KernelParams params, const QkvLayouts& at,
                  DType dtype, const ForwardWorkspace& w, cudaStream_t stream) {
     if (plan.kv_splits > 1)
         params.kv_splits = int(plan.kv_splits), params.O_partial = w.partials.O,
@@ -282,7 +270,7 @@ public:
         run_forward(plan_,
                     mma::make_params(run, Q16_.data(), K16_.data(), V16_.data(), O_.data(),
                                      lse_.data()),
-                    InputLayouts::contiguous(run), dtype_, workspace_, nullptr);
+                    QkvLayouts::contiguous(run), dtype_, workspace_, nullptr);
         synchronize();
     }
     std::string tiles() const override {
@@ -369,9 +357,8 @@ Backend fa3_backend() {
         require_array(a.Q, "Q"), require_array(a.K, "K"), require_array(a.V, "V");
         require_array(a.O, "O"), require_array(a.lse, "LSE");
         require_tma_aligned(a.Q, "Q"), require_tma_aligned(a.K, "K"), require_tma_aligned(a.V, "V");
-        const InputLayouts at{a.q_layout.resolved(problem.heads, problem.seq_q, problem.dim),
-                              a.k_layout.resolved(problem.heads_kv, problem.seq_kv, problem.dim),
-                              a.v_layout.resolved(problem.heads_kv, problem.seq_kv, problem.dim)};
+        const QkvLayouts at =
+            QkvLayouts::resolved(problem, a.q_layout, a.k_layout, a.v_layout);
         require_tma_layout(at.q, "Q"), require_tma_layout(at.k, "K"), require_tma_layout(at.v, "V");
         if (a.o_dtype != DType::f32 && a.o_dtype != a.dtype)
             throw std::invalid_argument("O's dtype = " + to_string(a.o_dtype) +
@@ -387,7 +374,7 @@ Backend fa3_backend() {
         const ForwardWorkspace workspace = cut_workspace(plan, carver);
         carver.require_fits();
         const AttentionProblem& run = plan.problem;  // Q's and O's layouts as it reads them
-        const InputLayouts run_at{gqa_packed_layout(at.q, p, run), at.k, at.v};
+        const QkvLayouts run_at{gqa_packed_layout(at.q, p, run), at.k, at.v};
         mma::KernelParams params = mma::make_params(run, a.Q, a.K, a.V, a.O, a.lse);
         params.o_layout = gqa_packed_layout(o_at, p, run), params.o_dtype = a.o_dtype;
         run_forward(plan, params, run_at, a.dtype, workspace, static_cast<cudaStream_t>(a.stream));

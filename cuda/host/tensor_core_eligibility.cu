@@ -84,12 +84,19 @@ bool tf32_shape_allowed(const AttentionProblem& p) {
     return p.dim >= 16 && mma_grid_limits(p).empty();
 }
 
-void queue_nonfinite_test(std::initializer_list<std::pair<const float*, std::int64_t>> arrays,
-                          int* flags, void* stream) {
+void queue_nonfinite_test(const std::vector<FloatSpan>& arrays, int* flags, void* stream) {
     if (arrays.size() > kMaxTestedArrays)
         throw std::logic_error("queue_nonfinite_test: at most 5 arrays in one launch");
+    std::vector<MemoryRange> ranges;
+    for (const FloatSpan& s : arrays) {
+        const auto begin = reinterpret_cast<std::uintptr_t>(s.x);
+        ranges.push_back({begin, begin + std::uintptr_t(s.n) * sizeof(float)});
+    }
     TestedArrays a{};
-    for (const auto& [x, n] : arrays) a.x[a.count] = x, a.n[a.count++] = n;
+    for (const MemoryRange& r : merged_ranges(ranges)) {
+        a.x[a.count] = reinterpret_cast<const float*>(r.begin);
+        a.n[a.count++] = std::int64_t((r.end - r.begin) / sizeof(float));
+    }
     find_nonfinite_kernel<<<kNonfiniteSlots, kScanThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         a, flags);
     FA_CUDA_CHECK_LAUNCH();

@@ -7,7 +7,9 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "common/array_layout.hpp"
 #include "common/config.hpp"
 
 #include "common/problem.hpp"
@@ -66,7 +68,22 @@ struct KernelGate {
     }
 #endif
 };
-void queue_nonfinite_test(std::initializer_list<std::pair<const float*, std::int64_t>> arrays,
-                          int* flags, void* stream);
+// The memory an array's values lie in: n floats from x, its first value to its last
+// (span_elements, common/array_layout.hpp). A strided view's span also holds the values between
+// its rows (of the tensor it was cut from); the test reads those too, and a NaN among them only
+// sends the call to the FFMA kernels, which give the same answer more slowly.
+struct FloatSpan {
+    const float* x;
+    std::int64_t n;
+};
+// A (batch, heads, rows, d) array at `layout` (default: contiguous; strides not negative, as the
+// device entries check).
+inline FloatSpan span_of(const float* x, const ArrayLayout& layout, std::int64_t batch,
+                         std::int64_t heads, std::int64_t rows, std::int64_t d) {
+    return {x, span_elements(layout, batch, heads, rows, d)};
+}
+// At most five spans. Spans that overlap (q, k and v viewed out of one projection) are tested as
+// one (merged_ranges), so that each value is read once.
+void queue_nonfinite_test(const std::vector<FloatSpan>& arrays, int* flags, void* stream);
 
 }  // namespace flashattn::cuda

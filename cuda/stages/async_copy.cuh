@@ -23,12 +23,14 @@ __device__ inline void prefetch_l2(const float* gmem) {
 // Issues the copy of a rows x cols block (cols a multiple of 4) into shared memory `dst` with row
 // stride `stride` floats. Source row r starts at src + r * ld. Element (r, c) is copied when
 // r < valid_rows and c < valid_cols, and is 0 otherwise. All `nthreads` threads of the block call
-// this; each issues its share. With ld % 4 == 0 (then valid_cols == ld is too) the copies are
-// 16 bytes wide, otherwise one float each (a d of 59 cannot be read with aligned 16-byte loads).
+// this; each issues its share. With ld % 4 == 0 and valid_cols % 4 == 0 the copies are 16 bytes
+// wide, otherwise one float each (a d of 59 cannot be read with aligned 16-byte loads, and where
+// rows are further apart than d, as in a view of a larger tensor, a 16-byte copy at a row's end
+// would read the values past it). src must then be 16-byte aligned: the callers' arrays are.
 __device__ inline void load_tile_async(float* dst, int stride, const float* src, std::int64_t ld,
                                        int rows, int cols, int valid_rows, int valid_cols,
                                        int tid, int nthreads) {
-    if (ld % 4 == 0) {
+    if (ld % 4 == 0 && valid_cols % 4 == 0) {
         const int chunks_per_row = cols / 4;
         for (int idx = tid; idx < rows * chunks_per_row; idx += nthreads) {
             const int r = idx / chunks_per_row;

@@ -56,23 +56,25 @@ inline bool rows_in_16_byte_chunks(const void* base, const ArrayLayout& at, std:
 // rows_in_16_byte_chunks holds for dO and O, 8 lanes reading 8 values each in one 16-byte load
 // (a 16-bit row of d = 64 is then one load per lane, and a warp reads four whole rows). Rows are
 // counted in contiguous order (B, H, N_q) and found where dO_at and O_at (resolved layouts) put
-// them. Where dQ_sum is given (dQ's float32 sum, contiguous (B, H, N_q, d)), the row's lanes also
+// them. Where dQ_sum is given (dQ's float32 sum, (B, H, N_q, d) at dQ_at), the row's lanes also
 // zero its row of dQ_sum, which the backward kernel then adds to (Algorithm 2 line 3, dQ = 0):
 // one launch fewer than a separate memset, as FlashAttention-3's pre-pass does. The backward kernel
 // queued next may be placed at once (a dependent launch: it waits for this grid before it reads D
 // or adds into dQ_sum). Launch with 256 threads and row_blocks(p, kLanes).
 template <class In, class OutputType, int kLanes>
 __global__ void delta_kernel(const In* dO, ArrayLayout dO_at, const OutputType* O,
-                             ArrayLayout O_at, float* D, float* dQ_sum, std::int64_t rows,
-                             std::int64_t heads, std::int64_t seq_q, int d) {
+                             ArrayLayout O_at, float* D, float* dQ_sum, ArrayLayout dQ_at,
+                             std::int64_t rows, std::int64_t heads, std::int64_t seq_q, int d) {
     static_assert(kLanes == 32 || kLanes == 8, "a warp or a quarter of one per row");
     allow_dependent_launch();
     constexpr int kValues = kLanes == 32 ? 1 : 8;  // per load
     const std::int64_t row = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kLanes;
     const int lane = threadIdx.x % 32, part = lane % kLanes;
     if (row >= rows) return;  // a row's lanes leave together
-    if (dQ_sum != nullptr)    // the row's lanes write consecutive floats: whole 32-byte sectors
-        for (int k = part; k < d; k += kLanes) dQ_sum[row * d + k] = 0.0f;
+    if (dQ_sum != nullptr) {  // the row's lanes write consecutive floats: whole 32-byte sectors
+        float* dQ_row = dQ_sum + dQ_at.row_start(row, heads, seq_q);
+        for (int k = part; k < d; k += kLanes) dQ_row[k] = 0.0f;
+    }
     const In* dO_row = dO + dO_at.row_start(row, heads, seq_q);
     const OutputType* O_row = O + O_at.row_start(row, heads, seq_q);
     double sum = 0.0;
@@ -105,20 +107,22 @@ inline unsigned row_blocks(const AttentionProblem& p, int lanes) {
 }
 
 // The launch of delta_kernel for the B H N_q rows of `p` on `stream`: 8 lanes per row where
-// both arrays allow 16-byte loads, 32 otherwise. dQ_sum: null, or dQ's contiguous float32 sum to
-// zero on the way.
+// both arrays allow 16-byte loads, 32 otherwise. dQ_sum: null, or dQ's float32 sum to zero on
+// the way, at dQ_at (resolved; contiguous where not given).
 template <class In, class OutputType>
 void launch_delta(const AttentionProblem& p, const In* dO, const ArrayLayout& dO_at,
                   const OutputType* O, const ArrayLayout& O_at, float* D, float* dQ_sum,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const ArrayLayout& dQ_at = {}) {
     const bool vector = rows_in_16_byte_chunks(dO, dO_at, p.dim, sizeof(In)) &&
                         rows_in_16_byte_chunks(O, O_at, p.dim, sizeof(OutputType));
     const int lanes = vector ? 8 : 32;
     const unsigned blocks = row_blocks(p, lanes);
     if (blocks == 0) return;
     const auto kernel = vector ? delta_kernel<In, OutputType, 8> : delta_kernel<In, OutputType, 32>;
-    kernel<<<blocks, 256, 0, stream>>>(dO, dO_at, O, O_at, D, dQ_sum, p.batch * p.heads * p.seq_q,
-                                       p.heads, p.seq_q, static_cast<int>(p.dim));
+    kernel<<<blocks, 256, 0, stream>>>(dO, dO_at, O, O_at, D, dQ_sum,
+                                       dQ_at.resolved(p.heads, p.seq_q, p.dim),
+                                       p.batch * p.heads * p.seq_q, p.heads, p.seq_q,
+                                       static_cast<int>(p.dim));
     FA_CUDA_CHECK_LAUNCH();
 }
 

@@ -76,7 +76,7 @@ struct BackwardParams {
     const void* dO;    // (B, H, N_q, d), of Q's type
     const float* lse;  // (B, H, N_q): the forward's L
     const float* D;    // (B, H, N_q): rowsum(dO o O), from delta_kernel
-    float* dQ;         // (B, H, N_q, d) float32, zero before the launch: the kernel adds to it
+    float* dQ;         // (B, H, N_q, d) float32 at dq_layout, zero before the launch: added to
     void* dK;          // (B, H_kv, N_kv, d) at dk_layout, of grad_dtype: written once
     void* dV;          // at dv_layout
     int* dq_turns;  // kDeterministic: (B, H, Tr) counters, zero before the launch
@@ -89,6 +89,11 @@ struct BackwardParams {
     // unless cuda-fa3's device entry says otherwise (DeviceBackward).
     ArrayLayout dk_layout = {}, dv_layout = {};
     DType grad_dtype = DType::f32;
+    // Where Q's, K's, V's and dO's rows lie, and dQ's (resolved): contiguous
+    // (make_backward_params) unless cuda-fa2's device entry reads and writes its caller's views in
+    // place (Backend::device_layouts).
+    QkvLayouts in = {};
+    ArrayLayout do_layout = {}, dq_layout = {};
 };
 
 inline BackwardParams make_backward_params(const AttentionProblem& p, const void* Q, const void* K,
@@ -100,6 +105,8 @@ inline BackwardParams make_backward_params(const AttentionProblem& p, const void
                           abs_scale > 0 ? abs_scale * kLog2e : 1e-30f, p.softmax_scale(), abs_scale,
                           KernelGate{}};
     params.dk_layout = params.dv_layout = ArrayLayout::contiguous(p.heads_kv, p.seq_kv, p.dim);
+    params.in = QkvLayouts::contiguous(p);
+    params.do_layout = params.dq_layout = params.in.q;
     return params;
 }
 
@@ -250,17 +257,21 @@ __device__ __forceinline__ void add_dq_piece(const BackwardParams& params, float
                                              int lane) {
     const AttentionProblem& p = params.problem;
     const int d = int(p.dim);
+    const std::int64_t ld = params.dq_layout.row;
+    // Pairs where both values' addresses are 8-byte aligned: even d and even strides (a strided
+    // dQ's are, as its device entry checks: require_output_layout).
+    const bool pairs = d % 2 == 0 && ld % 2 == 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + lane / 4 + 8 * r;
         if (row >= p.seq_q) continue;
-        float* out = dQ_head + std::int64_t(row) * d + col0 + 2 * (lane % 4);
+        float* out = dQ_head + std::int64_t(row) * ld + col0 + 2 * (lane % 4);
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
             const int col = col0 + 8 * nt + 2 * (lane % 4);
             const float x = params.scale * acc[nt][2 * r], y = params.scale * acc[nt][2 * r + 1];
 #if __CUDA_ARCH__ >= 900
-            if (d % 2 == 0 && col + 1 < d) {
+            if (pairs && col + 1 < d) {
                 atomicAdd(reinterpret_cast<float2*>(out + 8 * nt), make_float2(x, y));
                 continue;
             }
@@ -334,10 +345,8 @@ __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardP
     const TileRange cols = {j * Bc, min(j * Bc + Bc, seq_kv)};
     const int key0 = j * Bc + 16 * warp;
     const TileRange warp_cols = {min(key0, seq_kv), min(key0 + 16, seq_kv)};
-    const std::int64_t kv_off = p.kv_offset(b, h0);
-
-    // L6: K_j, V_j (cp.async group 0, with the first step's tiles).
-    Ops::load_keys(params, sh, kv_off, j);
+    // L6: K_j, V_j of head g (cp.async group 0, with the first step's tiles).
+    Ops::load_keys(params, sh, b, g, j);
 
     // L8: the steps (h, i), in next_step's order.
     std::int64_t h = h0;
@@ -397,7 +406,8 @@ __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardP
         // L15: dQ_i += scale dS K_j; in kDeterministic mode after the key tiles before this one.
         int* turn = nullptr;
         if constexpr (kDeterministic) turn = wait_dq_turn<kBlockMask>(params, b, h, Tr, i, rows, j, Bc);
-        Ops::accumulate_dq(params, params.dQ + p.q_offset(b, h), sh, rows.begin, warp, lane);
+        Ops::accumulate_dq(params, params.dQ + params.dq_layout.offset(b, h), sh, rows.begin, warp,
+                           lane);
         if constexpr (kDeterministic) pass_dq_turn(turn);
         h = h_next, i = i_next;
         slot ^= 1;

@@ -25,8 +25,9 @@
 //   using Cfg (Br, Bc, D, kWarps, kMTiles, kWarpRows, kStages, kThreads), using Element (the
 //   stored input type), kExactDifference (exponents as (s - m) c: the fp32 kernel's accuracy),
 //   kLazyRescale (a reference maximum moved only past keeps_reference_max's bound: RowSoftmax);
-//   Ops(params, smem, warp, lane); load_q(Q_head, row_begin, n); load_kv(slot, K_head, V_head,
-//   key_begin, n); hold_q() (Q_i has landed); scores(S, slot); accumulate_pv(O, S, slot);
+//   Ops(params, smem, warp, lane); load_q(Q_head, row_stride, row_begin, n); load_kv(slot,
+//   K_head, V_head, layouts (params.in: their row strides), key_begin, n); hold_q() (Q_i has
+//   landed); scores(S, slot); accumulate_pv(O, S, slot);
 //   inspect_skipped(slot) (a warp whose rows skip tile j) and computed_tile() (CTA-wide, before
 //   anything is written: false declines the tile, for the kernel to compute it another way):
 //   cuda-fa2's 3xTF32 products and an input they cannot carry; cuda-tc's do nothing.
@@ -68,9 +69,12 @@ __device__ __forceinline__ bool flash_forward(const KernelParams& params, void* 
     const TileRange rows = {row_begin, row_end};
     const int warp_begin = min(row_begin + warp * Cfg::kWarpRows, row_end);
     const TileRange warp_rows = {warp_begin, min(warp_begin + Cfg::kWarpRows, row_end)};
-    const Element* Q_head = static_cast<const Element*>(params.Q) + p.q_offset(b, h);
-    const Element* K_head = static_cast<const Element*>(params.K) + p.kv_offset(b, h);  // GQA
-    const Element* V_head = static_cast<const Element*>(params.V) + p.kv_offset(b, h);
+    // Each head's rows, params.in's row strides apart (d apart when contiguous).
+    const Element* Q_head = static_cast<const Element*>(params.Q) + params.in.q.offset(b, h);
+    const Element* K_head =
+        static_cast<const Element*>(params.K) + params.in.k.offset(b, p.kv_head(h));  // GQA
+    const Element* V_head =
+        static_cast<const Element*>(params.V) + params.in.v.offset(b, p.kv_head(h));
     // FA2 L6's range: causal masking hides every key tile past the last row's diagonal.
     const int Tc_seen = int(causal_key_tiles(p, rows, Bc).seen);
     // Split-KV: this CTA's chunk [j_first, j_end) of those tiles (all of them without a split).
@@ -79,7 +83,7 @@ __device__ __forceinline__ bool flash_forward(const KernelParams& params, void* 
     const int j_first = int(chunk.begin), j_end = int(chunk.end);
 
     // FA2 L4 (issued): Q_i -> shared memory, cp.async group 0.
-    ops.load_q(Q_head, row_begin, seq_q);
+    ops.load_q(Q_head, params.in.q.row, row_begin, seq_q);
     cp_async_commit();
     // FA2 L7 (issued ahead): the first kStages - 1 visible tiles K_j, V_j, one group each. Every
     // thread commits a group per slot even when there is nothing left to load, so that "wait
@@ -88,7 +92,7 @@ __device__ __forceinline__ bool flash_forward(const KernelParams& params, void* 
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (j_load < j_end) {
-            ops.load_kv(s, K_head, V_head, j_load * Bc, seq_kv);
+            ops.load_kv(s, K_head, V_head, params.in, j_load * Bc, seq_kv);
             j_load = next_key_tile<kBlockMask>(p, rows, j_load + 1, j_end, Bc);
         }
         cp_async_commit();
@@ -119,7 +123,8 @@ __device__ __forceinline__ bool flash_forward(const KernelParams& params, void* 
         cp_async_wait<kStages - 2>();
         __syncthreads();
         if (j_load < j_end) {
-            ops.load_kv((stage + kStages - 1) % kStages, K_head, V_head, j_load * Bc, seq_kv);
+            ops.load_kv((stage + kStages - 1) % kStages, K_head, V_head, params.in, j_load * Bc,
+                        seq_kv);
             j_load = next_key_tile<kBlockMask>(p, rows, j_load + 1, j_end, Bc);
         }
         cp_async_commit();

@@ -49,10 +49,13 @@ struct KernelParams {
     float* O_partial = nullptr;
     float* lse_partial = nullptr;
     // Where O's rows lie and what they hold: contiguous float32 (make_params) unless a device
-    // entry that takes a caller's layout says otherwise (cuda-fa3; DeviceForward). Split-KV's
-    // partials are always contiguous float32.
+    // entry that takes a caller's layout says otherwise (cuda-fa3, cuda-fa2; DeviceForward).
+    // Split-KV's partials are always contiguous float32.
     ArrayLayout o_layout = {};
     DType o_dtype = DType::f32;
+    // Where Q's, K's and V's rows lie (resolved): contiguous (make_params) unless a device entry
+    // that reads its caller's views in place says otherwise (cuda-fa2's, with cp.async).
+    QkvLayouts in = {};
 };
 
 // The parameters of one launch. The kernels need c = |scale| log2(e) > 0 (see exp2_shifted).
@@ -63,6 +66,7 @@ inline KernelParams make_params(const AttentionProblem& p, const void* Q, const 
     const float scale = std::fabs(p.softmax_scale());
     KernelParams params{Q, K, V, O, lse, p, scale > 0 ? scale * kLog2e : 1e-30f, scale};
     params.o_layout = ArrayLayout::contiguous(p.heads, p.seq_q, p.dim);
+    params.in = QkvLayouts::contiguous(p);
     return params;
 }
 

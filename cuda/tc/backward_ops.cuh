@@ -181,19 +181,22 @@ struct TcBackwardOps {
 
     // L6: K_j, V_j (rows past N_kv zero-filled).
     static __device__ void load_keys(const BackwardParams& params, const Shared& sh,
-                                     std::int64_t kv_off, int j) {
+                                     std::int64_t b, std::int64_t g, int j) {
         const int n = int(params.problem.seq_kv);
-        load_tile<Cfg, Bc>(sh.K, static_cast<const T*>(params.K) + kv_off, j * Bc, n);
-        load_tile<Cfg, Bc>(sh.V, static_cast<const T*>(params.V) + kv_off, j * Bc, n);
+        const ArrayLayout &k = params.in.k, &v = params.in.v;
+        const T *K = static_cast<const T*>(params.K), *V = static_cast<const T*>(params.V);
+        load_tile<Cfg, Bc>(sh.K, K + k.offset(b, g), j * Bc, n);
+        load_tile<Cfg, Bc>(sh.V, V + v.offset(b, g), j * Bc, n);
     }
 
     // L9: Q_i, dO_i (rows past N_q zero-filled), L_i and D_i of query tile i, head h.
     static __device__ void load_query_step(const BackwardParams& params, const Shared& sh, int slot,
                                            std::int64_t b, std::int64_t h, int i) {
-        const AttentionProblem& p = params.problem;
-        const int n = int(p.seq_q);
-        load_tile<Cfg, Br>(sh.Q(slot), static_cast<const T*>(params.Q) + p.q_offset(b, h), i * Br, n);
-        load_tile<Cfg, Br>(sh.dO(slot), static_cast<const T*>(params.dO) + p.q_offset(b, h), i * Br, n);
+        const int n = int(params.problem.seq_q);
+        const ArrayLayout &q = params.in.q, &dO = params.do_layout;
+        const T *Q = static_cast<const T*>(params.Q), *dO_ = static_cast<const T*>(params.dO);
+        load_tile<Cfg, Br>(sh.Q(slot), Q + q.offset(b, h), i * Br, n);
+        load_tile<Cfg, Br>(sh.dO(slot), dO_ + dO.offset(b, h), i * Br, n);
         cuda::load_row_statistics<Br, kThreads>(params, b, h, i, sh.L(slot), sh.Delta(slot));
     }
 

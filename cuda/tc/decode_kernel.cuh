@@ -151,9 +151,9 @@ __global__ void __launch_bounds__(Tile::kThreads) tc_decode_kernel(const KernelP
     const std::int64_t h = blockIdx.y, b = blockIdx.z;
     const int row_begin = i * Tile::Br;
     const TileRange rows = {row_begin, min(row_begin + Tile::Br, seq_q)};
-    const T* Q_head = static_cast<const T*>(params.Q) + p.q_offset(b, h);
-    const T* K_head = static_cast<const T*>(params.K) + p.kv_offset(b, h);  // GQA
-    const T* V_head = static_cast<const T*>(params.V) + p.kv_offset(b, h);
+    const T* Q_head = static_cast<const T*>(params.Q) + params.in.q.offset(b, h);
+    const T* K_head = static_cast<const T*>(params.K) + params.in.k.offset(b, p.kv_head(h));  // GQA
+    const T* V_head = static_cast<const T*>(params.V) + params.in.v.offset(b, p.kv_head(h));
     const int Tc_seen = int(causal_key_tiles(p, rows, Bc).seen);
     const TileRange chunk =
         kSplitKV ? split_chunk(Tc_seen, params.kv_splits, split) : TileRange{0, Tc_seen};

@@ -105,8 +105,11 @@ __device__ __forceinline__ int swizzled_chunk(int r, int c) {
         return r * kChunks + (c ^ ((r >> 1) & 3));
 }
 
-// FA2 L4 / L7: copy rows [row0, row0 + kRows) of one head's (n x D) matrix into a swizzled tile,
-// 16 bytes per cp.async; rows at or past n (the ragged last tile) are zero-filled.
+// FA2 L4 / L7: copy rows [row0, row0 + kRows) of one head's contiguous (n x D) matrix into a
+// swizzled tile, 16 bytes per cp.async; rows at or past n (the ragged last tile) are zero-filled.
+// cuda-tc reads contiguous arrays only (its Backend has no device_layouts), so the row stride is
+// the compile-time D: taken from the layouts at run time instead, the forward ran 3-4% slower
+// (docs/python.md, "cuda-fa2 on views where they lie").
 template <class Cfg, int kRows>
 __device__ __forceinline__ void load_tile(typename Cfg::T* tile, const typename Cfg::T* src,
                                           int row0, int n) {
@@ -255,11 +258,13 @@ struct TcForwardOps {
           warp(warp_),
           lane(lane_) {}
 
-    __device__ __forceinline__ void load_q(const Element* Q_head, int row_begin, int n) {
+    // The row strides flash_forward passes are D here (contiguous arrays: load_tile).
+    __device__ __forceinline__ void load_q(const Element* Q_head, std::int64_t /*ld*/,
+                                           int row_begin, int n) {
         load_tile<Cfg, Cfg::Br>(sQ, Q_head, row_begin, n);
     }
     __device__ __forceinline__ void load_kv(int slot, const Element* K_head, const Element* V_head,
-                                            int key_begin, int n) {
+                                            const QkvLayouts& /*at*/, int key_begin, int n) {
         load_tile<Cfg, Bc>(sK + slot * Bc * D, K_head, key_begin, n);
         load_tile<Cfg, Bc>(sV + slot * Bc * D, V_head, key_begin, n);
     }

@@ -19,10 +19,10 @@
 //   copy of Q), and tensors that are not 4-D. Those calls run the Python implementation, called
 //   from here.
 // The fast path is the Python implementation's branches for the other calls: for a backend with
-// strided layouts (cuda-fa3), q, k, v (and O, dO) read where they lie when TMA can read them, O
-// and the gradients written in q's dtype in their inputs' order; for the others (cuda-tc,
-// cuda-fa2), contiguous arrays (copies of those that are not) and the outputs the kernels write,
-// cast or copied into results in their inputs' order. Two small layout rules are therefore written in
+// strided layouts (cuda-fa3, cuda-fa2), q, k, v (and O, dO) read where they lie when TMA can read
+// them (cuda-fa2's copies read any such view too), O and the gradients written in q's dtype in
+// their inputs' order; for the other (cuda-tc), contiguous arrays (copies of those that are not)
+// and the outputs the kernels write, cast or copied into results in their inputs' order. Two small layout rules are therefore written in
 // both languages, each naming its twin: output_like (`_output_like`) and readable_in_place
 // (`_readable_in_place`); torch.library.opcheck's fake-tensor test compares the strides of the
 // outputs with the fake implementation's, which uses the Python rule.
@@ -55,8 +55,8 @@ namespace {
 
 // What a signature's plan says: run the fast path below with this backend, dtype and workspace,
 // or hand the call to the Python implementation (fast = false). layouts: the backend reads strided
-// tensors and writes q's dtype (cuda-fa3); else it reads contiguous arrays and writes float32, or
-// with o_dtype its forward writes O in q's dtype (cuda-tc).
+// tensors and writes q's dtype (cuda-fa3, and cuda-fa2 in float32); else it reads contiguous
+// arrays and writes float32, or with o_dtype its forward writes O in q's dtype (cuda-tc).
 struct Plan {
     bool fast = false;
     const Backend* backend = nullptr;
@@ -152,8 +152,9 @@ Plan plan_for(bool backward, const std::vector<at::Tensor>& xs, bool causal,
 
 // --- the fast path -------------------------------------------------------------------------
 //
-// A backend with layouts reads q, k, v (and O, dO) where TMA can read them and writes O and the
-// gradients in their inputs' order and q's dtype. One without reads contiguous arrays and writes
+// A backend with layouts reads q, k, v (and O, dO) where TMA can (cuda-fa3's rule, which
+// cuda-fa2's copies also take) and writes O and the gradients in their inputs' order and q's
+// dtype. One without reads contiguous arrays and writes
 // contiguous float32 results (or O in q's dtype with o_dtype; it reads a float32 O): the fast
 // path copies and casts as `_cuda_forward` and `_cuda_backward` do, and writes into the results
 // themselves where they are what the kernels write.
@@ -174,9 +175,10 @@ at::Tensor output_like(const at::Tensor& x) {
 
 ArrayLayout strides_of(const at::Tensor& x) { return {x.stride(0), x.stride(1), x.stride(2)}; }
 
-// x where TMA can read it where it lies (d contiguous, a 16-byte aligned address, every other
-// stride a positive multiple of 8 elements), with its strides; else a contiguous copy, with the
-// contiguous layout. The twin of `_readable_in_place` (Python).
+// x where TMA (cuda-fa3), and so cuda-fa2's copies, can read it where it lies (d contiguous, a
+// 16-byte aligned address, every other stride a positive multiple of 8 elements), with its
+// strides; else a contiguous copy, with the contiguous layout. The twin of `_readable_in_place`
+// (Python).
 std::pair<at::Tensor, ArrayLayout> readable_in_place(const at::Tensor& x) {
     const auto st = x.strides();
     const bool readable = st[3] == 1 && reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0;
@@ -470,8 +472,8 @@ struct AttentionNode : public torch::autograd::Function<AttentionNode> {
         std::optional<std::string> backend, std::optional<std::string> backward_backend) {
         std::array<at::Tensor, 3> read;
         auto [O, L] = forward_of(q, k, v, causal, scale, backend, read);
-        // Saved: the arrays the forward read. Where it copied a view (cuda-fa2 and cuda-tc read
-        // contiguous arrays; cuda-fa3 copies one TMA cannot read), the backward reads the same
+        // Saved: the arrays the forward read. Where it copied a view (cuda-tc reads contiguous
+        // arrays; cuda-fa3 and cuda-fa2 copy one TMA cannot read), the backward reads the same
         // copy instead of making its own, and writes the gradients in its order (contiguous)
         // with no copy into the views' order either: the same values, and the copies held in
         // the views' place.

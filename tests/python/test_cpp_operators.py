@@ -10,9 +10,10 @@ checked here, on fresh random inputs at shapes that are no multiple of a tile:
   * the fast path's outputs, in allocator blocks poisoned with NaN, agree with float64 standard
     attention and its backward (tests/python/reference.py), and are the bits, shapes, dtypes and
     strides of the Python implementation's, forward and backward (dQ's order fixed), contiguous
-    tensors and projection views, GQA, causal;
-  * the contiguous-only backends (cuda-fa2 in float32, cuda-tc) take the fast path too, on
-    contiguous tensors and on views they read copies of (O and the gradients cast or copied into
+    tensors and projection views, GQA, causal, in 16 bits (cuda-fa3) and float32 (cuda-fa2, which
+    reads and writes views in place too);
+  * the contiguous-only backend (cuda-tc) and cuda-fa2 on contiguous tensors take the fast path
+    too, cuda-tc also on views it reads copies of (O and the gradients cast or copied into
     outputs in their inputs' order), with the Python implementation's bits and strides; the calls
     it hands back (a block mask, a negative scale) still run, through the Python implementation
     called from C++ (the module counts the calls its fast path ran);
@@ -94,6 +95,8 @@ def projection(B, N, H, d, dtype):
     (torch.float16, 128, "contiguous", False),
     (torch.bfloat16, 64, "projection", True),
     (torch.float16, 256, "projection", False),
+    (torch.float32, 64, "projection", True),    # cuda-fa2: views read and written in place
+    (torch.float32, 37, "contiguous", False),   # cuda-fa2: rows copied a value at a time
 ])
 def test_the_fast_path_gives_the_bits_of_the_python_implementation(dtype, d, layout, causal,
                                                                     monkeypatch):
@@ -111,7 +114,8 @@ def test_the_fast_path_gives_the_bits_of_the_python_implementation(dtype, d, lay
     # Against float64 standard attention on the same (rounded) inputs, written independently.
     inputs = [x.double().cpu().numpy() for x in (q, k, v)]
     o_ref, lse_ref = reference.attention(*inputs, causal=causal, scale=0.11)
-    assert relative_error(o, o_ref) < 1e-2 and relative_error(lse, lse_ref) < 1e-4
+    bound, grad_bound = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 2e-2)
+    assert relative_error(o, o_ref) < bound and relative_error(lse, lse_ref) < 1e-4
     # And the bits and strides of the Python implementation's call of the same kernel.
     o_py, lse_py = flashattn._forward_python(q, k, v, *options)
     assert o.dtype == dtype and lse.dtype == torch.float32
@@ -126,14 +130,14 @@ def test_the_fast_path_gives_the_bits_of_the_python_implementation(dtype, d, lay
     grads_py = flashattn._backward_python(q, k, v, o, lse, do, *options)
     for g, g_py, x, ref in zip(grads, grads_py, (q, k, v), refs):
         assert g.shape == x.shape and g.dtype == dtype and g.stride() == g_py.stride()
-        assert relative_error(g, ref) < 2e-2
+        assert relative_error(g, ref) < grad_bound
         assert torch.equal(g, g_py)
 
 
 def test_contiguous_only_backends_take_the_fast_path_where_nothing_is_copied():
-    """cuda-fa2 (float32) and cuda-tc (a decoding forward, which writes O in q's dtype) read
-    contiguous arrays: on contiguous tensors the C++ kernel runs them itself, with the Python
-    implementation's results."""
+    """cuda-fa2 (float32) and cuda-tc (a decoding forward, which writes O in q's dtype) on
+    contiguous tensors: the C++ kernel runs them itself, with the Python implementation's
+    results."""
     ops = flashattn._TORCH_OPS
     q, k, v = randn((2, 4, 97, 64), torch.float32), randn((2, 2, 130, 64), torch.float32), \
         randn((2, 2, 130, 64), torch.float32)
@@ -159,13 +163,13 @@ def test_contiguous_only_backends_take_the_fast_path_where_nothing_is_copied():
     assert o.dtype == torch.bfloat16 and torch.equal(o, o_py) and torch.equal(lse, lse_py)
 
 
-@pytest.mark.parametrize("dtype, backend", [(torch.float32, None), (torch.bfloat16, "cuda-tc")])
+@pytest.mark.parametrize("dtype, backend", [(torch.bfloat16, "cuda-tc")])
 def test_contiguous_only_backends_copy_in_cpp_what_they_cannot_read(dtype, backend, monkeypatch):
     """q, k, v viewed out of one projection and a dO transposed as a model's next step leaves it:
-    cuda-fa2 and cuda-tc read contiguous copies, and write float32 results that are cast or
-    copied into outputs in their inputs' order. The fast path makes those copies itself: its
-    results meet float64's and are the Python implementation's bits and strides (dQ's order
-    fixed), and both directions count as fast calls."""
+    cuda-tc reads contiguous copies, and writes float32 results that are cast or copied into
+    outputs in their inputs' order. The fast path makes those copies itself: its results meet
+    float64's and are the Python implementation's bits and strides (dQ's order fixed), and both
+    directions count as fast calls."""
     monkeypatch.setenv("FLASHATTN_DETERMINISTIC", "1")
     q, k, v = projection(2, 187, 3, 64, dtype)
     options = (True, None, backend, None, None)
@@ -265,7 +269,7 @@ def eager_gradients(q, k, v, do, **options):
     (torch.bfloat16, 64, "projection", True, None),   # cuda-fa3 on strided views: fast path
     (torch.float16, 128, "contiguous", False, 0.11),  # GQA, N_q != N_kv
     (torch.bfloat16, 64, "contiguous", True, -0.2),   # negative scale: the Python implementation
-    (torch.float32, 64, "projection", False, None),   # cuda-fa2 reads copies: fast path
+    (torch.float32, 64, "projection", False, None),   # cuda-fa2 on the views: fast path
 ])
 def test_eager_autograd_on_cuda_runs_the_cpp_node(dtype, d, layout, causal, scale, monkeypatch):
     """An eager call that autograd records on CUDA tensors is a C++ node: its gradients meet

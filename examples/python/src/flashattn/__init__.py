@@ -799,8 +799,8 @@ def _cuda_forward(q, k, v, block_mask, plan, options):
     L = torch.empty(Qs[:3], dtype=torch.float32, device=q.device)
     mask = _device_mask(block_mask, q.device)
     if plan.layouts and not options[1] < 0:  # (a negative scale is folded into a copy of Q)
-        # cuda-fa3 reads q, k, v where they lie (a copy only of one TMA cannot read) and writes
-        # O in q's dtype: no copy, no cast.
+        # cuda-fa3 and cuda-fa2 read q, k, v where they lie (a copy only of one TMA cannot read)
+        # and write O in q's dtype: no copy, no cast.
         # (Written out, not looped: this runs on every call of a model.)
         Q, q_at = _readable_in_place(q, Qs)
         K, k_at = _readable_in_place(k, Ks)
@@ -828,9 +828,9 @@ def _strides(x):
 
 
 def _readable_in_place(x, shape):
-    """(x, its strides) where TMA can read x where it lies -- d contiguous, a 16-byte aligned
-    address, every other stride a positive multiple of 8 elements (not a broadcast) -- else
-    (a contiguous copy, _CONTIGUOUS)."""
+    """(x, its strides) where TMA (cuda-fa3), and so cuda-fa2's copies, can read x where it lies
+    -- d contiguous, a 16-byte aligned address, every other stride a positive multiple of 8
+    elements (not a broadcast) -- else (a contiguous copy, _CONTIGUOUS)."""
     st = x.stride()  # (every call of a model passes here: no generator, one stride() call)
     if (len(st) == 4 and st[3] == 1 and x.data_ptr() % 16 == 0 and st[0] > 0 and st[1] > 0
             and st[2] > 0 and st[0] % 8 == 0 and st[1] % 8 == 0 and st[2] % 8 == 0):
@@ -857,8 +857,9 @@ def _cuda_backward(q, k, v, o, lse, do, block_mask, plan, options):
     L = _device_array(lse, Qs[:3], torch.float32)
     mask = _device_mask(block_mask, q.device)
     if plan.layouts and not options[1] < 0:  # (a negative scale is folded into a copy of Q)
-        # cuda-fa3 reads q, k, v, do where they lie (a copy only of one TMA cannot read), O in
-        # q's dtype, and writes the gradients in q's dtype where they lie: no copy, no cast.
+        # cuda-fa3 and cuda-fa2 read q, k, v, do where they lie (a copy only of one TMA cannot
+        # read), O in q's dtype, and write the gradients in q's dtype where they lie: no copy, no
+        # cast.
         inputs = [_readable_in_place(x, shape)
                   for x, shape in ((q, Qs), (k, Ks), (v, Ks), (do, Qs))]
         (Q, q_at), (K, k_at), (V, v_at), (dO, do_at) = inputs
@@ -1156,8 +1157,8 @@ def attention(q, k, v, *, causal=False, scale=None, backend=None, return_lse=Fal
     the same device): float32 on cuda-fa2; float16 and bfloat16 on cuda-fa3 on a Hopper GPU for
     d = 64, 128 and 256 and more than 64 query rows (its backward too, after any forward), else on
     cuda-tc (d in 32, 64, 96, 128, and 256 forward only; decoding: split
-    keys, GQA groups packed). cuda-fa3 reads strided tensors (such as q, k, v viewed out of one
-    projection) where they lie; outputs of CUDA tensors follow their inputs' order as SDPA's do,
+    keys, GQA groups packed). cuda-fa3 and cuda-fa2 read strided tensors (such as q, k, v viewed
+    out of one projection) where they lie; outputs of CUDA tensors follow their inputs' order as SDPA's do,
     so O of a q viewed as (B, H, N, d) out of (B, N, H, d) memory is such a view too.
 
     causal: bottom-right aligned mask (query i sees key j iff j <= i + N_kv - N_q).
