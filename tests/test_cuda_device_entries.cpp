@@ -284,6 +284,19 @@ TEST_CASE("cuda-fa3's device entry: a work-tile counter only with more work tile
 
 namespace {
 
+// Calls f(b, h, r, c, i) for every element of a (batch, heads, rows, d) array, i its index in the
+// contiguous order: how the strided arrays below are filled from and checked against contiguous
+// ones.
+template <class F>
+void for_each_element(std::int64_t batch, std::int64_t heads, std::int64_t rows, std::int64_t d,
+                      F&& f) {
+    for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t h = 0; h < heads; ++h)
+            for (std::int64_t r = 0; r < rows; ++r)
+                for (std::int64_t c = 0; c < d; ++c)
+                    f(b, h, r, c, static_cast<std::size_t>(((b * heads + h) * rows + r) * d + c));
+}
+
 // A (batch, heads, rows, d) array of 16-bit values laid out as (batch, rows, heads, d) -- the order
 // of q, k and v cut from one projection -- with 8 unused elements after each row of heads and 16
 // after each batch entry, so that every stride differs from the contiguous one. Unused elements
@@ -310,12 +323,9 @@ struct Strided16 {
 Strided16 strided_copy(const std::vector<float>& x, std::int64_t batch, std::int64_t heads,
                        std::int64_t rows, std::int64_t d, DType dtype, float sign = 1.0f) {
     Strided16 out(batch, heads, rows, d);
-    for (std::int64_t b = 0; b < batch; ++b)
-        for (std::int64_t h = 0; h < heads; ++h)
-            for (std::int64_t r = 0; r < rows; ++r)
-                for (std::int64_t c = 0; c < d; ++c)
-                    out.host[out.at(b, h, r, c)] =
-                        cuda::to_bits(sign * x[((b * heads + h) * rows + r) * d + c], dtype);
+    for_each_element(batch, heads, rows, d, [&](auto b, auto h, auto r, auto c, std::size_t i) {
+        out.host[out.at(b, h, r, c)] = cuda::to_bits(sign * x[i], dtype);
+    });
     return out;
 }
 
@@ -336,15 +346,11 @@ StridedCheck compare_strided(const std::vector<std::uint16_t>& bits, const Strid
                              std::int64_t heads, std::int64_t rows, std::int64_t d, DType dtype) {
     StridedCheck out;
     std::vector<bool> inside(bits.size(), false);
-    for (std::int64_t b = 0; b < batch; ++b)
-        for (std::int64_t h = 0; h < heads; ++h)
-            for (std::int64_t r = 0; r < rows; ++r)
-                for (std::int64_t c = 0; c < d; ++c) {
-                    const std::size_t k = at.at(b, h, r, c);
-                    inside[k] = true;
-                    out.wrong += bits[k] != cuda::to_bits(expect[((b * heads + h) * rows + r) * d + c],
-                                                          dtype);
-                }
+    for_each_element(batch, heads, rows, d, [&](auto b, auto h, auto r, auto c, std::size_t i) {
+        const std::size_t k = at.at(b, h, r, c);
+        inside[k] = true;
+        out.wrong += bits[k] != cuda::to_bits(expect[i], dtype);
+    });
     for (std::size_t k = 0; k < bits.size(); ++k) out.touched += !inside[k] && bits[k] != 0xFFFF;
     return out;
 }
@@ -1042,11 +1048,9 @@ struct StridedF32 {
 StridedF32 strided_input(const std::vector<float>& x, std::int64_t batch, std::int64_t heads,
                          std::int64_t rows, std::int64_t d, float fill) {
     StridedF32 out(batch, heads, rows, d, 0, 4, fill);
-    for (std::int64_t b = 0; b < batch; ++b)
-        for (std::int64_t h = 0; h < heads; ++h)
-            for (std::int64_t r = 0; r < rows; ++r)
-                for (std::int64_t c = 0; c < d; ++c)
-                    out.host[out.at(b, h, r, c)] = x[((b * heads + h) * rows + r) * d + c];
+    for_each_element(batch, heads, rows, d, [&](auto b, auto h, auto r, auto c, std::size_t i) {
+        out.host[out.at(b, h, r, c)] = x[i];
+    });
     return out;
 }
 
@@ -1064,15 +1068,11 @@ StridedCheck compare_f32(const std::vector<float>& got, const StridedF32& at,
                          std::int64_t rows, std::int64_t d) {
     StridedCheck out;
     std::vector<bool> inside(got.size(), false);
-    for (std::int64_t b = 0; b < batch; ++b)
-        for (std::int64_t h = 0; h < heads; ++h)
-            for (std::int64_t r = 0; r < rows; ++r)
-                for (std::int64_t c = 0; c < d; ++c) {
-                    const std::size_t k = at.at(b, h, r, c);
-                    inside[k] = true;
-                    const float want = expect[((b * heads + h) * rows + r) * d + c];
-                    out.wrong += std::memcmp(&got[k], &want, sizeof(float)) != 0;
-                }
+    for_each_element(batch, heads, rows, d, [&](auto b, auto h, auto r, auto c, std::size_t i) {
+        const std::size_t k = at.at(b, h, r, c);
+        inside[k] = true;
+        out.wrong += std::memcmp(&got[k], &expect[i], sizeof(float)) != 0;
+    });
     for (std::size_t k = 0; k < got.size(); ++k) out.touched += !inside[k] && !std::isnan(got[k]);
     return out;
 }
