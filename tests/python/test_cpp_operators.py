@@ -134,6 +134,40 @@ def test_the_fast_path_gives_the_bits_of_the_python_implementation(dtype, d, lay
         assert torch.equal(g, g_py)
 
 
+@pytest.mark.parametrize("dtype, backend", [(torch.float32, "cuda-fa2"),
+                                            (torch.bfloat16, "cuda-fa3")])
+def test_a_row_stride_past_an_int_is_read_from_a_copy(dtype, backend, monkeypatch):
+    """q of one row (N_q = 1) whose row stride, 2^31 elements, is never stepped over: cuda-fa2's
+    copies hold the row stride in an int (require_input_layout refuses more), so the rule of what
+    is read in place (readable_in_place, `_readable_in_place`; one rule for cuda-fa2 and cuda-fa3)
+    sends such an input to a contiguous copy instead of a refusal. Both implementations, forward
+    and backward, give the bits of the same call on a contiguous q, and float64's values."""
+    monkeypatch.setenv("FLASHATTN_DETERMINISTIC", "1")
+    d = 64
+    base = randn((2 * d,), dtype)
+    q = base.as_strided((1, 2, 1, d), (2**32, d, 2**31, 1))
+    k, v = randn((1, 2, 150, d), dtype), randn((1, 2, 150, d), dtype)
+    do = randn((1, 2, 1, d), dtype)
+    qc = torch.empty(q.shape, dtype=dtype, device="cuda").copy_(q)
+    assert qc.stride() != q.stride() and torch.equal(q, qc)
+    options = (False, None, backend, None, None)
+    inputs = [x.double().cpu().numpy() for x in (qc, k, v)]
+    o_ref, _ = reference.attention(*inputs)
+    refs = reference.attention_backward(*inputs, do.double().cpu().numpy())
+    bound, grad_bound = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 2e-2)
+    o_c, lse_c = op_forward(qc, k, v, *options)
+    grads_c = torch.ops.flashattn.attention_backward.default(qc, k, v, o_c, lse_c, do, *options)
+    for forward, backward in ((op_forward, torch.ops.flashattn.attention_backward.default),
+                              (flashattn._forward_python, flashattn._backward_python)):
+        o, lse = forward(q, k, v, *options)
+        assert relative_error(o, o_ref) < bound
+        assert torch.equal(o, o_c) and torch.equal(lse, lse_c)
+        grads = backward(q, k, v, o, lse, do, *options)
+        for g, g_c, ref in zip(grads, grads_c, refs):
+            assert relative_error(g, ref) < grad_bound
+            assert torch.equal(g, g_c)
+
+
 def test_contiguous_only_backends_take_the_fast_path_where_nothing_is_copied():
     """cuda-fa2 (float32) and cuda-tc (a decoding forward, which writes O in q's dtype) on
     contiguous tensors: the C++ kernel runs them itself, with the Python implementation's
