@@ -12,6 +12,8 @@ checked here, on fresh random inputs at shapes that are no multiple of a tile:
     strides of the Python implementation's, forward and backward (dQ's order fixed), contiguous
     tensors and projection views, GQA, causal, in 16 bits (cuda-fa3) and float32 (cuda-fa2, which
     reads and writes views in place too);
+  * an input the in-place rule sends to a copy (a row stride of 2^31 elements, which cuda-fa2's
+    copies cannot hold) is copied, not refused, by both implementations;
   * the contiguous-only backend (cuda-tc) and cuda-fa2 on contiguous tensors take the fast path
     too, cuda-tc also on views it reads copies of (O and the gradients cast or copied into
     outputs in their inputs' order), with the Python implementation's bits and strides; the calls
