@@ -176,14 +176,15 @@ at::Tensor output_like(const at::Tensor& x) {
 ArrayLayout strides_of(const at::Tensor& x) { return {x.stride(0), x.stride(1), x.stride(2)}; }
 
 // x where TMA (cuda-fa3), and so cuda-fa2's copies, can read it where it lies (d contiguous, a
-// 16-byte aligned address, every other stride a positive multiple of 8 elements), with its
+// 16-byte aligned address, every other stride a positive multiple of 8 elements, the row stride
+// below 2^31 elements: cuda-fa2's copies hold it in an int, require_input_layout), with its
 // strides; else a contiguous copy, with the contiguous layout. The twin of `_readable_in_place`
 // (Python).
 std::pair<at::Tensor, ArrayLayout> readable_in_place(const at::Tensor& x) {
     const auto st = x.strides();
     const bool readable = st[3] == 1 && reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0;
     if (readable && st[0] > 0 && st[1] > 0 && st[2] > 0 && st[0] % 8 == 0 && st[1] % 8 == 0 &&
-        st[2] % 8 == 0)
+        st[2] % 8 == 0 && st[2] < (std::int64_t{1} << 31))
         return {x, strides_of(x)};
     return {x.contiguous(), ArrayLayout{}};
 }

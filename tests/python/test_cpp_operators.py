@@ -12,6 +12,8 @@ checked here, on fresh random inputs at shapes that are no multiple of a tile:
     strides of the Python implementation's, forward and backward (dQ's order fixed), contiguous
     tensors and projection views, GQA, causal, in 16 bits (cuda-fa3) and float32 (cuda-fa2, which
     reads and writes views in place too);
+  * an input the in-place rule sends to a copy (a row stride of 2^31 elements, which cuda-fa2's
+    copies cannot hold) is copied, not refused, by both implementations;
   * the contiguous-only backend (cuda-tc) and cuda-fa2 on contiguous tensors take the fast path
     too, cuda-tc also on views it reads copies of (O and the gradients cast or copied into
     outputs in their inputs' order), with the Python implementation's bits and strides; the calls
@@ -132,6 +134,40 @@ def test_the_fast_path_gives_the_bits_of_the_python_implementation(dtype, d, lay
         assert g.shape == x.shape and g.dtype == dtype and g.stride() == g_py.stride()
         assert relative_error(g, ref) < grad_bound
         assert torch.equal(g, g_py)
+
+
+@pytest.mark.parametrize("dtype, backend", [(torch.float32, "cuda-fa2"),
+                                            (torch.bfloat16, "cuda-fa3")])
+def test_a_row_stride_past_an_int_is_read_from_a_copy(dtype, backend, monkeypatch):
+    """q of one row (N_q = 1) whose row stride, 2^31 elements, is never stepped over: cuda-fa2's
+    copies hold the row stride in an int (require_input_layout refuses more), so the rule of what
+    is read in place (readable_in_place, `_readable_in_place`; one rule for cuda-fa2 and cuda-fa3)
+    sends such an input to a contiguous copy instead of a refusal. Both implementations, forward
+    and backward, give the bits of the same call on a contiguous q, and float64's values."""
+    monkeypatch.setenv("FLASHATTN_DETERMINISTIC", "1")
+    d = 64
+    base = randn((2 * d,), dtype)
+    q = base.as_strided((1, 2, 1, d), (2**32, d, 2**31, 1))
+    k, v = randn((1, 2, 150, d), dtype), randn((1, 2, 150, d), dtype)
+    do = randn((1, 2, 1, d), dtype)
+    qc = torch.empty(q.shape, dtype=dtype, device="cuda").copy_(q)
+    assert qc.stride() != q.stride() and torch.equal(q, qc)
+    options = (False, None, backend, None, None)
+    inputs = [x.double().cpu().numpy() for x in (qc, k, v)]
+    o_ref, _ = reference.attention(*inputs)
+    refs = reference.attention_backward(*inputs, do.double().cpu().numpy())
+    bound, grad_bound = (1e-5, 1e-4) if dtype == torch.float32 else (1e-2, 2e-2)
+    o_c, lse_c = op_forward(qc, k, v, *options)
+    grads_c = torch.ops.flashattn.attention_backward.default(qc, k, v, o_c, lse_c, do, *options)
+    for forward, backward in ((op_forward, torch.ops.flashattn.attention_backward.default),
+                              (flashattn._forward_python, flashattn._backward_python)):
+        o, lse = forward(q, k, v, *options)
+        assert relative_error(o, o_ref) < bound
+        assert torch.equal(o, o_c) and torch.equal(lse, lse_c)
+        grads = backward(q, k, v, o, lse, do, *options)
+        for g, g_c, ref in zip(grads, grads_c, refs):
+            assert relative_error(g, ref) < grad_bound
+            assert torch.equal(g, g_c)
 
 
 def test_contiguous_only_backends_take_the_fast_path_where_nothing_is_copied():

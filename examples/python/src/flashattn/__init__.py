@@ -830,10 +830,12 @@ def _strides(x):
 def _readable_in_place(x, shape):
     """(x, its strides) where TMA (cuda-fa3), and so cuda-fa2's copies, can read x where it lies
     -- d contiguous, a 16-byte aligned address, every other stride a positive multiple of 8
-    elements (not a broadcast) -- else (a contiguous copy, _CONTIGUOUS)."""
+    elements (not a broadcast), the row stride below 2^31 elements (cuda-fa2's copies hold it in
+    an int) -- else (a contiguous copy, _CONTIGUOUS)."""
     st = x.stride()  # (every call of a model passes here: no generator, one stride() call)
     if (len(st) == 4 and st[3] == 1 and x.data_ptr() % 16 == 0 and st[0] > 0 and st[1] > 0
-            and st[2] > 0 and st[0] % 8 == 0 and st[1] % 8 == 0 and st[2] % 8 == 0):
+            and st[2] > 0 and st[0] % 8 == 0 and st[1] % 8 == 0 and st[2] % 8 == 0
+            and st[2] < 2**31):
         return x, st[:3]
     return _device_array(x, shape), _CONTIGUOUS
 
