@@ -75,7 +75,8 @@ struct GradBaseline {
 GradBaseline baseline_backward(const AttentionProblem& p, const ProblemData& in,
                                const std::vector<float>& dO, DType dtype);
 
-// 2 * max|baseline - ref64| + eps for each gradient. The gradients' sizes grow with the scores
+// factor * max|baseline - ref64| + eps for each gradient, factor 2 in float32 and 3 in fp16/bf16
+// (FlashAttention's own gradient rule, docs/testing.md). The gradients' sizes grow with the scores
 // and with N (dK_j, dV_j sum over query rows), so eps = 1e-6 is scaled by the largest |value| of
 // the three: where one gradient is zero by cancellation (N_kv = 1 gives dS = dP - D = 0, which
 // Algorithm 3 reproduces exactly and Algorithm 4, with D = rowsum(dO o O), to the rounding of

@@ -26,8 +26,10 @@ const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
 
 // The backward's compiled tiles, as FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks them; each
 // name starts with its head dim ("d<dim>-...").
-const char* const kTiles[] = {"d64-Br128-ring3", "d64-Br128", "d64-Br64", "d128-Br64-dq-overlap",
-                              "d128-Br64", "d256-Br64"};
+const char* const kTiles[] = {"d64-Br128-ring3",      "d64-Br128",
+                              "d64-Br128-producer",   "d64-Br64",
+                              "d128-Br64-dq-overlap", "d128-Br64-dq-overlap-producer",
+                              "d128-Br64",            "d256-Br64"};
 
 // check(d) under FLASHATTN_VARIANT=cuda-fa3-backward=<tile>, for every compiled tile.
 template <class Check>
@@ -251,6 +253,10 @@ TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
             check_backward_against_reference(*b, test::make_problem(2, 2, 2, 130, 129, d, causal),
                                              DType::bf16);
         }
+        // Many steps per CTA (four query heads of 12 to 24 query tiles each): the ring of Q_i,
+        // dO_i and, with a producer, dS^T's two buffers come round again and again.
+        check_backward_against_reference(*b, test::make_problem(1, 4, 1, 1500, 200, d, false),
+                                         DType::f16);
         // Each tile's block-mask kernel, and its deterministic kernel: the same bits twice.
         std::vector<std::uint8_t> mask = {1, 0, 1, 1, 1, 0, 0, 0, 0};  // 3 x 3 blocks, row 2 empty
         AttentionProblem masked = test::make_problem(1, 2, 1, 203, 300, d, true);

@@ -48,29 +48,32 @@ void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool det
     params.dq_sum = sum_map(args.dQ_sum, p.batch, p.heads, p.seq_q, p.dim, 64);
     params.tail = int(schedule_tail(p.causal, tile_count(p.seq_kv, Cfg::Bc), p.batch * p.heads_kv,
                                     cuda::device_limits().sm_count));
+    // A producer warpgroup's kernels exist only without both (Fa3BackwardTile::kProducer).
+    using Plain = typename Cfg::WithoutProducer;
     if (params.base.problem.block_mask.active())
-        deterministic ? launch_kernel<Cfg, true, true>(params, stream)
-                      : launch_kernel<Cfg, true, false>(params, stream);
+        deterministic ? launch_kernel<Plain, true, true>(params, stream)
+                      : launch_kernel<Plain, true, false>(params, stream);
     else
-        deterministic ? launch_kernel<Cfg, false, true>(params, stream)
+        deterministic ? launch_kernel<Plain, false, true>(params, stream)
                       : launch_kernel<Cfg, false, false>(params, stream);
 }
 
-template <int D, int Br, int kSlots = 2, bool kOverlap = false>
+template <int D, int Br, int kSlots = 2, bool kOverlap = false, bool kProducer = false>
 void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& args,
                  bool deterministic, cudaStream_t stream) {
     if (args.dtype == DType::f16)
-        launch<Fa3BackwardTile<__half, D, Br, kSlots, kOverlap>>(params, args, deterministic,
-                                                                 stream);
+        launch<Fa3BackwardTile<__half, D, Br, kSlots, kOverlap, kProducer>>(params, args,
+                                                                            deterministic, stream);
     else
-        launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots, kOverlap>>(params, args,
-                                                                        deterministic, stream);
+        launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots, kOverlap, kProducer>>(
+            params, args, deterministic, stream);
 }
 
 // The compiled tiles per head dim, Bc = 128 keys each (64 at d = 256, whose warpgroups split the
 // columns of dK_j, dV_j and the queries of S^T, dP^T: Fa3BackwardTile), with a ring of 2 slots for
 // Q_i, dO_i, L_i, D_i or 3 (-ring3), dQ_i's product overlapped with dK_j's or not (-dq-overlap,
-// Fa3BackwardTile::kOverlapDq): the default (first listed for a d) is the one measured fastest
+// Fa3BackwardTile::kOverlapDq), a producer warpgroup or not (-producer, Fa3BackwardTile::kProducer;
+// with a block mask or in deterministic mode such a tile runs without it): the default (first listed for a d) is the one measured fastest
 // in docs/cuda_fa3.md ("backward"); FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
 struct Variant {
     const char* name;
@@ -81,7 +84,9 @@ struct Variant {
 const Variant kVariants[] = {
     {"d64-Br128-ring3", "", 64, 128, run_variant<64, 128, 3>},
     {"d64-Br128", "", 64, 128, run_variant<64, 128>},
+    {"d64-Br128-producer", "", 64, 128, run_variant<64, 128, 2, false, true>},
     {"d64-Br64", "", 64, 64, run_variant<64, 64>},
+    {"d128-Br64-dq-overlap-producer", "", 128, 64, run_variant<128, 64, 2, true, true>},
     {"d128-Br64-dq-overlap", "", 128, 64, run_variant<128, 64, 2, true>},
     {"d128-Br64", "", 128, 64, run_variant<128, 64>},
     {"d256-Br64", "", 256, 64, run_variant<256, 64>},

@@ -28,10 +28,16 @@
 // dO_i | L13 dP^T = V_j dO_i^T | L15 dQ_i += scale dS K_j (add_dq_block) | L16 dK_j += dS^T Q_i |
 // L18 store_key_gradient_staged (or write_key_gradients, from registers).
 //
-// Every thread computes (thread 0 also issues the copies): no producer warpgroup, no overlap of a
-// step's products with its own or the next step's softmax. Each product is waited for where it is
-// issued, except in the -dq-overlap tile (d = 128's default, step_dq_overlapped): there dV_j's
-// product runs across the barrier for dS^T, and dK_j's while dQ_i's block is added.
+// Two forms of the CTA. In the plain one every thread computes (thread 0 also issues the copies),
+// and the ring is refilled at each step's start, behind a barrier of the whole CTA. In the
+// -producer tiles (FlashAttention-3's warp specialization, Section 3.1) a producer warpgroup runs
+// ahead: one warp copies each step's Q_i, dO_i (TMA) and L_i, D_i (its lanes) into a slot as soon
+// as the computing warpgroups have released it (an "empty" mbarrier per slot), gives its registers
+// to them (setmaxnreg), and dS^T has two buffers, so that the computing warpgroups meet once per
+// step (dS^T complete) instead of twice. Neither form overlaps a step's products with its own or
+// the next step's softmax. Each product is waited for where it is issued, except in the
+// -dq-overlap tiles (step_dq_overlapped): there dV_j's product runs across the barrier for dS^T,
+// and dK_j's while dQ_i's block is added.
 // docs/cuda_fa3.md, "The backward on wgmma", measures these forms, overlaps that did not pay, and
 // says what comes next.
 #pragma once
@@ -65,7 +71,8 @@ using cuda::BackwardParams;
 // dK_j products; each computes S^T and dP^T for half of the queries (kQuerySplit) and writes its
 // half of P^T and dS^T to shared memory, FlashAttention-3's way. Query tiles of Br = 64 or 128 rows
 // (1 or 2 panels of dS^T), head dim D = 64, 128 or 256 (1, 2 or 4 panels).
-template <class T_, int D_, int Br_, int kSlots_ = 2, bool kOverlap_ = false>
+template <class T_, int D_, int Br_, int kSlots_ = 2, bool kOverlap_ = false,
+          bool kProducer_ = false>
 struct Fa3BackwardTile {
     using T = T_;
     static constexpr int D = D_;
@@ -77,8 +84,23 @@ struct Fa3BackwardTile {
     // so that dQ_i's block goes to shared memory and the copy engine while dK_j's product runs.
     // Otherwise dV_j's and dK_j's products are waited for before the barrier and dQ_i's after it.
     static constexpr bool kOverlapDq = kOverlap_;
-    static constexpr int kWarpgroups = 2;
-    static constexpr int kThreads = 128 * kWarpgroups;
+    static constexpr int kWarpgroups = 2;  // that compute
+    static constexpr int kComputeThreads = 128 * kWarpgroups;
+    // A producer warpgroup before them (-producer tiles; the kernel's header says what it does):
+    // warpgroup 0 of the CTA, 24 registers per thread, the computing threads 240 each (setmaxnreg:
+    // 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536). Its kernels exist without a block mask and
+    // outside deterministic mode; those modes run the same tile without it (WithoutProducer).
+    static constexpr bool kProducer = kProducer_;
+    static constexpr int kThreads = kComputeThreads + (kProducer ? 128 : 0);
+    static constexpr int kProducerRegisters = 24;
+    static constexpr int kComputeRegisters = 240;
+    // A slot's "full" barrier: the producer's TMA arrival (with the bytes) and, with a producer,
+    // one more from each lane of its warp once that lane's L_i, D_i values are stored.
+    static constexpr int kStepArrivals = kProducer ? 1 + 32 : 1;
+    // dS^T's buffers: with a producer, two, used by turns: a warpgroup writing step t + 1's dS^T
+    // must not overwrite step t's while the other warpgroup's dQ_i product still reads it, and no
+    // barrier at the step's start keeps them together any more. One where that barrier does.
+    static constexpr int kScoreGradientBuffers = kProducer ? 2 : 1;
     // Warpgroups that share one group of 64 keys and split D between them (above).
     static constexpr int kColumnGroups = D == 256 ? 2 : 1;
     static constexpr int Bc = 64 * kWarpgroups / kColumnGroups;
@@ -115,27 +137,50 @@ struct Fa3BackwardTile {
     static_assert(kSlots == 2 || kSlots == 3, "cuda-fa3 backward: a ring of 2 or 3 slots");
     static_assert(!(kOverlapDq && (kQuerySplit || kDqBlocks != kWarpgroups)),
                   "cuda-fa3 backward: the overlapped dQ_i for one block per warpgroup (D = 64, 128)");
+    static_assert(!(kProducer && (kQuerySplit || kDqInSlot)),
+                  "cuda-fa3 backward: a producer warpgroup at D = 64 and 128");
+    using WithoutProducer = Fa3BackwardTile<T_, D_, Br_, kSlots_, kOverlap_, false>;
 };
 
-// The barriers: K_j and V_j have landed; slot s's Q_i and dO_i have landed.
+// The named barriers (bar.sync ids) of the backward beside __syncthreads' 0: warpgroup wg's dQ_i
+// staging block is kDqStaging + wg (add_dq_block); dS^T complete, both computing warpgroups
+// (kScoreGradientsDone); the computing threads around the staged dK_j, dV_j (kComputeThreads).
+enum BackwardBarrier : int { kDqStaging = 1, kScoreGradientsDone = 3, kComputeThreadsMeet = 4 };
+
+// The computing threads meet: the whole CTA without a producer, else a named barrier of theirs
+// (the producer's warps have left).
+template <class Cfg>
+__device__ __forceinline__ void sync_compute_threads() {
+    if constexpr (Cfg::kProducer)
+        hopper::named_barrier_sync(kComputeThreadsMeet, Cfg::kComputeThreads);
+    else
+        __syncthreads();
+}
+
+// The barriers: K_j and V_j have landed; slot s's Q_i, dO_i (and with a producer L_i, D_i) have
+// landed; with a producer, every computing thread is done with slot s.
 struct Fa3BackwardBarriers {
     std::uint64_t kv;
     std::uint64_t step[3];
+    std::uint64_t step_empty[3];
     int key_tile;  // j (see the kernel: read where it is used)
-    __device__ void init() {
+    __device__ void init(int step_arrivals, int compute_threads) {
         hopper::mbarrier_init(&kv, 1);
-        for (std::uint64_t& slot : step) hopper::mbarrier_init(&slot, 1);
+        for (std::uint64_t& slot : step) hopper::mbarrier_init(&slot, step_arrivals);
+        for (std::uint64_t& slot : step_empty) hopper::mbarrier_init(&slot, compute_threads);
         hopper::fence_barrier_init();
     }
 };
 
 // Shared memory, from a 1024-byte boundary (the 128-byte swizzle repeats every 8 rows): K_j, V_j
-// (Bc x D each), kSlots slots of Q_i and dO_i (Br x D each), dS^T (Bc x Br), the dQ blocks (fp32,
+// (Bc x D each), kSlots slots of Q_i and dO_i (Br x D each), dS^T (Bc x Br, one or two
+// buffers), the dQ blocks (fp32,
 // 64 x 64 each; none at D = 256, kDqInSlot), kSlots slots of L_i and D_i (Br floats each), the
 // barriers.
 template <class Cfg>
 constexpr int backward_smem_bytes() {
-    return int((2 * Cfg::Bc * Cfg::D + 2 * Cfg::kSlots * Cfg::Br * Cfg::D + Cfg::Bc * Cfg::Br) *
+    return int((2 * Cfg::Bc * Cfg::D + 2 * Cfg::kSlots * Cfg::Br * Cfg::D +
+                Cfg::kScoreGradientBuffers * Cfg::Bc * Cfg::Br) *
                sizeof(typename Cfg::T)) +
            int((Cfg::kQuerySplit ? Cfg::Bc * Cfg::Br : 0) * sizeof(typename Cfg::T)) +  // P^T
            int((Cfg::kDqInSlot ? 0 : Cfg::kDqBlocks) * Cfg::kDqBlockFloats * sizeof(float)) +
@@ -238,7 +283,7 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
     if constexpr (!Cfg::kDqInSlot) {
         // The block's previous contents have been read (the wait is for a copy issued a step ago).
         if (issuer) hopper::bulk_wait_read<0>();
-        hopper::named_barrier_sync(1 + wg, 128);
+        hopper::named_barrier_sync(kDqStaging + wg, 128);
     }
     // Row 16 wg_warp + lane / 4 + 8 r, columns 8 nt + 2 (lane % 4) (+1): box nt / 4, 16-byte
     // chunk 2 (nt % 4) + (lane % 4) / 2 of the row, at chunk ^ (lane / 4) (the row % 8 of both
@@ -257,7 +302,7 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
                                          8 * r * kRowBytes,
                                      scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
     hopper::fence_proxy_async();  // the stores, read next by the copy engine
-    hopper::named_barrier_sync(1 + wg, 128);
+    hopper::named_barrier_sync(kDqStaging + wg, 128);
     if (!issuer) return;
     hopper::tma_reduce_add_4d(&params.dq_sum, sdq, col0, row0, int(h), int(b));
     hopper::tma_reduce_add_4d(&params.dq_sum, sdq + 64 * 32, col0 + 32, row0, int(h), int(b));
@@ -276,12 +321,13 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
 // thread, consecutive threads along a row. Each CTA holds its SM until its last store has issued
 // (one CTA per SM): docs/cuda_fa3.md, "dK_j and dV_j through shared memory", measures both ways.
 // Rows past N_kv are not written. The caller has made sure no copy or product still uses `stage`.
+// tid: the thread's number among the computing threads.
 template <class Cfg>
 __device__ __forceinline__ void store_key_gradient_staged(void* out, const ArrayLayout& at,
                                                           const float (&acc)[Cfg::Dw / 8][4],
                                                           float scale, unsigned char* stage,
                                                           int b, int g, int j, int seq_kv,
-                                                          int key0, int lane, int col0) {
+                                                          int key0, int tid, int lane, int col0) {
     using T = typename Cfg::T;
     constexpr int kRowBytes = Cfg::D * int(sizeof(T));
     constexpr int kChunks = kRowBytes / 16, kPerChunk = 16 / int(sizeof(T));
@@ -298,16 +344,16 @@ __device__ __forceinline__ void store_key_gradient_staged(void* out, const Array
                                   tc::pack2<T>(scale * acc[dt][2 * r], scale * acc[dt][2 * r + 1]));
         }
     }
-    __syncthreads();
+    sync_compute_threads<Cfg>();
     const int rows = min(Cfg::Bc, seq_kv - j * Cfg::Bc);
     T* first = static_cast<T*>(out) + at.offset(b, g) + std::int64_t(j) * Cfg::Bc * at.row;
-    for (int c = int(threadIdx.x); c < rows * kChunks; c += Cfg::kThreads) {
+    for (int c = tid; c < rows * kChunks; c += Cfg::kComputeThreads) {
         const int row = c / kChunks, chunk = c % kChunks;
         const uint4 v = *reinterpret_cast<const uint4*>(stage + row * kRowBytes +
                                                         ((chunk ^ (row % 8)) << 4));
         *reinterpret_cast<uint4*>(first + row * at.row + chunk * kPerChunk) = v;
     }
-    __syncthreads();  // the stage is free again
+    sync_compute_threads<Cfg>();  // the stage is free again
 }
 
 // One step of a -dq-overlap tile (Cfg::kOverlapDq; without a block mask, not in deterministic
@@ -320,7 +366,7 @@ __device__ __forceinline__ void store_key_gradient_staged(void* out, const Array
 // dQ_i's before its block is written. A warpgroup that sees none of the tile still computes its dQ_i
 // block (over both warpgroups' keys) with a zero dS^T for its own. Every wgmma is waited for inside
 // the branch that issued it (ptxas serializes the kernel's wgmmas otherwise: docs/cuda_fa3.md), so
-// the two branches meet the barrier at two places: kStepBarrier, unaligned.
+// the two branches meet the barrier at two places: kScoreGradientsDone, unaligned.
 template <class Cfg, bool kBlockMask, class KeyColumn>
 __device__ __forceinline__ void step_dq_overlapped(
     const Fa3BackwardParams& params, float (&dK)[Cfg::Dw / 8][4], float (&dV)[Cfg::Dw / 8][4],
@@ -330,7 +376,6 @@ __device__ __forceinline__ void step_dq_overlapped(
     const KeyColumn& key_column, int b, int h, int wg, int wg_warp, int key0, int lane) {
     using T = typename Cfg::T;
     constexpr int Br = Cfg::Br, Bc = Cfg::Bc, kPanels = Cfg::kPanels;
-    constexpr int kStepBarrier = 3;  // 1 + wg: add_dq_block's
     // The warpgroup's keys (64 wg ..) and its one dQ_i block: rows 64 rb .., columns 64 cb ...
     const int k_rows = 64 * wg * 64, rb = wg / kPanels, cb = wg % kPanels;
     float* staging = sdQ + wg * Cfg::kDqBlockFloats;
@@ -348,7 +393,7 @@ __device__ __forceinline__ void step_dq_overlapped(
         store_score_gradients<Cfg>(sdS, adS, key0, lane);
         issue_a_regs_b<T, Br / 16, kPanels>(dV, aP, sdO_i, Br * 64);  // L12
         hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
-        hopper::named_barrier_sync_unaligned(kStepBarrier, Cfg::kThreads);  // dS^T complete
+        hopper::named_barrier_sync_unaligned(kScoreGradientsDone, Cfg::kComputeThreads);  // dS^T complete
         issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK_j) + cb * Bc * 64);
         hopper::wgmma_wait<1>();  // dV_j's product is done (aP free); dQ_i's may still run
         hopper::wgmma_fence_registers(dV);
@@ -365,7 +410,7 @@ __device__ __forceinline__ void step_dq_overlapped(
         const std::uint32_t zero[Br / 16][4] = {};
         store_score_gradients<Cfg>(sdS, zero, key0, lane);
         hopper::fence_proxy_async();
-        hopper::named_barrier_sync_unaligned(kStepBarrier, Cfg::kThreads);
+        hopper::named_barrier_sync_unaligned(kScoreGradientsDone, Cfg::kComputeThreads);
         issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK_j) + cb * Bc * 64);
         hopper::wgmma_wait<0>();
         hopper::wgmma_fence_registers(acc);
@@ -378,12 +423,16 @@ __device__ __forceinline__ void step_dq_overlapped(
 // Grid: (Tc, batch x K/V heads), its CTAs in scheduled_tile's order (common/tiling.hpp): the key
 // tiles of one K/V head side by side, key tile 0 (the most query tiles under a causal mask) first,
 // and the last `tail` heads' key tiles longest first across them.
-// Block: Cfg::kThreads (every warpgroup computes; thread 0 also issues the TMA copies). Dynamic
-// shared memory: backward_smem_bytes<Cfg>().
+// Block: Cfg::kThreads (without a producer every warpgroup computes and thread 0 also issues the
+// TMA copies; with one, warpgroup 0 copies and the two after it compute). Dynamic shared memory:
+// backward_smem_bytes<Cfg>().
 template <class Cfg, bool kBlockMask, bool kDeterministic>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fa3_backward_kernel(const __grid_constant__ Fa3BackwardParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(!Cfg::kProducer || (!kBlockMask && !kDeterministic),
+                  "with a block mask or in deterministic mode the launch runs the tile without a "
+                  "producer (Cfg::WithoutProducer)");
     using T = typename Cfg::T;
     constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D, Dw = Cfg::Dw, kPanels = Cfg::kPanels;
     extern __shared__ uint4 smem_raw[];
@@ -392,8 +441,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     T* sV = sK + Bc * D;
     T* sQ = sV + Bc * D;                  // kSlots slots of Br x D
     T* sdO = sQ + Cfg::kSlots * Br * D;  // kSlots slots of Br x D
-    T* sdS = sdO + Cfg::kSlots * Br * D;  // Bc x Br
-    T* sP = sdS + Bc * Br;                 // Bc x Br (kQuerySplit), else none
+    T* sdS = sdO + Cfg::kSlots * Br * D;  // kScoreGradientBuffers x Bc x Br
+    T* sP = sdS + Cfg::kScoreGradientBuffers * Bc * Br;  // Bc x Br (kQuerySplit), else none
     float* sdQ = reinterpret_cast<float*>(sP + (Cfg::kQuerySplit ? Bc * Br : 0));  // kDqBlocks x 64 x 64 (or none)
     float* sL = sdQ + (Cfg::kDqInSlot ? 0 : Cfg::kDqBlocks) * Cfg::kDqBlockFloats;  // kSlots x Br
     float* sDelta = sL + Cfg::kSlots * Br;
@@ -402,7 +451,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const BackwardParams& bp = params.base;
     const AttentionProblem& p = bp.problem;
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-    const int wg = warp / 4, wg_warp = warp % 4;
+    // wg numbers the computing warpgroups (the producer's is -1), tid the computing threads.
+    constexpr int kProducerThreads = Cfg::kProducer ? 128 : 0;
+    const int wg = warp / 4 - kProducerThreads / 128, wg_warp = warp % 4;
+    const int tid = int(threadIdx.x) - kProducerThreads;
     // The warpgroup's group of 64 keys, and its share of the columns of dK_j and dV_j (0 but at
     // D = 256: Fa3BackwardTile).
     const int key_group = wg / Cfg::kColumnGroups, column_group = wg % Cfg::kColumnGroups;
@@ -423,7 +475,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const TileRange wg_cols = {min(wg_key0, seq_kv), min(wg_key0 + 64, seq_kv)};
     const int key0 = 64 * key_group + 16 * wg_warp;  // this warp's first key within the tile
 
-    if (threadIdx.x == 0) bars->init(), bars->key_tile = j;
+    if (threadIdx.x == 0) bars->init(Cfg::kStepArrivals, Cfg::kComputeThreads), bars->key_tile = j;
     __syncthreads();
     // j inside the step loop, read from shared memory where it is used. Held in a register, ptxas
     // computed every key index the mask and the statistics need (j Bc + key0 + ...) once, before
@@ -451,43 +503,73 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     cuda::allow_dependent_launch();
     cuda::wait_for_prerequisite_grid();
 
-    // L9 for step (h, i) into ring slot `slot`: Q_i and dO_i by TMA (thread 0), L_i and D_i by
-    // cp.async (every thread; committed by the caller).
-    const auto load_step = [&](int slot, std::int64_t h, int i) {
-        if (threadIdx.x == 0) {
-            hopper::mbarrier_arrive_expect_bytes(&bars->step[slot], Cfg::kStepBytes);
+    // L9 for step (h, i) into ring slot `slot`: Q_i and dO_i by TMA (one thread).
+    const auto copy_step_tiles = [&](int slot, int h, int i) {
+        hopper::mbarrier_arrive_expect_bytes(&bars->step[slot], Cfg::kStepBytes);
 #pragma unroll
-            for (int pn = 0; pn < kPanels; ++pn) {
-                hopper::tma_load_4d(sQ + slot * Br * D + pn * Br * 64, &params.q, &bars->step[slot],
-                                    64 * pn, i * Br, int(h), int(b));
-                hopper::tma_load_4d(sdO + slot * Br * D + pn * Br * 64, &params.dO,
-                                    &bars->step[slot], 64 * pn, i * Br, int(h), int(b));
-            }
+        for (int pn = 0; pn < kPanels; ++pn) {
+            hopper::tma_load_4d(sQ + slot * Br * D + pn * Br * 64, &params.q, &bars->step[slot],
+                                64 * pn, i * Br, h, b);
+            hopper::tma_load_4d(sdO + slot * Br * D + pn * Br * 64, &params.dO, &bars->step[slot],
+                                64 * pn, i * Br, h, b);
         }
+    };
+    // Without a producer: the tiles by thread 0, L_i and D_i by cp.async (every thread; committed
+    // by the caller).
+    const auto load_step = [&](int slot, int h, int i) {
+        if (threadIdx.x == 0) copy_step_tiles(slot, h, i);
         cuda::load_row_statistics<Br, Cfg::kThreads>(bp, b, h, i, sL + slot * Br,
                                                      sDelta + slot * Br);
     };
 
-    // L8: the steps (h, i), in cuda::next_step's order, and the kAhead = kSlots - 1 steps after
-    // it (h_ask, i_ask, the next first). Their tiles are asked for ahead: step (h, i) starts once
-    // its own have landed and then asks for the last of h_ask, so that while it runs the ring
-    // holds it and the kAhead steps after it. Past the last step, h = h0 + G.
+    if constexpr (Cfg::kProducer) {
+        if (wg < 0) {
+            // The producer warpgroup. Its first warp walks the steps in the computing warpgroups'
+            // order (cuda::next_step), kSlots of them ahead: once every computing thread has
+            // released a slot, lane 0 asks for the next step's Q_i and dO_i, and each lane stores
+            // its share of L_i and D_i and arrives (a release: the stores come with it). The other
+            // warps have nothing to do.
+            hopper::release_registers<Cfg::kProducerRegisters>();
+            if (warp != 0) return;
+            RingPosition slot;
+            int h = h0, i = -1;
+            for (cuda::next_step(p, cols, Tr, Br, h0, G, h, i); h < h0 + G;
+                 cuda::next_step(p, cols, Tr, Br, h0, G, h, i)) {
+                hopper::mbarrier_wait(&bars->step_empty[slot.stage], slot.phase ^ 1);
+                if (lane == 0) copy_step_tiles(slot.stage, h, i);
+                cuda::load_row_statistics<Br, 32, false>(bp, b, h, i, sL + slot.stage * Br,
+                                                         sDelta + slot.stage * Br, lane);
+                hopper::mbarrier_arrive(&bars->step[slot.stage]);
+                slot.advance<Cfg::kSlots>();
+            }
+            return;
+        }
+        hopper::claim_registers<Cfg::kComputeRegisters>();
+    }
+
+    // L8: the steps (h, i), in cuda::next_step's order. Without a producer, also the kAhead =
+    // kSlots - 1 steps after it (h_ask, i_ask, the next first): their tiles are asked for ahead,
+    // step (h, i) starts once its own have landed and then asks for the last of h_ask, so that
+    // while it runs the ring holds it and the kAhead steps after it. Past the last step,
+    // h = h0 + G.
     constexpr int kAhead = Cfg::kSlots - 1;
     int h = h0;
     int i = -1;
     cuda::next_step(p, cols, Tr, Br, h0, G, h, i);
-    if (h < h0 + G) load_step(0, h, i);
-    cp_async_commit();
     int h_ask[kAhead];
     int i_ask[kAhead];
+    if constexpr (!Cfg::kProducer) {
+        if (h < h0 + G) load_step(0, h, i);
+        cp_async_commit();
 #pragma unroll
-    for (int k = 0; k < kAhead; ++k) {
-        h_ask[k] = k == 0 ? h : h_ask[k - 1];
-        i_ask[k] = k == 0 ? i : i_ask[k - 1];
-        if (h_ask[k] < h0 + G) cuda::next_step(p, cols, Tr, Br, h0, G, h_ask[k], i_ask[k]);
-        if (k + 1 < kAhead) {
-            if (h_ask[k] < h0 + G) load_step(k + 1, h_ask[k], i_ask[k]);
-            cp_async_commit();  // one group per step, empty past the last
+        for (int k = 0; k < kAhead; ++k) {
+            h_ask[k] = k == 0 ? h : h_ask[k - 1];
+            i_ask[k] = k == 0 ? i : i_ask[k - 1];
+            if (h_ask[k] < h0 + G) cuda::next_step(p, cols, Tr, Br, h0, G, h_ask[k], i_ask[k]);
+            if (k + 1 < kAhead) {
+                if (h_ask[k] < h0 + G) load_step(k + 1, h_ask[k], i_ask[k]);
+                cp_async_commit();  // one group per step, empty past the last
+            }
         }
     }
 
@@ -498,20 +580,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     RingPosition ring;
     bool keys_landed = false;
+    int buffer = 0;  // dS^T's buffer of this step (by turns with a producer)
     while (h < h0 + G) {
-        // This step's tiles have landed, and every warpgroup is done with the previous step (its
-        // slot, which the next copy overwrites, and dS^T, which this step rewrites); with the dQ
-        // blocks in that slot, the copy engine has read them.
-        if constexpr (Cfg::kDqInSlot)
-            if (wg_warp == 0 && lane == 0) hopper::bulk_wait_read<0>();
-        cp_async_wait<Cfg::kSlots - 2>();
-        hopper::mbarrier_wait(&bars->step[ring.stage], ring.phase);
-        if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
-        keys_landed = true;
-        __syncthreads();
-        if (h_ask[kAhead - 1] < h0 + G)
-            load_step((ring.stage + kAhead) % Cfg::kSlots, h_ask[kAhead - 1], i_ask[kAhead - 1]);
-        cp_async_commit();
+        if constexpr (Cfg::kProducer) {
+            // This step's slot is full (the producer asked for it as soon as it came free).
+            hopper::mbarrier_wait(&bars->step[ring.stage], ring.phase);
+            if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
+            keys_landed = true;
+        } else {
+            // This step's tiles have landed, and every warpgroup is done with the previous step
+            // (its slot, which the next copy overwrites, and dS^T, which this step rewrites); with
+            // the dQ blocks in that slot, the copy engine has read them.
+            if constexpr (Cfg::kDqInSlot)
+                if (wg_warp == 0 && lane == 0) hopper::bulk_wait_read<0>();
+            cp_async_wait<Cfg::kSlots - 2>();
+            hopper::mbarrier_wait(&bars->step[ring.stage], ring.phase);
+            if (!keys_landed) hopper::mbarrier_wait(&bars->kv, 0);
+            keys_landed = true;
+            __syncthreads();
+            if (h_ask[kAhead - 1] < h0 + G)
+                load_step((ring.stage + kAhead) % Cfg::kSlots, h_ask[kAhead - 1], i_ask[kAhead - 1]);
+            cp_async_commit();
+        }
+        T* const sdS_step = sdS + buffer * Bc * Br;
 
         const T* sQ_i = fresh(sQ) + ring.stage * Br * D;
         const T* sdO_i = fresh(sdO) + ring.stage * Br * D;
@@ -524,7 +615,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (Cfg::kOverlapDq && !kDeterministic && !kBlockMask) {
             step_dq_overlapped<Cfg, kBlockMask>(params, dK, dV, sK_j, sV_j, sQ_i, sdO_i,
                                                 sL + ring.stage * Br, sDelta + ring.stage * Br,
-                                                sdS, sdQ, seen, rows, wg_cols, key_column, b, h,
+                                                sdS_step, sdQ, seen, rows, wg_cols, key_column, b, h,
                                                 wg, wg_warp, key0, lane);
         } else {
             // dV_j and dK_j's columns Dw column_group ..: panels Dw / 64 column_group ..
@@ -548,17 +639,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     pack_a<T, Brw / 16>(aP, S);
                     pack_a<T, Brw / 16>(adS, dP);
                     store_score_gradients<Cfg, Brw>(sP, aP, key0, lane, q0);
-                    store_score_gradients<Cfg, Brw>(sdS, adS, key0, lane, q0);
+                    store_score_gradients<Cfg, Brw>(sdS_step, adS, key0, lane, q0);
                 } else {
                     const std::uint32_t zero[Brw / 16][4] = {};
                     store_score_gradients<Cfg, Brw>(sP, zero, key0, lane, q0);
-                    store_score_gradients<Cfg, Brw>(sdS, zero, key0, lane, q0);
+                    store_score_gradients<Cfg, Brw>(sdS_step, zero, key0, lane, q0);
                 }
                 hopper::fence_proxy_async();  // P^T's and dS^T's stores, read next by the tensor cores
                 __syncthreads();              // both halves complete
                 if (seen != TileVisibility::none) {
                     issue_a_smem_b<T, Br / 16>(dV, fresh(sP), Bc * 64, sdO_i + d_panel0, Br * 64);  // L12
-                    issue_a_smem_b<T, Br / 16>(dK, fresh(sdS), Bc * 64, sQ_i + d_panel0, Br * 64);  // L16
+                    issue_a_smem_b<T, Br / 16>(dK, fresh(sdS_step), Bc * 64, sQ_i + d_panel0, Br * 64);  // L16
                     hopper::wgmma_wait<0>();
                     hopper::wgmma_fence_registers(dV);
                     hopper::wgmma_fence_registers(dK);
@@ -576,7 +667,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     issue_a_regs_b<T, Br / 16, kWgPanels>(dV, aP, sdO_i + d_panel0, Br * 64);  // L12
                     pack_a<T, Br / 16>(adS, dP);
                     issue_a_regs_b<T, Br / 16, kWgPanels>(dK, adS, sQ_i + d_panel0, Br * 64);  // L16
-                    store_score_gradients<Cfg>(sdS, adS, key0, lane);
+                    store_score_gradients<Cfg>(sdS_step, adS, key0, lane);
                     hopper::wgmma_wait<0>();
                     hopper::wgmma_fence_registers(dV);
                     hopper::wgmma_fence_registers(dK);
@@ -584,11 +675,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     hopper::wgmma_fence_registers(adS);
                 } else {
                     const std::uint32_t zero[Br / 16][4] = {};
-                    store_score_gradients<Cfg>(sdS, zero, key0, lane);
+                    store_score_gradients<Cfg>(sdS_step, zero, key0, lane);
                 }
             }
             hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
-            __syncthreads();  // dS^T complete (kQuerySplit: every product done with the step's slot)
+            // dS^T complete (kQuerySplit: every product done with the step's slot).
+            if constexpr (Cfg::kProducer)
+                hopper::named_barrier_sync(kScoreGradientsDone, Cfg::kComputeThreads);
+            else
+                __syncthreads();
 
             // L15: dQ_i += scale dS K_j; in kDeterministic mode after the key tiles before this one.
             int* turn = nullptr;
@@ -608,7 +703,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 for (int q = 0; q < kPer; ++q) {
                     const int rb = (wg * kPer + q) / kPanels, cb = (wg * kPer + q) % kPanels;
                     float acc[8][4];
-                    issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64,
+                    issue_mn_major<T, Bc / 16>(acc, fresh(sdS_step) + rb * Bc * 64,
                                                fresh(sK) + cb * Bc * 64);
                     hopper::wgmma_wait<0>();
                     hopper::wgmma_fence_registers(acc);
@@ -622,13 +717,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
             if constexpr (kDeterministic) cuda::pass_dq_turn(turn);
         }
-        h = h_ask[0], i = i_ask[0];
+        if constexpr (Cfg::kProducer) {
+            hopper::mbarrier_arrive(&bars->step_empty[ring.stage]);  // the slot is the producer's
+            buffer ^= 1;
+            cuda::next_step(p, cols, Tr, Br, h0, G, h, i);
+        } else {
+            h = h_ask[0], i = i_ask[0];
 #pragma unroll
-        for (int k = 0; k < kAhead; ++k) {
-            if (k + 1 < kAhead) {
-                h_ask[k] = h_ask[k + 1], i_ask[k] = i_ask[k + 1];
-            } else if (h_ask[k] < h0 + G) {
-                cuda::next_step(p, cols, Tr, Br, h0, G, h_ask[k], i_ask[k]);
+            for (int k = 0; k < kAhead; ++k) {
+                if (k + 1 < kAhead) {
+                    h_ask[k] = h_ask[k + 1], i_ask[k] = i_ask[k + 1];
+                } else if (h_ask[k] < h0 + G) {
+                    cuda::next_step(p, cols, Tr, Br, h0, G, h_ask[k], i_ask[k]);
+                }
             }
         }
         ring.advance<Cfg::kSlots>();
@@ -642,13 +743,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // L18. Q was read times q_sign (so S^T had the right sign): dK's scale is |scale|. Staged in
     // K_j's shared memory, once every warpgroup's products reading it are done (the barrier).
     if (params.key_gradients_staged) {
-        __syncthreads();
+        sync_compute_threads<Cfg>();
         auto* stage = reinterpret_cast<unsigned char*>(sK);
         const int jt = key_tile(), col0 = Dw * column_group;
         store_key_gradient_staged<Cfg>(bp.dK, bp.dk_layout, dK, bp.abs_scale, stage, b, g, jt,
-                                       seq_kv, key0, lane, col0);
+                                       seq_kv, key0, tid, lane, col0);
         store_key_gradient_staged<Cfg>(bp.dV, bp.dv_layout, dV, 1.0f, stage, b, g, jt, seq_kv,
-                                       key0, lane, col0);
+                                       key0, tid, lane, col0);
     } else {
         cuda::write_key_gradients<Dw>(bp, dK, dV, bp.abs_scale, b, g, key_tile() * Bc + key0,
                                       lane, Dw * column_group);

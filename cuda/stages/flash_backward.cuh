@@ -110,18 +110,26 @@ inline BackwardParams make_backward_params(const AttentionProblem& p, const void
     return params;
 }
 
-// Algorithm 2 L9 (the statistics): L_i and D_i of query tile i, head h, into shared memory;
-// rows past N_q read as 0 (never used: they are masked).
-template <int Br, int kThreads>
+// Algorithm 2 L9 (the statistics): L_i and D_i of query tile i, head h, into shared memory, by
+// kThreads threads (this one is `thread` of them); rows past N_q read as 0 (never used: they are
+// masked). kAsync: by cp.async, committed and waited for by the caller; else by plain loads and
+// stores, done when the function returns (cuda-fa3's producer warp, which then signals them).
+template <int Br, int kThreads, bool kAsync = true>
 __device__ __forceinline__ void load_row_statistics(const BackwardParams& params, std::int64_t b,
-                                                    std::int64_t h, int i, float* sL, float* sD) {
+                                                    std::int64_t h, int i, float* sL, float* sD,
+                                                    int thread = int(threadIdx.x)) {
     const AttentionProblem& p = params.problem;
-    for (int r = int(threadIdx.x); r < Br; r += kThreads) {
+    for (int r = thread; r < Br; r += kThreads) {
         const int row = i * Br + r;
         const bool valid = row < p.seq_q;
         const std::int64_t at = p.lse_offset(b, h) + (valid ? row : 0);
-        cp_async_4(sL + r, params.lse + at, valid);
-        cp_async_4(sD + r, params.D + at, valid);
+        if constexpr (kAsync) {
+            cp_async_4(sL + r, params.lse + at, valid);
+            cp_async_4(sD + r, params.D + at, valid);
+        } else {
+            sL[r] = valid ? params.lse[at] : 0.0f;
+            sD[r] = valid ? params.D[at] : 0.0f;
+        }
     }
 }
 
