@@ -73,8 +73,9 @@ void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& ar
 // columns of dK_j, dV_j and the queries of S^T, dP^T: Fa3BackwardTile), with a ring of 2 slots for
 // Q_i, dO_i, L_i, D_i or 3 (-ring3), dQ_i's product overlapped with dK_j's or not (-dq-overlap,
 // Fa3BackwardTile::kOverlapDq), a producer warpgroup or not (-producer, Fa3BackwardTile::kProducer;
-// with a block mask or in deterministic mode such a tile runs without it): the default (first listed for a d) is the one measured fastest
-// in docs/cuda_fa3.md ("backward"); FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
+// with a block mask or in deterministic mode such a tile runs without it): the default (first
+// listed for a d) is the one measured fastest in docs/cuda_fa3.md ("backward");
+// FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
 struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own

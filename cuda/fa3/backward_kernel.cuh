@@ -144,7 +144,7 @@ struct Fa3BackwardTile {
 
 // The named barriers (bar.sync ids) of the backward beside __syncthreads' 0: warpgroup wg's dQ_i
 // staging block is kDqStaging + wg (add_dq_block); dS^T complete, both computing warpgroups
-// (kScoreGradientsDone); the computing threads around the staged dK_j, dV_j (kComputeThreads).
+// (kScoreGradientsDone); the computing threads around the staged dK_j, dV_j (kComputeThreadsMeet).
 enum BackwardBarrier : int { kDqStaging = 1, kScoreGradientsDone = 3, kComputeThreadsMeet = 4 };
 
 // The computing threads meet: the whole CTA without a producer, else a named barrier of theirs
@@ -393,7 +393,8 @@ __device__ __forceinline__ void step_dq_overlapped(
         store_score_gradients<Cfg>(sdS, adS, key0, lane);
         issue_a_regs_b<T, Br / 16, kPanels>(dV, aP, sdO_i, Br * 64);  // L12
         hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
-        hopper::named_barrier_sync_unaligned(kScoreGradientsDone, Cfg::kComputeThreads);  // dS^T complete
+        // dS^T complete.
+        hopper::named_barrier_sync_unaligned(kScoreGradientsDone, Cfg::kComputeThreads);
         issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK_j) + cb * Bc * 64);
         hopper::wgmma_wait<1>();  // dV_j's product is done (aP free); dQ_i's may still run
         hopper::wgmma_fence_registers(dV);

@@ -158,8 +158,8 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
         << "; working mem = measured peak beyond inputs and outputs;\n"
            "check: max|out - ref64| <= 2*max|standard_p - ref64| + 1e-6 (O), and for a backend\n"
            "with a backward pass the same rule on each of dQ, dK, dV (random dO; factor 3 in\n"
-           "fp16/bf16) against float64 Algorithm 3; grad err/bound = the largest max|grad - ref64| / bound of the\n"
-           "three (<= 1 passes; - = no backward pass)\n";
+           "fp16/bf16) against float64 Algorithm 3; grad err/bound = the largest\n"
+           "max|grad - ref64| / bound of the three (<= 1 passes; - = no backward pass)\n";
     return failures;
 }
 
