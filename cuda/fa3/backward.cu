@@ -35,10 +35,15 @@ void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
     cuda::launch_overlapping_previous(kernel, grid, dim3(Cfg::kThreads), kSmem, stream, params);
 }
 
-// The tensor maps (boxes of Br rows for Q and dO, Bc for K and V), then the kernel.
-template <class Cfg>
+// The tensor maps (boxes of Br rows for Q and dO, Bc for K and V), then the kernel: Cfg's, or
+// with a block mask or in deterministic mode Plain's (Cfg without a producer warpgroup, whose
+// kernels exist only without both: Fa3BackwardTile::kProducer).
+template <class Cfg, class Plain>
 void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool deterministic,
             cudaStream_t stream) {
+    static_assert(!Plain::kProducer && Plain::D == Cfg::D && Plain::Br == Cfg::Br &&
+                      Plain::Bc == Cfg::Bc,
+                  "the plain kernels read the same tensor maps");
     const AttentionProblem& p = args.problem;
     const DType t = args.dtype;
     params.q = tile_map(args.Q, t, p.batch, p.heads, p.seq_q, p.dim, args.q_at, Cfg::Br);
@@ -48,8 +53,6 @@ void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool det
     params.dq_sum = sum_map(args.dQ_sum, p.batch, p.heads, p.seq_q, p.dim, 64);
     params.tail = int(schedule_tail(p.causal, tile_count(p.seq_kv, Cfg::Bc), p.batch * p.heads_kv,
                                     cuda::device_limits().sm_count));
-    // A producer warpgroup's kernels exist only without both (Fa3BackwardTile::kProducer).
-    using Plain = typename Cfg::WithoutProducer;
     if (params.base.problem.block_mask.active())
         deterministic ? launch_kernel<Plain, true, true>(params, stream)
                       : launch_kernel<Plain, true, false>(params, stream);
@@ -58,14 +61,18 @@ void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool det
                       : launch_kernel<Cfg, false, false>(params, stream);
 }
 
-template <int D, int Br, int kSlots = 2, bool kOverlap = false, bool kProducer = false>
+// kPlainSlots: the ring of the kernels without a producer (block masks, deterministic mode).
+template <int D, int Br, int kSlots = 2, bool kOverlap = false, bool kProducer = false,
+          int kPlainSlots = kSlots>
 void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& args,
                  bool deterministic, cudaStream_t stream) {
     if (args.dtype == DType::f16)
-        launch<Fa3BackwardTile<__half, D, Br, kSlots, kOverlap, kProducer>>(params, args,
+        launch<Fa3BackwardTile<__half, D, Br, kSlots, kOverlap, kProducer>,
+               Fa3BackwardTile<__half, D, Br, kPlainSlots, kOverlap, false>>(params, args,
                                                                             deterministic, stream);
     else
-        launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots, kOverlap, kProducer>>(
+        launch<Fa3BackwardTile<__nv_bfloat16, D, Br, kSlots, kOverlap, kProducer>,
+               Fa3BackwardTile<__nv_bfloat16, D, Br, kPlainSlots, kOverlap, false>>(
             params, args, deterministic, stream);
 }
 
@@ -73,8 +80,9 @@ void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& ar
 // columns of dK_j, dV_j and the queries of S^T, dP^T: Fa3BackwardTile), with a ring of 2 slots for
 // Q_i, dO_i, L_i, D_i or 3 (-ring3), dQ_i's product overlapped with dK_j's or not (-dq-overlap,
 // Fa3BackwardTile::kOverlapDq), a producer warpgroup or not (-producer, Fa3BackwardTile::kProducer;
-// with a block mask or in deterministic mode such a tile runs without it): the default (first
-// listed for a d) is the one measured fastest in docs/cuda_fa3.md ("backward");
+// with a block mask or in deterministic mode such a tile runs without it, at d = 64 with the
+// three slots of the tile that was the default before it): the default (first listed for a d) is
+// the one measured fastest in docs/cuda_fa3.md ("backward");
 // FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
 struct Variant {
     const char* name;
@@ -83,9 +91,9 @@ struct Variant {
     void (*run)(const Fa3BackwardParams&, const cuda::Backward16Args&, bool, cudaStream_t);
 };
 const Variant kVariants[] = {
+    {"d64-Br128-producer", "", 64, 128, run_variant<64, 128, 2, false, true, 3>},
     {"d64-Br128-ring3", "", 64, 128, run_variant<64, 128, 3>},
     {"d64-Br128", "", 64, 128, run_variant<64, 128>},
-    {"d64-Br128-producer", "", 64, 128, run_variant<64, 128, 2, false, true>},
     {"d64-Br64", "", 64, 64, run_variant<64, 64>},
     {"d128-Br64-dq-overlap-producer", "", 128, 64, run_variant<128, 64, 2, true, true>},
     {"d128-Br64-dq-overlap", "", 128, 64, run_variant<128, 64, 2, true>},

@@ -31,10 +31,10 @@
 // Two forms of the CTA. In the plain one every thread computes (thread 0 also issues the copies),
 // and the ring is refilled at each step's start, behind a barrier of the whole CTA. In the
 // -producer tiles (FlashAttention-3's warp specialization, Section 3.1) a producer warpgroup runs
-// ahead: one warp copies each step's Q_i, dO_i (TMA) and L_i, D_i (its lanes) into a slot as soon
-// as the computing warpgroups have released it (an "empty" mbarrier per slot), gives its registers
-// to them (setmaxnreg), and dS^T has two buffers, so that the computing warpgroups meet once per
-// step (dS^T complete) instead of twice. Neither form overlaps a step's products with its own or
+// ahead: one warp copies each step's Q_i, dO_i (TMA) and L_i, D_i (its lanes' cp.async) into a
+// slot as soon as the computing warpgroups have released it (an "empty" mbarrier per slot), gives
+// its registers to them (setmaxnreg), and dS^T has two buffers, so that the computing warpgroups
+// meet once per step (dS^T complete) instead of twice. Neither form overlaps a step's products with its own or
 // the next step's softmax. Each product is waited for where it is issued, except in the
 // -dq-overlap tiles (step_dq_overlapped): there dV_j's product runs across the barrier for dS^T,
 // and dK_j's while dQ_i's block is added.
@@ -89,13 +89,14 @@ struct Fa3BackwardTile {
     // A producer warpgroup before them (-producer tiles; the kernel's header says what it does):
     // warpgroup 0 of the CTA, 24 registers per thread, the computing threads 240 each (setmaxnreg:
     // 128 x 24 + 256 x 240 = 64,512 of the SM's 65,536). Its kernels exist without a block mask and
-    // outside deterministic mode; those modes run the same tile without it (WithoutProducer).
+    // outside deterministic mode; those modes run a tile without it (its variant names which:
+    // cuda/fa3/backward.cu).
     static constexpr bool kProducer = kProducer_;
     static constexpr int kThreads = kComputeThreads + (kProducer ? 128 : 0);
     static constexpr int kProducerRegisters = 24;
     static constexpr int kComputeRegisters = 240;
     // A slot's "full" barrier: the producer's TMA arrival (with the bytes) and, with a producer,
-    // one more from each lane of its warp once that lane's L_i, D_i values are stored.
+    // one more from each lane of its warp once that lane's copies of L_i, D_i have landed.
     static constexpr int kStepArrivals = kProducer ? 1 + 32 : 1;
     // dS^T's buffers: with a producer, two, used by turns: a warpgroup writing step t + 1's dS^T
     // must not overwrite step t's while the other warpgroup's dQ_i product still reads it, and no
@@ -139,7 +140,6 @@ struct Fa3BackwardTile {
                   "cuda-fa3 backward: the overlapped dQ_i for one block per warpgroup (D = 64, 128)");
     static_assert(!(kProducer && (kQuerySplit || kDqInSlot)),
                   "cuda-fa3 backward: a producer warpgroup at D = 64 and 128");
-    using WithoutProducer = Fa3BackwardTile<T_, D_, Br_, kSlots_, kOverlap_, false>;
 };
 
 // The named barriers (bar.sync ids) of the backward beside __syncthreads' 0: warpgroup wg's dQ_i
@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(!Cfg::kProducer || (!kBlockMask && !kDeterministic),
                   "with a block mask or in deterministic mode the launch runs the tile without a "
-                  "producer (Cfg::WithoutProducer)");
+                  "producer (cuda/fa3/backward.cu's run_variant)");
     using T = typename Cfg::T;
     constexpr int Br = Cfg::Br, Bc = Cfg::Bc, D = Cfg::D, Dw = Cfg::Dw, kPanels = Cfg::kPanels;
     extern __shared__ uint4 smem_raw[];
@@ -527,9 +527,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (wg < 0) {
             // The producer warpgroup. Its first warp walks the steps in the computing warpgroups'
             // order (cuda::next_step), kSlots of them ahead: once every computing thread has
-            // released a slot, lane 0 asks for the next step's Q_i and dO_i, and each lane stores
-            // its share of L_i and D_i and arrives (a release: the stores come with it). The other
-            // warps have nothing to do.
+            // released a slot, lane 0 asks TMA for the next step's Q_i and dO_i, and each lane
+            // copies its share of L_i and D_i with cp.async, whose landing arrives on the slot's
+            // barrier, so that the warp never waits for a load. (Loaded into registers and
+            // stored, a lane's loads ran one after another at the producer's 24 registers, and the
+            // computing warpgroups waited for their slots: docs/cuda_fa3.md.) The other warps
+            // have nothing to do.
             hopper::release_registers<Cfg::kProducerRegisters>();
             if (warp != 0) return;
             RingPosition slot;
@@ -538,11 +541,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                  cuda::next_step(p, cols, Tr, Br, h0, G, h, i)) {
                 hopper::mbarrier_wait(&bars->step_empty[slot.stage], slot.phase ^ 1);
                 if (lane == 0) copy_step_tiles(slot.stage, h, i);
-                cuda::load_row_statistics<Br, 32, false>(bp, b, h, i, sL + slot.stage * Br,
-                                                         sDelta + slot.stage * Br, lane);
-                hopper::mbarrier_arrive(&bars->step[slot.stage]);
+                cuda::load_row_statistics<Br, 32, true>(bp, b, h, i, sL + slot.stage * Br,
+                                                        sDelta + slot.stage * Br, lane);
+                cp_async_mbarrier_arrive(&bars->step[slot.stage]);
                 slot.advance<Cfg::kSlots>();
             }
+            cp_async_wait_all();
             return;
         }
         hopper::claim_registers<Cfg::kComputeRegisters>();

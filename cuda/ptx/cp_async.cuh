@@ -35,6 +35,15 @@ __device__ inline void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// Makes the mbarrier `bar` (in shared memory) count one arrival of this thread once every copy
+// the thread has issued so far has landed; the thread goes on at once. `.noinc`: the arrival is
+// one of those the barrier was initialized to expect. A thread that waits for the barrier's phase
+// then sees the copies (cuda-fa3's backward producer: L_i and D_i into a ring slot).
+__device__ inline void cp_async_mbarrier_arrive(void* bar) {
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(at) : "memory");
+}
+
 // Waits for every copy this thread issued (committed or not).
 __device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
