@@ -530,8 +530,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // released a slot, lane 0 asks TMA for the next step's Q_i and dO_i, and each lane
             // copies its share of L_i and D_i with cp.async, whose landing arrives on the slot's
             // barrier, so that the warp never waits for a load. (Loaded into registers and
-            // stored, a lane's loads ran one after another at the producer's 24 registers, and the
-            // computing warpgroups waited for their slots: docs/cuda_fa3.md.) The other warps
+            // stored, they held the producer back at its 24 registers, and the computing
+            // warpgroups waited for their slots: docs/cuda_fa3.md measures it.) The other warps
             // have nothing to do.
             hopper::release_registers<Cfg::kProducerRegisters>();
             if (warp != 0) return;
