@@ -34,10 +34,10 @@
 // ahead: one warp copies each step's Q_i, dO_i (TMA) and L_i, D_i (its lanes' cp.async) into a
 // slot as soon as the computing warpgroups have released it (an "empty" mbarrier per slot), gives
 // its registers to them (setmaxnreg), and dS^T has two buffers, so that the computing warpgroups
-// meet once per step (dS^T complete) instead of twice. Neither form overlaps a step's products with its own or
-// the next step's softmax. Each product is waited for where it is issued, except in the
-// -dq-overlap tiles (step_dq_overlapped): there dV_j's product runs across the barrier for dS^T,
-// and dK_j's while dQ_i's block is added.
+// meet once per step (dS^T complete) instead of twice. Neither form overlaps a step's products
+// with its own or the next step's softmax. Each product is waited for where it is issued, except
+// in the -dq-overlap tiles (step_dq_overlapped): there dV_j's product runs across the barrier for
+// dS^T, and dK_j's while dQ_i's block is added.
 // docs/cuda_fa3.md, "The backward on wgmma", measures these forms, overlaps that did not pay, and
 // says what comes next.
 #pragma once
