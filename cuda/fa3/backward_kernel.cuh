@@ -34,7 +34,9 @@
 // ahead: one warp copies each step's Q_i, dO_i (TMA) and L_i, D_i (its lanes' cp.async) into a
 // slot as soon as the computing warpgroups have released it (an "empty" mbarrier per slot), gives
 // its registers to them (setmaxnreg), and dS^T has two buffers, so that the computing warpgroups
-// meet once per step (dS^T complete) instead of twice. Neither form overlaps a step's products
+// meet once per step (dS^T complete) instead of twice; in the -dq-overlap-producer tile a lane of
+// a second warp issues the copy engine's dQ additions, so that a computing warpgroup's warps write
+// their dQ_i block without meeting each other (add_dq_block). Neither form overlaps a step's products
 // with its own or the next step's softmax. Each product is waited for where it is issued, except
 // in the -dq-overlap tiles (step_dq_overlapped): there dV_j's product runs across the barrier for
 // dS^T, and dK_j's while dQ_i's block is added.
@@ -94,6 +96,12 @@ struct Fa3BackwardTile {
     static constexpr bool kProducer = kProducer_;
     static constexpr int kThreads = kComputeThreads + (kProducer ? 128 : 0);
     static constexpr int kProducerRegisters = 24;
+    // dQ_i's blocks handed to the copy engine by a lane of the producer's second warp, so that a
+    // computing warpgroup's warps write their block without meeting (add_dq_block): in the
+    // -dq-overlap-producer tile (d = 128), where it measured 2-3.4% faster without a mask (level,
+    // to 1.6% slower, under a causal mask). In d = 64's producer tile (whose step waits for dQ_i's
+    // product) it measured 4-7% slower (docs/cuda_fa3.md, "dQ_i's blocks handed to the producer").
+    static constexpr bool kDqWarp = kProducer && kOverlapDq;
     static constexpr int kComputeRegisters = 240;
     // A slot's "full" barrier: the producer's TMA arrival (with the bytes) and, with a producer,
     // one more from each lane of its warp once that lane's copies of L_i, D_i have landed.
@@ -158,16 +166,22 @@ __device__ __forceinline__ void sync_compute_threads() {
 }
 
 // The barriers: K_j and V_j have landed; slot s's Q_i, dO_i (and with a producer L_i, D_i) have
-// landed; with a producer, every computing thread is done with slot s.
+// landed; with a producer, every computing thread is done with slot s; with a dQ warp, computing
+// warpgroup w's dQ block is written (dq_full: its 128 threads arrive) and the copy engine has read
+// it (dq_empty: the producer's dQ warp arrives), add_dq_block.
 struct Fa3BackwardBarriers {
     std::uint64_t kv;
     std::uint64_t step[3];
     std::uint64_t step_empty[3];
+    std::uint64_t dq_full[2];
+    std::uint64_t dq_empty[2];
     int key_tile;  // j (see the kernel: read where it is used)
     __device__ void init(int step_arrivals, int compute_threads) {
         hopper::mbarrier_init(&kv, 1);
         for (std::uint64_t& slot : step) hopper::mbarrier_init(&slot, step_arrivals);
         for (std::uint64_t& slot : step_empty) hopper::mbarrier_init(&slot, compute_threads);
+        for (std::uint64_t& block : dq_full) hopper::mbarrier_init(&block, 128);
+        for (std::uint64_t& block : dq_empty) hopper::mbarrier_init(&block, 1);
         hopper::fence_barrier_init();
     }
 };
@@ -274,13 +288,21 @@ __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
 // next key tile's turn comes after them); otherwise it waits, at its next block, only until the
 // copy engine has read this one. At D = 256 (Cfg::kDqInSlot) sdq lies in the step's slot of Q_i
 // and dO_i, and the kernel waits for that read before the slot's next copy instead.
+// With a dQ warp (Cfg::kDqWarp: a producer warpgroup, one block per warpgroup and step) the warpgroup's
+// threads neither meet nor issue the copy: each waits until the copy engine has read the block's
+// previous contents (bars->dq_empty[wg], the phase before this step's: step_parity ^ 1), writes,
+// and arrives on bars->dq_full[wg]; the producer's dQ warp (add_dq_blocks_issued) waits for those
+// arrivals, hands the block to the copy engine and, once it is read, arrives on dq_empty[wg].
 template <class Cfg, bool kDeterministic>
 __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, float* sdq,
                                              const float (&acc)[8][4], std::int64_t b,
                                              std::int64_t h, int row0, int col0, int wg,
-                                             int wg_warp, int lane) {
+                                             int wg_warp, int lane, Fa3BackwardBarriers* bars,
+                                             std::uint32_t step_parity) {
     const bool issuer = wg_warp == 0 && lane == 0;
-    if constexpr (!Cfg::kDqInSlot) {
+    if constexpr (Cfg::kDqWarp) {
+        hopper::mbarrier_wait(&bars->dq_empty[wg], step_parity ^ 1);
+    } else if constexpr (!Cfg::kDqInSlot) {
         // The block's previous contents have been read (the wait is for a copy issued a step ago).
         if (issuer) hopper::bulk_wait_read<0>();
         hopper::named_barrier_sync(kDqStaging + wg, 128);
@@ -302,6 +324,10 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
                                          8 * r * kRowBytes,
                                      scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
     hopper::fence_proxy_async();  // the stores, read next by the copy engine
+    if constexpr (Cfg::kDqWarp) {
+        hopper::mbarrier_arrive(&bars->dq_full[wg]);
+        return;
+    }
     hopper::named_barrier_sync(kDqStaging + wg, 128);
     if (!issuer) return;
     hopper::tma_reduce_add_4d(&params.dq_sum, sdq, col0, row0, int(h), int(b));
@@ -310,6 +336,40 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
     if constexpr (kDeterministic) {
         hopper::bulk_wait<0>();
         hopper::fence_proxy_async_global();
+    }
+}
+
+// The producer's dQ warp (Cfg::kDqWarp; lane 0 alone): for each step, in the computing
+// warpgroups' order (cuda::next_step), each warpgroup's dQ_i block (warpgroup w's: rows 64 (w /
+// kPanels) .., columns 64 (w % kPanels) .., as add_dq_block's callers place it) is handed to the
+// copy engine's reduce-add once its 128 threads have written it, and given back to them once
+// read. A block is released when the step's later one has been handed over too (bulk_wait_read<1>
+// then <0>): it is next written a step later.
+template <class Cfg>
+__device__ __forceinline__ void add_dq_blocks_issued(const Fa3BackwardParams& params,
+                                                     Fa3BackwardBarriers* bars, const float* sdQ,
+                                                     TileRange cols, int Tr, int h0, int G, int b) {
+    static_assert(Cfg::kDqBlocksPerWarpgroup == 1 && Cfg::kDqBlocks == Cfg::kWarpgroups,
+                  "the dQ warp: one block per computing warpgroup and step");
+    const AttentionProblem& p = params.base.problem;
+    std::uint32_t parity = 0;
+    int h = h0, i = -1;
+    for (cuda::next_step(p, cols, Tr, Cfg::Br, h0, G, h, i); h < h0 + G;
+         cuda::next_step(p, cols, Tr, Cfg::Br, h0, G, h, i)) {
+#pragma unroll
+        for (int w = 0; w < Cfg::kWarpgroups; ++w) {
+            const int row0 = i * Cfg::Br + 64 * (w / Cfg::kPanels), col0 = 64 * (w % Cfg::kPanels);
+            const float* block = sdQ + w * Cfg::kDqBlockFloats;
+            hopper::mbarrier_wait(&bars->dq_full[w], parity);
+            hopper::tma_reduce_add_4d(&params.dq_sum, block, col0, row0, h, b);
+            hopper::tma_reduce_add_4d(&params.dq_sum, block + 64 * 32, col0 + 32, row0, h, b);
+            hopper::bulk_commit();
+        }
+        hopper::bulk_wait_read<1>();
+        hopper::mbarrier_arrive(&bars->dq_empty[0]);
+        hopper::bulk_wait_read<0>();
+        hopper::mbarrier_arrive(&bars->dq_empty[1]);
+        parity ^= 1;
     }
 }
 
@@ -373,7 +433,8 @@ __device__ __forceinline__ void step_dq_overlapped(
     const typename Cfg::T* sK_j, const typename Cfg::T* sV_j, const typename Cfg::T* sQ_i,
     const typename Cfg::T* sdO_i, const float* sL_i, const float* sD_i, typename Cfg::T* sdS,
     float* sdQ, TileVisibility seen, TileRange rows, TileRange wg_cols,
-    const KeyColumn& key_column, int b, int h, int wg, int wg_warp, int key0, int lane) {
+    const KeyColumn& key_column, int b, int h, int wg, int wg_warp, int key0, int lane,
+    Fa3BackwardBarriers* bars, std::uint32_t step_parity) {
     using T = typename Cfg::T;
     constexpr int Br = Cfg::Br, Bc = Cfg::Bc, kPanels = Cfg::kPanels;
     // The warpgroup's keys (64 wg ..) and its one dQ_i block: rows 64 rb .., columns 64 cb ...
@@ -403,7 +464,7 @@ __device__ __forceinline__ void step_dq_overlapped(
         hopper::wgmma_wait<1>();  // dQ_i's product is done; dK_j's may still run
         hopper::wgmma_fence_registers(acc);
         add_dq_block<Cfg, false>(params, staging, acc, b, h, rows.begin + 64 * rb, 64 * cb, wg,
-                                 wg_warp, lane);
+                                 wg_warp, lane, bars, step_parity);
         hopper::wgmma_wait<0>();
         hopper::wgmma_fence_registers(dK);
         hopper::wgmma_fence_registers(adS);
@@ -416,7 +477,7 @@ __device__ __forceinline__ void step_dq_overlapped(
         hopper::wgmma_wait<0>();
         hopper::wgmma_fence_registers(acc);
         add_dq_block<Cfg, false>(params, staging, acc, b, h, rows.begin + 64 * rb, 64 * cb, wg,
-                                 wg_warp, lane);
+                                 wg_warp, lane, bars, step_parity);
     }
 }
 
@@ -531,9 +592,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // copies its share of L_i and D_i with cp.async, whose landing arrives on the slot's
             // barrier, so that the warp never waits for a load. (Loaded into registers and
             // stored, they held the producer back at its 24 registers, and the computing
-            // warpgroups waited for their slots: docs/cuda_fa3.md measures it.) The other warps
-            // have nothing to do.
+            // warpgroups waited for their slots: docs/cuda_fa3.md measures it.) With a dQ warp
+            // (Cfg::kDqWarp), lane 0 of its second warp hands the computing warpgroups' dQ_i
+            // blocks to the copy engine (add_dq_blocks_issued). The other warps have nothing to do.
             hopper::release_registers<Cfg::kProducerRegisters>();
+            if constexpr (Cfg::kDqWarp)
+                if (warp == 1 && lane == 0)
+                    add_dq_blocks_issued<Cfg>(params, bars, sdQ, cols, Tr, h0, G, b);
             if (warp != 0) return;
             RingPosition slot;
             int h = h0, i = -1;
@@ -585,7 +650,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     RingPosition ring;
     bool keys_landed = false;
-    int buffer = 0;  // dS^T's buffer of this step (by turns with a producer)
+    // dS^T's buffer of this step (by turns with a producer); with a producer, also the parity of
+    // the step's phase of the dQ barriers (add_dq_block).
+    int buffer = 0;
     while (h < h0 + G) {
         if constexpr (Cfg::kProducer) {
             // This step's slot is full (the producer asked for it as soon as it came free).
@@ -621,7 +688,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             step_dq_overlapped<Cfg, kBlockMask>(params, dK, dV, sK_j, sV_j, sQ_i, sdO_i,
                                                 sL + ring.stage * Br, sDelta + ring.stage * Br,
                                                 sdS_step, sdQ, seen, rows, wg_cols, key_column, b, h,
-                                                wg, wg_warp, key0, lane);
+                                                wg, wg_warp, key0, lane, bars, buffer);
         } else {
             // dV_j and dK_j's columns Dw column_group ..: panels Dw / 64 column_group ..
             constexpr int kWgPanels = Dw / 64;
@@ -717,7 +784,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                         staging = reinterpret_cast<float*>((wg == 0 ? sQ : sdO) + ring.stage * Br * D) +
                                   q * Cfg::kDqBlockFloats;
                     add_dq_block<Cfg, kDeterministic>(params, staging, acc, b, h, rows.begin + 64 * rb,
-                                                      64 * cb, wg, wg_warp, lane);
+                                                      64 * cb, wg, wg_warp, lane, bars, buffer);
                 }
             }
             if constexpr (kDeterministic) cuda::pass_dq_turn(turn);
