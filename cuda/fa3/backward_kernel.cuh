@@ -31,15 +31,15 @@
 // Two forms of the CTA. In the plain one every thread computes (thread 0 also issues the copies),
 // and the ring is refilled at each step's start, behind a barrier of the whole CTA. In the
 // -producer tiles (FlashAttention-3's warp specialization, Section 3.1) a producer warpgroup runs
-// ahead: one warp copies each step's Q_i, dO_i (TMA) and L_i, D_i (its lanes' cp.async) into a
-// slot as soon as the computing warpgroups have released it (an "empty" mbarrier per slot), gives
-// its registers to them (setmaxnreg), and dS^T has two buffers, so that the computing warpgroups
-// meet once per step (dS^T complete) instead of twice; in the -dq-overlap-producer tile a lane of
-// a second warp issues the copy engine's dQ additions, so that a computing warpgroup's warps write
-// their dQ_i block without meeting each other (add_dq_block). Neither form overlaps a step's products
-// with its own or the next step's softmax. Each product is waited for where it is issued, except
-// in the -dq-overlap tiles (step_dq_overlapped): there dV_j's product runs across the barrier for
-// dS^T, and dK_j's while dQ_i's block is added.
+// ahead: one warp copies each step's Q_i, dO_i (TMA) and L_i, D_i (its lanes' cp.async) into a slot
+// as soon as the computing warpgroups have released it (an "empty" mbarrier per slot), gives its
+// registers to them (setmaxnreg), and dS^T has two buffers, so that the computing warpgroups meet
+// once per step (dS^T complete) instead of twice; in the -dq-overlap-producer tile a lane of a
+// second warp issues the copy engine's dQ additions, so that a computing warpgroup's warps write
+// their dQ_i block without meeting each other (add_dq_block). Neither form overlaps a step's
+// products with its own or the next step's softmax. Each product is waited for where it is issued,
+// except in the -dq-overlap tiles (step_dq_overlapped): there dV_j's product runs across the
+// barrier for dS^T, and dK_j's while dQ_i's block is added.
 // docs/cuda_fa3.md, "The backward on wgmma", measures these forms, overlaps that did not pay, and
 // says what comes next.
 #pragma once
@@ -288,11 +288,12 @@ __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
 // next key tile's turn comes after them); otherwise it waits, at its next block, only until the
 // copy engine has read this one. At D = 256 (Cfg::kDqInSlot) sdq lies in the step's slot of Q_i
 // and dO_i, and the kernel waits for that read before the slot's next copy instead.
-// With a dQ warp (Cfg::kDqWarp: a producer warpgroup, one block per warpgroup and step) the warpgroup's
-// threads neither meet nor issue the copy: each waits until the copy engine has read the block's
-// previous contents (bars->dq_empty[wg], the phase before this step's: step_parity ^ 1), writes,
-// and arrives on bars->dq_full[wg]; the producer's dQ warp (add_dq_blocks_issued) waits for those
-// arrivals, hands the block to the copy engine and, once it is read, arrives on dq_empty[wg].
+// With a dQ warp (Cfg::kDqWarp: a producer warpgroup, one block per warpgroup and step) the
+// warpgroup's threads neither meet nor issue the copy: each waits until the copy engine has read
+// the block's previous contents (bars->dq_empty[wg], the phase before this step's, parity
+// step_parity ^ 1), writes, and arrives on bars->dq_full[wg]; the producer's dQ warp
+// (add_dq_blocks_issued) waits for those arrivals, hands the block to the copy engine and, once it
+// is read, arrives on dq_empty[wg].
 template <class Cfg, bool kDeterministic>
 __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, float* sdq,
                                              const float (&acc)[8][4], std::int64_t b,
@@ -349,8 +350,9 @@ template <class Cfg>
 __device__ __forceinline__ void add_dq_blocks_issued(const Fa3BackwardParams& params,
                                                      Fa3BackwardBarriers* bars, const float* sdQ,
                                                      TileRange cols, int Tr, int h0, int G, int b) {
-    static_assert(Cfg::kDqBlocksPerWarpgroup == 1 && Cfg::kDqBlocks == Cfg::kWarpgroups,
-                  "the dQ warp: one block per computing warpgroup and step");
+    static_assert(Cfg::kDqBlocksPerWarpgroup == 1 && Cfg::kDqBlocks == Cfg::kWarpgroups &&
+                      Cfg::kWarpgroups == 2,
+                  "the dQ warp: one block per computing warpgroup and step, two warpgroups");
     const AttentionProblem& p = params.base.problem;
     std::uint32_t parity = 0;
     int h = h0, i = -1;
