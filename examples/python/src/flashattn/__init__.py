@@ -1205,10 +1205,10 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, backend
     o and lse are what attention(..., return_lse=True) returned for the same q, k, v and options;
     do has o's shape. dK and dV are summed over the query heads that share a K/V head (GQA).
     The backend must have a backward pass (backend_info()[i]["backward"]); default "omp" for NumPy
-    arrays and CPU tensors; for CUDA tensors cuda-fa2 in float32, cuda-tc (cuda-fa3 once it has a
-    backward) in float16 and bfloat16. With PyTorch >= 2.4 torch.compile traces it as the custom
-    operator torch.ops.flashattn.attention_backward; an eager call runs its implementation
-    directly.
+    arrays and CPU tensors; for CUDA tensors cuda-fa2 in float32, and in float16 and bfloat16
+    cuda-fa3 on a Hopper GPU for d = 64, 128 and 256 at any number of query rows, else cuda-tc.
+    With PyTorch >= 2.4 torch.compile traces it as the custom operator
+    torch.ops.flashattn.attention_backward; an eager call runs its implementation directly.
     """
     if _is_compiling():
         return _BACKWARD_OP(q, k, v, o, lse, do, causal, scale, backend, block_mask, block_size)
