@@ -1,7 +1,7 @@
 // tests/test_cuda_fa3_backward.cpp — cuda-fa3's backward (wgmma, Hopper) against the float64
 // backward reference by the 2x rule, as cuda-tc's backward is checked
 // (tests/test_cuda_tc_backward.cpp, whose opening comment states the rule): fresh random inputs,
-// poisoned outputs, shapes that are not multiples of its tiles (Br = 64 or 128 queries, Bc = 128
+// poisoned outputs, shapes that are not multiples of its tiles (Br = 64, 80 or 128 queries, Bc = 128
 // keys, 64 keys per warpgroup; at d = 256 Bc = 64, the warpgroups splitting d). Exits 77 without a CUDA device; without cuda-fa3 (a build without
 // sm_90a, or a GPU that is not compute capability 9.0) every case says so and checks nothing else.
 #include "catch.hpp"
@@ -26,10 +26,15 @@ const std::vector<DType> kDtypes = {DType::f16, DType::bf16};
 
 // The backward's compiled tiles, as FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks them; each
 // name starts with its head dim ("d<dim>-...").
-const char* const kTiles[] = {"d64-Br128-ring3",      "d64-Br128",
-                              "d64-Br128-producer",   "d64-Br64",
-                              "d128-Br64-dq-overlap", "d128-Br64-dq-overlap-producer",
-                              "d128-Br64",            "d256-Br64"};
+const char* const kTiles[] = {"d64-Br128-ring3",
+                              "d64-Br128",
+                              "d64-Br128-producer",
+                              "d64-Br64",
+                              "d128-Br64-dq-overlap",
+                              "d128-Br64-dq-overlap-producer",
+                              "d128-Br80-dq-overlap-producer",
+                              "d128-Br64",
+                              "d256-Br64"};
 
 // check(d) under FLASHATTN_VARIANT=cuda-fa3-backward=<tile>, for every compiled tile.
 template <class Check>
@@ -253,6 +258,9 @@ TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
             check_backward_against_reference(*b, test::make_problem(2, 2, 2, 130, 129, d, causal),
                                              DType::bf16);
         }
+        // N_kv a multiple of every Bc (the 80-row tile's kernel that masks no key), N_q of no Br.
+        check_backward_against_reference(*b, test::make_problem(2, 3, 1, 203, 384, d, false),
+                                         DType::bf16);
         // Many steps per CTA (four query heads of 12 to 24 query tiles each): the ring of Q_i,
         // dO_i and, with a producer, dS^T's two buffers come round again and again.
         check_backward_against_reference(*b, test::make_problem(1, 4, 1, 1500, 200, d, false),

@@ -35,24 +35,31 @@ void launch_kernel(const Fa3BackwardParams& params, cudaStream_t stream) {
     cuda::launch_overlapping_previous(kernel, grid, dim3(Cfg::kThreads), kSmem, stream, params);
 }
 
-// The tensor maps (boxes of Br rows for Q and dO, Bc for K and V), then the kernel: Cfg's, or
-// with a block mask or in deterministic mode Plain's (Cfg without a producer warpgroup, whose
-// kernels exist only without both: Fa3BackwardTile::kProducer).
-template <class Cfg, class Plain>
-void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool deterministic,
-            cudaStream_t stream) {
-    static_assert(!Plain::kProducer && Plain::D == Cfg::D && Plain::Br == Cfg::Br &&
-                      Plain::Bc == Cfg::Bc,
-                  "the plain kernels read the same tensor maps");
+// The tensor maps Cfg's kernels read: boxes of Br rows for Q and dO, Bc for K and V, and dQ's
+// blocks' rows for its float32 sum.
+template <class Cfg>
+void set_tensor_maps(Fa3BackwardParams& params, const cuda::Backward16Args& args) {
     const AttentionProblem& p = args.problem;
     const DType t = args.dtype;
     params.q = tile_map(args.Q, t, p.batch, p.heads, p.seq_q, p.dim, args.q_at, Cfg::Br);
     params.dO = tile_map(args.dO, t, p.batch, p.heads, p.seq_q, p.dim, args.do_at, Cfg::Br);
     params.k = tile_map(args.K, t, p.batch, p.heads_kv, p.seq_kv, p.dim, args.k_at, Cfg::Bc);
     params.v = tile_map(args.V, t, p.batch, p.heads_kv, p.seq_kv, p.dim, args.v_at, Cfg::Bc);
-    params.dq_sum = sum_map(args.dQ_sum, p.batch, p.heads, p.seq_q, p.dim, 64);
+    params.dq_sum = sum_map(args.dQ_sum, p.batch, p.heads, p.seq_q, p.dim, Cfg::kDqBlockRows);
     params.tail = int(schedule_tail(p.causal, tile_count(p.seq_kv, Cfg::Bc), p.batch * p.heads_kv,
                                     cuda::device_limits().sm_count));
+}
+
+// The tensor maps, then the kernel: Cfg's, or with a block mask or in deterministic mode Plain's
+// (Cfg without a producer warpgroup, whose kernels exist only without both:
+// Fa3BackwardTile::kProducer).
+template <class Cfg, class Plain>
+void launch(Fa3BackwardParams params, const cuda::Backward16Args& args, bool deterministic,
+            cudaStream_t stream) {
+    static_assert(!Plain::kProducer && Plain::D == Cfg::D && Plain::Br == Cfg::Br &&
+                      Plain::Bc == Cfg::Bc && Plain::kDqBlockRows == Cfg::kDqBlockRows,
+                  "the plain kernels read the same tensor maps");
+    set_tensor_maps<Cfg>(params, args);
     if (params.base.problem.block_mask.active())
         deterministic ? launch_kernel<Plain, true, true>(params, stream)
                       : launch_kernel<Plain, true, false>(params, stream);
@@ -76,18 +83,46 @@ void run_variant(const Fa3BackwardParams& params, const cuda::Backward16Args& ar
             params, args, deterministic, stream);
 }
 
+template <class T, bool kRaggedKeys>
+void launch_query80(Fa3BackwardParams params, const cuda::Backward16Args& args,
+                    cudaStream_t stream) {
+    using Cfg = Fa3BackwardTile<T, 128, 80, 2, true, true, kRaggedKeys>;
+    set_tensor_maps<Cfg>(params, args);
+    launch_kernel<Cfg, false, false>(params, stream);
+}
+
+// d = 128's 80-row query tile (Fa3BackwardTile::kDqTransposed), FlashAttention-3's without a
+// mask: its kernel exists in the -dq-overlap-producer form only and masks no more than the keys
+// past N_kv (score_gradients), so under a causal or block mask or in deterministic mode the
+// 64-row tile runs (whose query tiles dQ's turns then count; FlashAttention-3 also takes 64 rows
+// under a causal mask).
+void run_query80(const Fa3BackwardParams& params, const cuda::Backward16Args& args,
+                 bool deterministic, cudaStream_t stream) {
+    if (deterministic || args.problem.causal || args.problem.block_mask.active())
+        return run_variant<128, 64, 2, true, true>(params, args, deterministic, stream);
+    const bool ragged = args.problem.seq_kv % 128 != 0;
+    if (args.dtype == DType::f16)
+        ragged ? launch_query80<__half, true>(params, args, stream)
+               : launch_query80<__half, false>(params, args, stream);
+    else
+        ragged ? launch_query80<__nv_bfloat16, true>(params, args, stream)
+               : launch_query80<__nv_bfloat16, false>(params, args, stream);
+}
+
 // The compiled tiles per head dim, Bc = 128 keys each (64 at d = 256, whose warpgroups split the
 // columns of dK_j, dV_j and the queries of S^T, dP^T: Fa3BackwardTile), with a ring of 2 slots for
 // Q_i, dO_i, L_i, D_i or 3 (-ring3), dQ_i's product overlapped with dK_j's or not (-dq-overlap,
 // Fa3BackwardTile::kOverlapDq), a producer warpgroup or not (-producer, Fa3BackwardTile::kProducer;
 // with a block mask or in deterministic mode such a tile runs without it, at d = 64 with the
-// three slots of the tile that was the default before it): the default (first listed for a d) is
+// three slots of the tile that was the default before it), and at d = 128 an 80-row query tile
+// without a causal or block mask (Br80, run_query80): the default (first listed for a d) is
 // the one measured fastest in docs/cuda_fa3.md ("backward");
 // FLASHATTN_VARIANT=cuda-fa3-backward=<name> picks another.
 struct Variant {
     const char* name;
     const char* kind;  // no groups: every variant is named on its own
-    int dim, Br;
+    int dim;
+    int Br;  // the query tile of its deterministic kernel, whose turns count dQ's additions
     void (*run)(const Fa3BackwardParams&, const cuda::Backward16Args&, bool, cudaStream_t);
 };
 const Variant kVariants[] = {
@@ -95,6 +130,7 @@ const Variant kVariants[] = {
     {"d64-Br128-ring3", "", 64, 128, run_variant<64, 128, 3>},
     {"d64-Br128", "", 64, 128, run_variant<64, 128>},
     {"d64-Br64", "", 64, 64, run_variant<64, 64>},
+    {"d128-Br80-dq-overlap-producer", "", 128, 64, run_query80},
     {"d128-Br64-dq-overlap-producer", "", 128, 64, run_variant<128, 64, 2, true, true>},
     {"d128-Br64-dq-overlap", "", 128, 64, run_variant<128, 64, 2, true>},
     {"d128-Br64", "", 128, 64, run_variant<128, 64>},

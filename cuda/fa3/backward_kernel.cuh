@@ -17,9 +17,12 @@
 //     read dO_i and Q_i as MN-major B operands, as the forward's P V reads V_j.
 //   * dQ_i = dS K_j reads both operands from shared memory as MN-major: dS^T as stored
 //     (keys x queries) and K_j (keys x d). dQ_i (Br x d) is cut into 64 x 64 blocks, one per
-//     warpgroup in the default tiles (d = 64 with Br = 128, d = 128 with Br = 64; two at d = 256),
-//     each written to shared memory and added to dQ's fp32 sum in HBM by TMA's reduce-add
-//     (add_dq_block; cuda-tc adds with per-thread atomics), in a fixed order in deterministic mode.
+//     warpgroup in the default tiles (d = 64 with Br = 128, d = 128 with Br = 64 under a causal
+//     mask; two at d = 256), each written to shared memory and added to dQ's fp32 sum in HBM by
+//     TMA's reduce-add (add_dq_block; cuda-tc adds with per-thread atomics), in a fixed order in
+//     deterministic mode. d = 128's default tile without a mask takes Br = 80 query rows
+//     (FlashAttention-3's): 80 is no multiple of a warpgroup's 64 rows, so there dQ_i^T = K_j^T
+//     dS^T is computed instead, from dS stored transposed (Fa3BackwardTile::kDqTransposed).
 //
 // Algorithm 2 lines: L3 dQ's fp32 sum = 0 and L4 D_i (delta_kernel, before) | L5 one CTA per (j,
 // K/V head, batch) | L6 K_j, V_j -> shared memory (TMA, once) | L7 dK_j = dV_j = 0 (registers) |
@@ -74,7 +77,7 @@ using cuda::BackwardParams;
 // half of P^T and dS^T to shared memory, FlashAttention-3's way. Query tiles of Br = 64 or 128 rows
 // (1 or 2 panels of dS^T), head dim D = 64, 128 or 256 (1, 2 or 4 panels).
 template <class T_, int D_, int Br_, int kSlots_ = 2, bool kOverlap_ = false,
-          bool kProducer_ = false>
+          bool kProducer_ = false, bool kRaggedKeys_ = false>
 struct Fa3BackwardTile {
     using T = T_;
     static constexpr int D = D_;
@@ -115,14 +118,30 @@ struct Fa3BackwardTile {
     static constexpr int Bc = 64 * kWarpgroups / kColumnGroups;
     static constexpr int Dw = D / kColumnGroups;  // a warpgroup's columns of dK_j and dV_j
     static constexpr int kPanels = D / 64;
-    // dQ_i's 64 x 64 blocks, (Br / 64) x (D / 64), each summed over all Bc keys by one
-    // warpgroup, kDqBlocksPerWarpgroup of them each (with a single block the second warpgroup has
-    // none: splitting the keys would add twice as much to dQ, and two warpgroups adding to the
-    // same dQ_i in turn need an order).
-    static constexpr int kDqBlocks = (Br / 64) * kPanels;
+    // A query tile of Br = 80 rows (FlashAttention-3's at d = 128): S^T and dP^T are 64 x 80
+    // (wgmma's N may be 80), but dQ_i (80 x d) is no whole number of a warpgroup's 64-row products.
+    // So it is computed transposed, dQ_i^T = K_j^T dS^T, 64 columns of d x 80 queries per
+    // warpgroup (FlashAttention-3's dQ_swapAB), with dS stored as (queries x keys) for it
+    // (store_score_gradients_transposed), and each block written back as (queries x d) for the copy
+    // engine (add_dq_block). Only in the -dq-overlap-producer form, without a block mask, outside
+    // deterministic mode: the launch runs the 64-row tile there (cuda/fa3/backward.cu).
+    static constexpr bool kDqTransposed = Br == 80;
+    // This tile masks no more than the keys past N_kv (score_gradients), and those only in the
+    // kernel for an N_kv that is not a multiple of Bc (kRaggedKeys, FlashAttention-2's
+    // Is_even_MN the other way round): a test in every step's softmax, or a branch between two
+    // of them, took the computing threads over their registers.
+    static constexpr bool kRaggedKeys = kRaggedKeys_;
+    // dQ_i's blocks of kDqBlockRows x 64, (Br / 64) x (D / 64) of them (one row of D / 64 at Br =
+    // 80), each summed over all Bc keys by one warpgroup, kDqBlocksPerWarpgroup of them each (with
+    // a single block the second warpgroup has none: splitting the keys would add twice as much to
+    // dQ, and two warpgroups adding to the same dQ_i in turn need an order).
+    static constexpr int kDqBlockRows = kDqTransposed ? Br : 64;
+    static constexpr int kDqBlocks = (kDqTransposed ? 1 : Br / 64) * kPanels;
     static constexpr int kDqBlocksPerWarpgroup = (kDqBlocks + kWarpgroups - 1) / kWarpgroups;
-    // A dQ block in shared memory (add_dq_block): 64 x 64 floats as two TMA boxes of 32 columns.
-    static constexpr int kDqBlockFloats = 64 * 64;
+    // A dQ block in shared memory (add_dq_block): kDqBlockRows x 64 floats as two TMA boxes of 32
+    // columns; its accumulator, kDqAccTiles m16n8 tiles per thread (dQ_i^T's are 64 x Br).
+    static constexpr int kDqBlockFloats = kDqBlockRows * 64;
+    static constexpr int kDqAccTiles = kDqTransposed ? Br / 8 : 8;
     // At D = 256 shared memory has no room for the dQ blocks (K_j, V_j and two slots of Q_i, dO_i
     // take 192 KB): they are written into the step's own slot of Q_i and dO_i (64 KB, exactly the
     // four blocks), whose tiles no product reads once dK_j's is done. The copy engine must then
@@ -138,7 +157,10 @@ struct Fa3BackwardTile {
     static constexpr std::uint32_t kKeyTileBytes = Bc * D * sizeof(T_);    // K_j or V_j
     static constexpr std::uint32_t kStepBytes = 2 * Br * D * sizeof(T_);  // Q_i and dO_i
     static_assert(D == 64 || D == 128 || D == 256, "cuda-fa3 backward: D = 64, 128 or 256");
-    static_assert(Br == 64 || Br == 128, "cuda-fa3 backward: Br = 64 or 128 (the N of S^T)");
+    static_assert(!kRaggedKeys || kDqTransposed, "kRaggedKeys: the 80-row tile's mask");
+    static_assert(Br == 64 || Br == 128 || (Br == 80 && D == 128 && kOverlap_ && kProducer_),
+                  "cuda-fa3 backward: Br = 64 or 128 (the N of S^T), or 80 in d = 128's "
+                  "-dq-overlap-producer form");
     static_assert(kDqBlocksPerWarpgroup * kWarpgroups == kDqBlocks || kDqBlocks < kWarpgroups,
                   "dQ's blocks shared evenly between the warpgroups");
     static_assert(!kDqInSlot || (Br == 64 && kDqBlocks * kDqBlockFloats * 4 == kStepBytes),
@@ -235,12 +257,23 @@ __device__ __forceinline__ void score_gradients(float (&S)[kCols / 8][4], float 
     hopper::wgmma_wait<0>();
     hopper::wgmma_fence_registers(S);
     hopper::wgmma_fence_registers(dP);
-    if (seen == TileVisibility::partial || rows.size() < kCols || cols.size() < 64)
-        cuda::probabilities_and_score_gradients<kCols, kBlockMask, true, false, true>(
+    using cuda::ScoreMask;
+    if constexpr (Cfg::kDqTransposed) {
+        // Without a causal or block mask (the launch runs this tile only so), the keys past N_kv
+        // are all a step hides (ScoreMask::keys_past_end), and only where N_kv is not a multiple
+        // of Bc (Fa3BackwardTile::kRaggedKeys). The per-entry mask of a ragged tile beside the
+        // unmasked step took ptxas over the computing threads' registers at 80 queries: they
+        // spilled in every step.
+        constexpr ScoreMask kMask = Cfg::kRaggedKeys ? ScoreMask::keys_past_end : ScoreMask::none;
+        cuda::probabilities_and_score_gradients<kCols, kBlockMask, kMask, false, true>(
             S, dP, sL_i, sD_i, bp, rows.begin, key_column(), lane);
-    else
-        cuda::probabilities_and_score_gradients<kCols, kBlockMask, false, false, true>(
+    } else if (seen == TileVisibility::partial || rows.size() < kCols || cols.size() < 64) {
+        cuda::probabilities_and_score_gradients<kCols, kBlockMask, ScoreMask::visible, false, true>(
             S, dP, sL_i, sD_i, bp, rows.begin, key_column(), lane);
+    } else {
+        cuda::probabilities_and_score_gradients<kCols, kBlockMask, ScoreMask::none, false, true>(
+            S, dP, sL_i, sD_i, bp, rows.begin, key_column(), lane);
+    }
 }
 
 // Algorithm 2 L15's left operand: a warp's 16 keys of dS^T, already rounded to T as the A operand
@@ -276,8 +309,45 @@ __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
                                   adS[nt / 2][2 * (nt % 2) + r]);
 }
 
-// Algorithm 2 L15's addition of one 64 x 64 block of dQ_i (a warpgroup's fp32 accumulator acc;
-// rows row0 .., columns col0 .. of head h, batch entry b) to dQ in HBM, through shared memory: the
+// The same dS for dQ_i^T's B operand (Cfg::kDqTransposed): stored as (queries x keys), Bc / 64
+// panels of Br rows x 64 keys in the 128-byte swizzle, by one stmatrix .trans per k-step of adS.
+// Its four 8 x 8 matrices m (pack_a's registers: keys key0 + 8 (m % 2) .., queries 16 kk + 8 (m /
+// 2) ..) are each written as 8 query rows of 8 keys, 16 bytes: lane 8 m + c gives query row
+// 16 kk + 8 (m / 2) + c's chunk, (key % 64) / 8 at chunk ^ c (c = the row % 8). A matrix's 8
+// rows land in 8 different chunks: no bank conflict.
+template <class Cfg>
+__device__ __forceinline__ void store_score_gradients_transposed(
+    typename Cfg::T* sdS, const std::uint32_t (&adS)[Cfg::Br / 16][4], int key0, int lane) {
+    constexpr std::uint32_t kRowBytes = 128, kPanelBytes = Cfg::Br * kRowBytes;
+    const int m = lane / 8, c = lane % 8;
+    const int key = key0 + 8 * (m % 2);  // a multiple of 8
+    const std::uint32_t at = hopper::smem_address(sdS) + (key / 64) * kPanelBytes +
+                             (8 * (m / 2) + c) * kRowBytes +
+                             std::uint32_t((((key % 64) / 8) ^ c) << 4);
+#pragma unroll
+    for (int kk = 0; kk < Cfg::Br / 16; ++kk)
+        hopper::stmatrix_x4_trans(at + 16 * kk * kRowBytes, adS[kk]);
+}
+
+// L15's product for a warpgroup's dQ_i block (rows 64 rb .., columns 64 cb ..) over all Bc keys of
+// dS^T in shared memory: dQ_i = dS K_j (issue_mn_major), or with an 80-row tile its transpose
+// dQ_i^T = K_j^T dS^T (issue_at_b_t; rb = 0).
+template <class Cfg>
+__device__ __forceinline__ void issue_dq_block(float (&acc)[Cfg::kDqAccTiles][4],
+                                               const typename Cfg::T* sdS,
+                                               const typename Cfg::T* sK_j, int rb, int cb) {
+    using T = typename Cfg::T;
+    constexpr int Bc = Cfg::Bc;
+    if constexpr (Cfg::kDqTransposed)
+        issue_at_b_t<T, Cfg::Br, Bc / 16>(acc, fresh(sK_j) + cb * Bc * 64, fresh(sdS),
+                                          Cfg::Br * 64);
+    else
+        issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK_j) + cb * Bc * 64);
+}
+
+// Algorithm 2 L15's addition of one 64 x 64 block of dQ_i (or Br x 64 at Br = 80, whose
+// accumulator holds the block transposed: Fa3BackwardTile::kDqTransposed) (a warpgroup's fp32
+// accumulator acc; rows row0 .., columns col0 .. of head h, batch entry b) to dQ in HBM, through shared memory: the
 // warpgroup writes scale acc to its block sdq, as two boxes of 32 columns in the 128-byte swizzle
 // (16-byte chunk c of row r at c ^ (r % 8): the eight rows of a store land in different banks),
 // and one thread hands both boxes to the copy engine's reduce-add, which adds them to dQ with no
@@ -296,7 +366,7 @@ __device__ __forceinline__ void store_score_gradients(typename Cfg::T* sdS,
 // is read, arrives on dq_empty[wg].
 template <class Cfg, bool kDeterministic>
 __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, float* sdq,
-                                             const float (&acc)[8][4], std::int64_t b,
+                                             const float (&acc)[Cfg::kDqAccTiles][4], std::int64_t b,
                                              std::int64_t h, int row0, int col0, int wg,
                                              int wg_warp, int lane, Fa3BackwardBarriers* bars,
                                              std::uint32_t step_parity) {
@@ -308,22 +378,42 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
         if (issuer) hopper::bulk_wait_read<0>();
         hopper::named_barrier_sync(kDqStaging + wg, 128);
     }
-    // Row 16 wg_warp + lane / 4 + 8 r, columns 8 nt + 2 (lane % 4) (+1): box nt / 4, 16-byte
-    // chunk 2 (nt % 4) + (lane % 4) / 2 of the row, at chunk ^ (lane / 4) (the row % 8 of both
-    // r). The thread's part of the swizzle once, each store's as one XOR (store_score_gradients).
     const float scale = params.base.scale;
-    constexpr std::uint32_t kRowBytes = 32 * sizeof(float), kBoxBytes = 64 * kRowBytes;
-    const std::uint32_t thread_at = hopper::smem_address(sdq) +
-                                    (16 * wg_warp + lane / 4) * kRowBytes +
-                                    std::uint32_t((((lane % 4) / 2) ^ (lane / 4)) << 4) +
-                                    8 * (lane % 2);
+    constexpr std::uint32_t kRowBytes = 32 * sizeof(float), kBoxBytes = Cfg::kDqBlockRows * kRowBytes;
+    if constexpr (Cfg::kDqTransposed) {
+        // acc is dQ_i^T: entry (nt, e) is column c = 16 wg_warp + lane / 4 + 8 (e / 2) of the
+        // block, query q = 8 nt + 2 (lane % 4) + e % 2, one float at a time: box wg_warp / 2 (c <
+        // 32 iff wg_warp < 2), 16-byte chunk (c % 32) / 4 of row q, at chunk ^ (q % 8). The chunk,
+        // 4 (wg_warp % 2) + (lane / 4) / 4 + 2 (e / 2), and q % 8 = 2 (lane % 4) + e % 2 share no
+        // bit between their thread and e parts, so the swizzled chunk is the thread's part XOR e.
+        // A warp's store covers 8 columns of 4 query rows: 8 different chunks, no bank conflict.
+        const int g = lane / 4, t = lane % 4;
+        const std::uint32_t thread_at =
+            hopper::smem_address(sdq) + (wg_warp / 2) * kBoxBytes + 2 * t * kRowBytes +
+            std::uint32_t(((4 * (wg_warp % 2) + g / 4) ^ (2 * t)) << 4) + 4 * (g % 4);
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+        for (int nt = 0; nt < Cfg::kDqAccTiles; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-            hopper::st_shared_v2_f32((thread_at ^ ((2 * (nt % 4)) << 4)) + (nt / 4) * kBoxBytes +
-                                         8 * r * kRowBytes,
-                                     scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
+            for (int e = 0; e < 4; ++e)
+                hopper::st_shared_f32((thread_at ^ (e << 4)) + nt * 8 * kRowBytes + (e % 2) * kRowBytes,
+                                      scale * acc[nt][e]);
+    } else {
+        // Row 16 wg_warp + lane / 4 + 8 r, columns 8 nt + 2 (lane % 4) (+1): box nt / 4, 16-byte
+        // chunk 2 (nt % 4) + (lane % 4) / 2 of the row, at chunk ^ (lane / 4) (the row % 8 of both
+        // r). The thread's part of the swizzle once, each store's as one XOR
+        // (store_score_gradients).
+        const std::uint32_t thread_at = hopper::smem_address(sdq) +
+                                        (16 * wg_warp + lane / 4) * kRowBytes +
+                                        std::uint32_t((((lane % 4) / 2) ^ (lane / 4)) << 4) +
+                                        8 * (lane % 2);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+                hopper::st_shared_v2_f32((thread_at ^ ((2 * (nt % 4)) << 4)) + (nt / 4) * kBoxBytes +
+                                             8 * r * kRowBytes,
+                                         scale * acc[nt][2 * r], scale * acc[nt][2 * r + 1]);
+    }
     hopper::fence_proxy_async();  // the stores, read next by the copy engine
     if constexpr (Cfg::kDqWarp) {
         hopper::mbarrier_arrive(&bars->dq_full[wg]);
@@ -332,7 +422,8 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
     hopper::named_barrier_sync(kDqStaging + wg, 128);
     if (!issuer) return;
     hopper::tma_reduce_add_4d(&params.dq_sum, sdq, col0, row0, int(h), int(b));
-    hopper::tma_reduce_add_4d(&params.dq_sum, sdq + 64 * 32, col0 + 32, row0, int(h), int(b));
+    hopper::tma_reduce_add_4d(&params.dq_sum, sdq + Cfg::kDqBlockRows * 32, col0 + 32, row0, int(h),
+                              int(b));
     hopper::bulk_commit();
     if constexpr (kDeterministic) {
         hopper::bulk_wait<0>();
@@ -360,11 +451,13 @@ __device__ __forceinline__ void add_dq_blocks_issued(const Fa3BackwardParams& pa
          cuda::next_step(p, cols, Tr, Cfg::Br, h0, G, h, i)) {
 #pragma unroll
         for (int w = 0; w < Cfg::kWarpgroups; ++w) {
-            const int row0 = i * Cfg::Br + 64 * (w / Cfg::kPanels), col0 = 64 * (w % Cfg::kPanels);
+            const int row0 = i * Cfg::Br + Cfg::kDqBlockRows * (w / Cfg::kPanels);
+            const int col0 = 64 * (w % Cfg::kPanels);
             const float* block = sdQ + w * Cfg::kDqBlockFloats;
             hopper::mbarrier_wait(&bars->dq_full[w], parity);
             hopper::tma_reduce_add_4d(&params.dq_sum, block, col0, row0, h, b);
-            hopper::tma_reduce_add_4d(&params.dq_sum, block + 64 * 32, col0 + 32, row0, h, b);
+            hopper::tma_reduce_add_4d(&params.dq_sum, block + Cfg::kDqBlockRows * 32, col0 + 32, row0,
+                                      h, b);
             hopper::bulk_commit();
         }
         hopper::bulk_wait_read<1>();
@@ -438,11 +531,17 @@ __device__ __forceinline__ void step_dq_overlapped(
     const KeyColumn& key_column, int b, int h, int wg, int wg_warp, int key0, int lane,
     Fa3BackwardBarriers* bars, std::uint32_t step_parity) {
     using T = typename Cfg::T;
-    constexpr int Br = Cfg::Br, Bc = Cfg::Bc, kPanels = Cfg::kPanels;
+    constexpr int Br = Cfg::Br, kPanels = Cfg::kPanels;
     // The warpgroup's keys (64 wg ..) and its one dQ_i block: rows 64 rb .., columns 64 cb ...
     const int k_rows = 64 * wg * 64, rb = wg / kPanels, cb = wg % kPanels;
     float* staging = sdQ + wg * Cfg::kDqBlockFloats;
-    float acc[8][4];
+    float acc[Cfg::kDqAccTiles][4];
+    const auto store_dS = [&](const std::uint32_t(&adS)[Br / 16][4]) {
+        if constexpr (Cfg::kDqTransposed)
+            store_score_gradients_transposed<Cfg>(sdS, adS, key0, lane);
+        else
+            store_score_gradients<Cfg>(sdS, adS, key0, lane);
+    };
     if (seen != TileVisibility::none) {
         std::uint32_t aP[Br / 16][4], adS[Br / 16][4];
         {
@@ -453,12 +552,12 @@ __device__ __forceinline__ void step_dq_overlapped(
             pack_a<T, Br / 16>(aP, S);
             pack_a<T, Br / 16>(adS, dP);
         }
-        store_score_gradients<Cfg>(sdS, adS, key0, lane);
+        store_dS(adS);
         issue_a_regs_b<T, Br / 16, kPanels>(dV, aP, sdO_i, Br * 64);  // L12
         hopper::fence_proxy_async();  // dS^T's stores, read next by the tensor cores
         // dS^T complete.
         hopper::named_barrier_sync_unaligned(kScoreGradientsDone, Cfg::kComputeThreads);
-        issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK_j) + cb * Bc * 64);
+        issue_dq_block<Cfg>(acc, sdS, sK_j, rb, cb);
         hopper::wgmma_wait<1>();  // dV_j's product is done (aP free); dQ_i's may still run
         hopper::wgmma_fence_registers(dV);
         hopper::wgmma_fence_registers(aP);
@@ -472,10 +571,10 @@ __device__ __forceinline__ void step_dq_overlapped(
         hopper::wgmma_fence_registers(adS);
     } else {
         const std::uint32_t zero[Br / 16][4] = {};
-        store_score_gradients<Cfg>(sdS, zero, key0, lane);
+        store_dS(zero);
         hopper::fence_proxy_async();
         hopper::named_barrier_sync_unaligned(kScoreGradientsDone, Cfg::kComputeThreads);
-        issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK_j) + cb * Bc * 64);
+        issue_dq_block<Cfg>(acc, sdS, sK_j, rb, cb);
         hopper::wgmma_wait<0>();
         hopper::wgmma_fence_registers(acc);
         add_dq_block<Cfg, false>(params, staging, acc, b, h, rows.begin + 64 * rb, 64 * cb, wg,

@@ -127,4 +127,24 @@ __device__ __forceinline__ void issue_mn_major(float (&acc)[8][4], const T* A, c
     hopper::wgmma_commit();
 }
 
+// acc (64 x N) = A^T B^T over kKSteps k-steps of 16: A^T read from an MN-major panel (k rows of
+// 64 M values), B K-major (N rows, k in panels of 64 lying b_panel elements apart, as issue_ab_t
+// reads its B). Backward with a query tile of N = 80 rows, which a warpgroup's 64-row products
+// cannot hold as M: dQ_i^T = K_j^T dS^T, K_j's panel of 64 d columns (keys as k) and dS stored as
+// (queries x keys) (Algorithm 2 L15, transposed: FlashAttention-3's dQ_swapAB).
+template <class T, int N, int kKSteps>
+__device__ __forceinline__ void issue_at_b_t(float (&acc)[N / 8][4], const T* A, const T* B,
+                                             int b_panel) {
+    hopper::wgmma_fence_registers(acc);
+    hopper::wgmma_fence();
+    const std::uint64_t a = hopper::smem_descriptor(A), b = hopper::smem_descriptor(B);
+    hopper::wgmma_ss<T, N, false, false, true>(acc, a, b);
+#pragma unroll
+    for (int kk = 1; kk < kKSteps; ++kk)
+        hopper::wgmma_ss<T, N, true, false, true>(
+            acc, hopper::descriptor_plus(a, 16 * kk * 64 * sizeof(T)),
+            hopper::descriptor_plus(b, ((kk / 4) * b_panel + 16 * (kk % 4)) * sizeof(T)));
+    hopper::wgmma_commit();
+}
+
 }  // namespace flashattn::fa3

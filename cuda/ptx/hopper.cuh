@@ -35,8 +35,20 @@ __device__ __forceinline__ std::uint32_t smem_address(const void* p) {
 __device__ __forceinline__ void st_shared_b32(std::uint32_t at, std::uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_shared_f32(std::uint32_t at, float x) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(x) : "memory");
+}
 __device__ __forceinline__ void st_shared_v2_f32(std::uint32_t at, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+}
+// Four 8 x 8 matrices of 16-bit values, each stored transposed (stmatrix .trans): register r[m]
+// holds the thread's pair of matrix m in mma's fragment layout (row lane / 4, columns 2 (lane % 4)
+// and + 1), and lane 8 m + c gives the address of the 16 bytes that row c of the stored matrix
+// (column c of matrix m: its 8 values) goes to.
+__device__ __forceinline__ void stmatrix_x4_trans(std::uint32_t at, const std::uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 }
 
 // ---- wgmma ---------------------------------------------------------------------------------
@@ -135,16 +147,21 @@ __device__ __forceinline__ void fence_proxy_async() {
 // i.e. m16n8's C layout tile by tile) += A B for one k-step of 16, A (64 x 16) and B (N x 16)
 // both read from shared memory "K-major" (the 16 k values of a row contiguous). N = 32, 64, 80 or
 // 128. kTransposeB: B (16 x N) is read "MN-major" instead (the N values of a k row contiguous, as
-// wgmma_rs reads it; N = 128 only). kAccumulate = false: d = A B (wgmma's scale-d operand 0), the
-// first k-step of a product, so that no instruction writes zeros into d first: ptxas would make
-// that wait for every product still running (warning C7517, "warpgroup.wait is injected").
-template <class T, int N, bool kAccumulate = true, bool kTransposeB = false>
+// wgmma_rs reads it; N = 128 only). kTransposeA: A (16 x 64) is read MN-major (N = 80 only: the
+// backward's dQ_i^T = K_j^T dS^T, K_j's panel read with keys as k). kAccumulate = false: d = A B
+// (wgmma's scale-d operand 0), the first k-step of a product, so that no instruction writes zeros
+// into d first: ptxas would make that wait for every product still running (warning C7517,
+// "warpgroup.wait is injected").
+template <class T, int N, bool kAccumulate = true, bool kTransposeB = false,
+          bool kTransposeA = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b) {
     static_assert(N == 32 || N == 64 || N == 80 || N == 128, "wgmma_ss: N = 32, 64, 80 or 128");
     static_assert(!kTransposeB || N == 128, "wgmma_ss: an MN-major B at N = 128 only");
+    static_assert(!kTransposeA || N == 80, "wgmma_ss: an MN-major A at N = 80 only");
     constexpr bool kHalf = std::is_same_v<T, __half>;
     constexpr int kScaleD = kAccumulate ? 1 : 0;
     constexpr int kTransB = kTransposeB ? 1 : 0;
+    constexpr int kTransA = kTransposeA ? 1 : 0;
     if constexpr (N == 32 && kHalf)
         asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, "
                      "%6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, %18, 1, 1, 0, 0;\n"
@@ -158,14 +175,14 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, 
                      : "l"(a), "l"(b), "n"(kScaleD));
     else if constexpr (N == 80 && kHalf)
         asm volatile("wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {" FA3_R0_31
-                     ", " FA3_R32_39 "}, %40, %41, %42, 1, 1, 0, 0;\n"
+                     ", " FA3_R32_39 "}, %40, %41, %42, 1, 1, %43, 0;\n"
                      : FA3_ACC8(d, 0), FA3_ACC2(d, 8)
-                     : "l"(a), "l"(b), "n"(kScaleD));
+                     : "l"(a), "l"(b), "n"(kScaleD), "n"(kTransA));
     else if constexpr (N == 80)
         asm volatile("wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {" FA3_R0_31
-                     ", " FA3_R32_39 "}, %40, %41, %42, 1, 1, 0, 0;\n"
+                     ", " FA3_R32_39 "}, %40, %41, %42, 1, 1, %43, 0;\n"
                      : FA3_ACC8(d, 0), FA3_ACC2(d, 8)
-                     : "l"(a), "l"(b), "n"(kScaleD));
+                     : "l"(a), "l"(b), "n"(kScaleD), "n"(kTransA));
     else if constexpr (N == 64 && kHalf)
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" FA3_R0_31
                      "}, %32, %33, %34, 1, 1, 0, 0;\n"

@@ -144,16 +144,26 @@ __device__ __forceinline__ float2 load_shared_float2_in_order(const float* at) {
     return v;
 }
 
+// Which entries of a tile probabilities_and_score_gradients sets to P = dS = 0.
+enum class ScoreMask {
+    none,  // every entry is visible
+    // The rows of keys past N_kv only: a ragged key tile without a causal or block mask. Its query
+    // columns past N_q need no mask: their L_i, D_i and (zero-filled) Q_i, dO_i rows are 0, so P
+    // = 2^0 = 1 and dS = 0 there, and the P^T dO_i they add to dV_j is 0. The keys past N_kv do:
+    // their zero K_j rows give S = 0 and P = e^(-L_i), which overflows where L_i < -88.
+    keys_past_end,
+    visible,  // every entry by the mask: causal, block mask, both edges of a ragged tile
+};
+
 // Algorithm 2 L11 and L14 on a warp's S^T and dP^T accumulators (Br query columns), in place: S
 // becomes P^T and dP becomes dS^T. Entry (nt, e) is key key0 + lane / 4 + 8 (e / 2), query row0 +
-// 8 nt + 2 (lane % 4) + e % 2. kMasked (a partly visible tile, or a ragged one): hidden pairs get
-// P = dS = 0. kExact: P = exp(|scale| s - L) in full precision (the fp32 kernel, held to fp32's
+// 8 nt + 2 (lane % 4) + e % 2. kMask (ScoreMask) says which pairs are hidden: they get P = dS = 0. kExact: P = exp(|scale| s - L) in full precision (the fp32 kernel, held to fp32's
 // accuracy); otherwise the exp2 form with the shift taken once per row (fp16/bf16).
 // kStatisticsInOrder: each pair of L_i and D_i values is loaded where it is used. With plain loads
 // ptxas moves all of them (Br / 2 floats per thread) above cuda-fa3's wait for S^T and dP^T, where
 // those accumulators are live too, and spills more (docs/cuda_fa3.md measures it); in cuda-tc's
 // mma.sync kernels the plain loads spill less.
-template <int Br, bool kBlockMask, bool kMasked, bool kExact, bool kStatisticsInOrder = false>
+template <int Br, bool kBlockMask, ScoreMask kMask, bool kExact, bool kStatisticsInOrder = false>
 __device__ __forceinline__ void probabilities_and_score_gradients(
     float (&S)[Br / 8][4], float (&dP)[Br / 8][4], const float* sL, const float* sD,
     const BackwardParams& params, int row0, int key0, int lane) {
@@ -164,7 +174,14 @@ __device__ __forceinline__ void probabilities_and_score_gradients(
     // 2 (lane % 4) and clamped to [0, Br]. The per-entry test is then two 32-bit compares with
     // constants, where one in 64 bits per entry took several integer instructions each (the
     // forward's mask_scores does the same by rows).
+    constexpr bool kMasked = kMask == ScoreMask::visible;
     int first[2] = {0, 0}, end = Br;
+    bool key_in[2] = {true, true};  // ScoreMask::keys_past_end: one test per row, not per entry
+    if constexpr (kMask == ScoreMask::keys_past_end) {
+        static_assert(!kBlockMask, "keys_past_end: a tile without a block mask");
+#pragma unroll
+        for (int r = 0; r < 2; ++r) key_in[r] = std::int64_t(key0) + lane / 4 + 8 * r < p.seq_kv;
+    }
     if constexpr (kMasked && !kBlockMask) {
         const std::int64_t q0 = std::int64_t(row0) + 2 * (lane % 4);
         const auto clamp = [](std::int64_t v) { return int(v < 0 ? 0 : (v > Br ? Br : v)); };
@@ -202,6 +219,8 @@ __device__ __forceinline__ void probabilities_and_score_gradients(
                 }
                 if (!visible) P = 0.0f, dS = 0.0f;
             }
+            if constexpr (kMask == ScoreMask::keys_past_end)
+                if (!key_in[e / 2]) P = 0.0f, dS = 0.0f;
             S[nt][e] = P;
             dP[nt][e] = dS;
         }
@@ -395,10 +414,10 @@ __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardP
             Ops::scores(S, frags, sh, slot, params, warp, lane);  // L10: S^T = K_j Q_i^T
             Ops::output_scores(dP, frags, sh, slot, warp, lane);  // L13: dP^T = V_j dO_i^T
             if (seen == TileVisibility::partial || rows.size() < Br || warp_cols.size() < 16)
-                probabilities_and_score_gradients<Br, kBlockMask, true, Ops::kExactExp>(
+                probabilities_and_score_gradients<Br, kBlockMask, ScoreMask::visible, Ops::kExactExp>(
                     S, dP, sh.L(slot), sh.Delta(slot), params, rows.begin, key0, lane);
             else
-                probabilities_and_score_gradients<Br, kBlockMask, false, Ops::kExactExp>(
+                probabilities_and_score_gradients<Br, kBlockMask, ScoreMask::none, Ops::kExactExp>(
                     S, dP, sh.L(slot), sh.Delta(slot), params, rows.begin, key0, lane);
             Ops::accumulate_dv(dV, S, sh, slot, lane);  // L12: dV_j += P^T dO_i
             Ops::accumulate_dk(dK, dP, sh, slot, lane);  // L16: dK_j += dS^T Q_i (unscaled)
