@@ -345,9 +345,9 @@ __device__ __forceinline__ void issue_dq_block(float (&acc)[Cfg::kDqAccTiles][4]
         issue_mn_major<T, Bc / 16>(acc, fresh(sdS) + rb * Bc * 64, fresh(sK_j) + cb * Bc * 64);
 }
 
-// Algorithm 2 L15's addition of one 64 x 64 block of dQ_i (or Br x 64 at Br = 80, whose
-// accumulator holds the block transposed: Fa3BackwardTile::kDqTransposed) (a warpgroup's fp32
-// accumulator acc; rows row0 .., columns col0 .. of head h, batch entry b) to dQ in HBM, through shared memory: the
+// Algorithm 2 L15's addition of one 64 x 64 block of dQ_i (Br x 64 at Br = 80, whose accumulator
+// holds the block transposed: Fa3BackwardTile::kDqTransposed) (a warpgroup's fp32 accumulator acc;
+// rows row0 .., columns col0 .. of head h, batch entry b) to dQ in HBM, through shared memory: the
 // warpgroup writes scale acc to its block sdq, as two boxes of 32 columns in the 128-byte swizzle
 // (16-byte chunk c of row r at c ^ (r % 8): the eight rows of a store land in different banks),
 // and one thread hands both boxes to the copy engine's reduce-add, which adds them to dQ with no
@@ -366,7 +366,8 @@ __device__ __forceinline__ void issue_dq_block(float (&acc)[Cfg::kDqAccTiles][4]
 // is read, arrives on dq_empty[wg].
 template <class Cfg, bool kDeterministic>
 __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, float* sdq,
-                                             const float (&acc)[Cfg::kDqAccTiles][4], std::int64_t b,
+                                             const float (&acc)[Cfg::kDqAccTiles][4],
+                                             std::int64_t b,
                                              std::int64_t h, int row0, int col0, int wg,
                                              int wg_warp, int lane, Fa3BackwardBarriers* bars,
                                              std::uint32_t step_parity) {
@@ -395,8 +396,9 @@ __device__ __forceinline__ void add_dq_block(const Fa3BackwardParams& params, fl
         for (int nt = 0; nt < Cfg::kDqAccTiles; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                hopper::st_shared_f32((thread_at ^ (e << 4)) + nt * 8 * kRowBytes + (e % 2) * kRowBytes,
-                                      scale * acc[nt][e]);
+                hopper::st_shared_f32(
+                    (thread_at ^ (e << 4)) + nt * 8 * kRowBytes + (e % 2) * kRowBytes,
+                    scale * acc[nt][e]);
     } else {
         // Row 16 wg_warp + lane / 4 + 8 r, columns 8 nt + 2 (lane % 4) (+1): box nt / 4, 16-byte
         // chunk 2 (nt % 4) + (lane % 4) / 2 of the row, at chunk ^ (lane / 4) (the row % 8 of both

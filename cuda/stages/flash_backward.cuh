@@ -157,8 +157,9 @@ enum class ScoreMask {
 
 // Algorithm 2 L11 and L14 on a warp's S^T and dP^T accumulators (Br query columns), in place: S
 // becomes P^T and dP becomes dS^T. Entry (nt, e) is key key0 + lane / 4 + 8 (e / 2), query row0 +
-// 8 nt + 2 (lane % 4) + e % 2. kMask (ScoreMask) says which pairs are hidden: they get P = dS = 0. kExact: P = exp(|scale| s - L) in full precision (the fp32 kernel, held to fp32's
-// accuracy); otherwise the exp2 form with the shift taken once per row (fp16/bf16).
+// 8 nt + 2 (lane % 4) + e % 2. kMask (ScoreMask) says which pairs are hidden: they get P = dS =
+// 0. kExact: P = exp(|scale| s - L) in full precision (the fp32 kernel, held to fp32's accuracy);
+// otherwise the exp2 form with the shift taken once per row (fp16/bf16).
 // kStatisticsInOrder: each pair of L_i and D_i values is loaded where it is used. With plain loads
 // ptxas moves all of them (Br / 2 floats per thread) above cuda-fa3's wait for S^T and dP^T, where
 // those accumulators are live too, and spills more (docs/cuda_fa3.md measures it); in cuda-tc's
@@ -414,8 +415,9 @@ __global__ void __launch_bounds__(Ops::kThreads) backward_kernel(const BackwardP
             Ops::scores(S, frags, sh, slot, params, warp, lane);  // L10: S^T = K_j Q_i^T
             Ops::output_scores(dP, frags, sh, slot, warp, lane);  // L13: dP^T = V_j dO_i^T
             if (seen == TileVisibility::partial || rows.size() < Br || warp_cols.size() < 16)
-                probabilities_and_score_gradients<Br, kBlockMask, ScoreMask::visible, Ops::kExactExp>(
-                    S, dP, sh.L(slot), sh.Delta(slot), params, rows.begin, key0, lane);
+                probabilities_and_score_gradients<Br, kBlockMask, ScoreMask::visible,
+                                                  Ops::kExactExp>(S, dP, sh.L(slot), sh.Delta(slot),
+                                                                  params, rows.begin, key0, lane);
             else
                 probabilities_and_score_gradients<Br, kBlockMask, ScoreMask::none, Ops::kExactExp>(
                     S, dP, sh.L(slot), sh.Delta(slot), params, rows.begin, key0, lane);
