@@ -264,8 +264,12 @@ TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
         // Every score near -c^2 d = -128 .. -144 (L_i < -88) and N_kv of no Bc: a key past N_kv
         // has a zero K_j row, S = 0 and, unmasked, P = e^(-L_i) = inf, which turns dQ NaN (inf
         // times the zero row). So the keys past N_kv must be masked (the 80-row tile's
-        // ScoreMask::keys_past_end). Q and K are multiples of 1/8 near -c and c, exact in fp16:
-        // the scores are exact.
+        // ScoreMask::keys_past_end). Q and K are multiples of 1/8 near -c and c plus 1% of a
+        // normal draw: not exact in fp16, so that their rounding enters the rule's baseline as in
+        // every other case. (With exact Q and K the baseline holds only V's and dO's rounding,
+        // while every fp16 kernel also rounds P and dS to 16 bits, which the factor 3 assumes
+        // beside the inputs' rounding: such kernels then exceed the bound by up to 2x, on the GPU
+        // and in a CPU emulation of that rounding alike.)
         {
             AttentionProblem p = test::make_problem(1, 2, 1, 150, 200, d, false);
             p.scale = 1.0f;
@@ -275,8 +279,8 @@ TEST_CASE("cuda-fa3 backward: every compiled tile passes the rule") {
             ProblemData in = random_problem_data(p, seed);
             std::mt19937 gen(static_cast<std::uint32_t>(seed));
             const auto near = [&](float x) { return x + 0.125f * float(int(gen() % 5) - 2); };
-            for (float& q : in.Q) q = near(-c);
-            for (float& k : in.K) k = near(c);
+            for (float& q : in.Q) q = near(-c) + 0.01f * q;
+            for (float& k : in.K) k = near(c) + 0.01f * k;
             check_backward_against_reference(*b, p, in, random_normal(p.q_elements(), seed + 3),
                                              DType::f16);
         }
