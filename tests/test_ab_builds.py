@@ -5,9 +5,10 @@
 
 Checks that two builds (the same binary under two labels) are run alternately on odd points, that
 the table has a row per point and the JSON a record per round, point and build with bench's own
-median; that a build whose bench fails is named with its reason and makes the exit status 1; that
-label=path@VARIANT runs that build, and only it, with FLASHATTN_VARIANT=VARIANT; and that each bad
-argument gives `error:` and exit status 2 before anything runs (no JSON written).
+median; that a build whose bench fails is named with its reason, reads "failed" in its cells while
+the others' times still show, and makes the exit status 1; that label=path@VARIANT runs that
+build, and only it, with FLASHATTN_VARIANT=VARIANT; and that each bad argument gives `error:` and
+exit status 2 before anything runs (no JSON written).
 Standard library only (CI runs it with Debian's python3).
 """
 import argparse
@@ -73,6 +74,12 @@ def main():
         check("broken f32,1,3,37,24: error: this build cannot run" in out.stderr,
               "the failure names build, point and bench's reason", out)
         check("good  f32,1,3,37,24" in out.stdout, "the good build still ran", out)
+        row = [line for line in out.stdout.splitlines() if line.startswith("| f32,1,3,37,24 ")]
+        cells = row[0].strip("|").split("|") if row else []
+        check(len(cells) == 4 and "(" in cells[1] and cells[2].strip() == "failed" and
+              cells[3].strip() == "failed",
+              "the point keeps its row: the good build's median, the broken one's cells failed",
+              out)
 
         # label=path@VARIANT: that build runs with FLASHATTN_VARIANT=VARIANT, the others without
         # it. A stand-in for bench reports the variable it was given as its median.

@@ -18,8 +18,11 @@ rounds of bench's median ms, the spread of the rounds (min-max), and each build'
 first build's (< 1: faster). Two builds of one tree made side by side: `git archive` the commit
 before the change into a folder, configure and build both with the same CMake options.
 
-A point that fails on some build is reported (bench's error) and left out of the table; the exit
-status is then 1. Bad arguments: `error:` and exit status 2, before anything runs.
+A point that fails on some build is reported (bench's error), and where a build failed at every
+round the table reads "failed" in its cells (its ratio too; every ratio where the first build
+failed) while the other builds' times show; the exit status is then 1. A variant named for one
+head dim fails at the others' points: give such points a run of their own. Bad arguments: `error:`
+and exit status 2, before anything runs.
 """
 import argparse
 import json
@@ -103,12 +106,16 @@ def table(points, builds, times):
                                                               for l in labels[1:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in points:
+        # A build that failed at every round of a point reads "failed" there, and so do its
+        # ratio and, where the first build failed, every ratio: the others' times still show.
         runs = [times.get((p.text, l), []) for l in labels]
-        if not all(runs):
+        if not any(runs):
             continue
-        med = [statistics.median(r) for r in runs]
-        cells = [p.text] + [f"{m:.4f} ({min(r):.4f}-{max(r):.4f})" for m, r in zip(med, runs)]
-        cells += [f"{m / med[0]:.3f}" for m in med[1:]]
+        med = [statistics.median(r) if r else None for r in runs]
+        cells = [p.text] + [f"{m:.4f} ({min(r):.4f}-{max(r):.4f})" if r else "failed"
+                            for m, r in zip(med, runs)]
+        cells += [f"{m / med[0]:.3f}" if m is not None and med[0] is not None else "failed"
+                  for m in med[1:]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
