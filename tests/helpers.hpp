@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,23 @@ inline AttentionProblem make_problem(std::int64_t B, std::int64_t H, std::int64_
     p.batch = B, p.heads = H, p.heads_kv = Hkv, p.seq_q = Nq, p.seq_kv = Nkv, p.dim = d;
     p.causal = causal;
     return p;
+}
+
+// Inputs whose every score is near -c^2 d = -128 .. -144 for d = 64, 128, 256 (the caller sets
+// p.scale = 1), so that L_i < -88 and e^(-L_i) overflows float32: a key past N_kv that a kernel
+// fails to mask (a zero K_j row, S = 0) turns dQ NaN. Q and K are multiples of 1/8 near -c and c
+// plus 1% of a normal draw: not exact in 16 bits, so that their rounding enters the rule's
+// baseline as in every other case. (Exact, the baseline holds only V's and dO's rounding, and a
+// kernel that rounds P and dS to 16 bits exceeds the fp16 bound by up to 2x: test_backward.cpp's
+// emulation of one checks the family as it is.)
+inline ProblemData low_score_data(const AttentionProblem& p, std::uint64_t seed) {
+    const float c = p.dim <= 64 ? 1.5f : p.dim <= 128 ? 1.0f : 0.75f;
+    ProblemData in = random_problem_data(p, seed);
+    std::mt19937 gen(static_cast<std::uint32_t>(seed));
+    const auto near = [&](float x) { return x + 0.125f * float(int(gen() % 5) - 2); };
+    for (float& q : in.Q) q = near(-c) + 0.01f * q;
+    for (float& k : in.K) k = near(c) + 0.01f * k;
+    return in;
 }
 
 // The odd-shape grid (docs/design.md, Correctness rule): (N_q, N_kv) pairs equal, N_q < N_kv and
