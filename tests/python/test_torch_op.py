@@ -440,15 +440,120 @@ def test_tensors_on_different_devices_are_refused():
             flashattn.attention(q, k.to("cuda:1"), v)
 
 
-def test_tensors_on_a_second_gpu_run_there():
+def needs_two_gpus():
     needs_cuda()
     if torch.cuda.device_count() < 2:
         pytest.skip("one GPU")
-    q, k, v = tensors((1, 2, 50, 64), (1, 2, 70, 64), (1, 2, 70, 64), device="cuda:1",
-                      dtype=torch.bfloat16)
-    o = flashattn.attention(q, k, v, causal=True)
-    assert o.device == q.device
-    _reference_check(o, q, k, v, torch.bfloat16, causal=True)
+
+
+def _gradient_check(grads, q, k, v, do, causal):
+    """Gradients against float64 on the same rounded inputs: within 2x of SDPA's own error (on
+    the same device) plus a floor of the dtype's unit roundoff times the gradient's size."""
+    H, Hkv = q.shape[1], k.shape[1]
+    ys = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    mask = torch.tensor(reference.visible(q.shape[2], k.shape[2], causal), device=q.device)
+    torch.nn.functional.scaled_dot_product_attention(
+        ys[0], ys[1].repeat_interleave(H // Hkv, 1), ys[2].repeat_interleave(H // Hkv, 1),
+        attn_mask=mask).backward(do)
+    rounded = [x.detach().double().cpu().numpy() for x in (q, k, v, do)]
+    refs = reference.attention_backward(*rounded, causal=causal)
+    unit = {torch.float32: 2**-24, torch.float16: 2**-11, torch.bfloat16: 2**-8}[q.dtype]
+    for name, g, y, ref in zip("QKV", grads, ys, refs):
+        assert g.device == q.device and g.dtype == q.dtype, name
+        error = max_error(g.double().cpu().numpy(), ref)
+        bound = 2 * max_error(y.grad.double().cpu().numpy(), ref) + unit * np.abs(ref).max()
+        assert error <= bound, f"d{name}: error {error:.3g} > bound {bound:.3g}"
+
+
+# Each default CUDA backend (test_the_default_backend_is_the_fastest_for_the_device): float32 on
+# cuda-fa2, 16-bit on cuda-fa3 (Hopper) or cuda-tc, a decoding forward (one query row) on
+# cuda-tc's split keys. (q rows, kv rows, d, dtype).
+SECOND_GPU_CASES = [(50, 70, 32, torch.float32), (150, 203, 64, torch.bfloat16),
+                    (97, 131, 128, torch.float16), (77, 77, 96, torch.bfloat16),
+                    (1, 700, 64, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("nq, nkv, d, dtype", SECOND_GPU_CASES)
+def test_tensors_on_a_second_gpu_run_there(nq, nkv, d, dtype):
+    """Tensors on cuda:1 while cuda:0 is current: forward and backward run on cuda:1, on its
+    current stream, their outputs are there and right against float64 (the kernels of another
+    device's launch would read cuda:1's memory from cuda:0, or not launch at all), and the
+    current device is left as it was."""
+    needs_two_gpus()
+    torch.cuda.set_device(0)
+    device = torch.device("cuda", 1)
+    q, k, v, do = tensors((1, 4, nq, d), (1, 2, nkv, d), (1, 2, nkv, d), (1, 4, nq, d),
+                          device=device, dtype=dtype)
+    expected = flashattn._default_cuda_backend(flashattn._TORCH_DTYPES[dtype], device,
+                                               tuple(q.shape), False)
+    causal = nq > 1
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    side = torch.cuda.Stream(device)  # cuda:1's current stream, not cuda:0's
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        o = flashattn.attention(*xs, causal=causal)
+        o.backward(do)
+    torch.cuda.current_stream(device).wait_stream(side)
+    assert torch.cuda.current_device() == 0
+    assert o.device == device and o.dtype == dtype
+    torch.cuda.synchronize(device)
+    _reference_check(o, q, k, v, dtype, causal=causal)
+    _gradient_check([x.grad for x in xs], q, k, v, do, causal)
+    # The default named the backend that ran: naming it gives the same bits.
+    assert torch.equal(o, flashattn.attention(q, k, v, causal=causal, backend=expected))
+
+
+def test_a_second_gpu_under_compile_and_cuda_graphs():
+    """On cuda:1 (cuda:0 current): torch.compile(fullgraph=True) gives eager's results, forward
+    and backward, and a CUDA graph captured there replays right on new inputs."""
+    needs_two_gpus()
+    needs_op()
+    torch.cuda.set_device(0)
+    device = torch.device("cuda", 1)
+    shapes = ((2, 4, 100, 64), (2, 2, 130, 64), (2, 2, 130, 64), (2, 4, 100, 64))
+    q, k, v, do = tensors(*shapes, device=device, dtype=torch.bfloat16)
+
+    def loss(q, k, v):
+        return (flashattn.attention(q, k, v, causal=True) * do).sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
+    for f in (loss, compiled):
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        f(*xs).backward()
+        if f is loss:
+            eager = [x.grad for x in xs]
+        else:
+            for name, a, b in zip("QKV", (x.grad for x in xs), eager):
+                torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2, msg=f"d{name}")
+
+    with torch.cuda.device(device):  # as torch.cuda.graphs asks: the capture on cuda:1
+        static = [x.clone().requires_grad_(i < 3) for i, x in enumerate((q, k, v, do))]
+
+        def step():
+            o = flashattn.attention(*static[:3], causal=True)
+            return (o,) + torch.autograd.grad(o, static[:3], static[3])
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # A capture stream of cuda:1's: torch.cuda.graph's default is one stream for the whole
+        # process, made on the device current at its first use (cuda:0 once another test has
+        # captured there), and a capture on it would record none of cuda:1's kernels.
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
+            outputs = step()
+    fresh = tensors(*shapes, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for s, x in zip(static, fresh):
+            s.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    assert torch.cuda.current_device() == 0
+    _reference_check(outputs[0], *fresh[:3], torch.bfloat16, causal=True)
+    _gradient_check(outputs[1:], *fresh, causal=True)
 
 
 @pytest.mark.parametrize("dtype, d", [(torch.float32, 16), (torch.bfloat16, 64)])
