@@ -287,6 +287,25 @@ def test_compile_under_autocast_casts_as_eager_does():
 # --- CUDA graphs ----------------------------------------------------------------------------
 
 
+def _captured(step, device):
+    """(graph, outputs): step() captured in a CUDA graph on `device`, after two warm-up calls on
+    a side stream there (as torch.cuda.graphs asks). The capture stream is one of that device's:
+    torch.cuda.graph's default is a single stream for the whole process, made on the device
+    current at its first use, and a capture on another device's stream records none of this
+    device's kernels (PyTorch then warns that the graph is empty)."""
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+            outputs = step()
+    return graph, outputs
+
+
 @pytest.mark.parametrize("dtype, d", [(torch.float32, 32), (torch.bfloat16, 64),
                                       (torch.float16, 128)])
 def test_cuda_graph_capture_and_replay_on_new_inputs(dtype, d):
@@ -302,15 +321,7 @@ def test_cuda_graph_capture_and_replay_on_new_inputs(dtype, d):
         o = flashattn.attention(*static[:3], **options)
         return (o,) + torch.autograd.grad(o, static[:3], static[3])
 
-    side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graphs asks
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = step()
+    graph, outputs = _captured(step, static[0].device)
     for _ in range(2):
         fresh = tensors(*shapes, device="cuda", dtype=dtype)
         with torch.no_grad():
@@ -526,25 +537,13 @@ def test_a_second_gpu_under_compile_and_cuda_graphs():
             for name, a, b in zip("QKV", (x.grad for x in xs), eager):
                 torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2, msg=f"d{name}")
 
-    with torch.cuda.device(device):  # as torch.cuda.graphs asks: the capture on cuda:1
-        static = [x.clone().requires_grad_(i < 3) for i, x in enumerate((q, k, v, do))]
+    static = [x.clone().requires_grad_(i < 3) for i, x in enumerate((q, k, v, do))]
 
-        def step():
-            o = flashattn.attention(*static[:3], causal=True)
-            return (o,) + torch.autograd.grad(o, static[:3], static[3])
+    def step():
+        o = flashattn.attention(*static[:3], causal=True)
+        return (o,) + torch.autograd.grad(o, static[:3], static[3])
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # A capture stream of cuda:1's: torch.cuda.graph's default is one stream for the whole
-        # process, made on the device current at its first use (cuda:0 once another test has
-        # captured there), and a capture on it would record none of cuda:1's kernels.
-        with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
-            outputs = step()
+    graph, outputs = _captured(step, device)
     fresh = tensors(*shapes, device=device, dtype=torch.bfloat16)
     with torch.no_grad():
         for s, x in zip(static, fresh):
